@@ -1,0 +1,182 @@
+"""nccl-tests-style benchmark of ddl_triton against MPICH's MPI_Allreduce and torch's gloo.
+
+Run under mpiexec, e.g.:  mpiexec -n 2 python bench/collectives.py [--json out.json]
+
+Every size is timed in interleaved rounds (ddl, mpi, gloo, ddl, mpi, gloo, ...)
+within one run, so all peers see the same machine noise; the table quotes the
+median round (p20/p80 go to the JSON). Columns follow nccl-tests:
+algbw = bytes / time; busbw = algbw * 2(n-1)/n for allreduce. ``#wrong`` counts
+elements that differ from the exact answer on integer-valued data after the
+timed rounds (checked on every rank, summed over ranks).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+import ddl_triton as ddl
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+           "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
+_MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE, torch.int32: MPI.INT32_T,
+              torch.int64: MPI.INT64_T}
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+
+
+def _sizes(lo: int, hi: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 4 if s < 4096 else 2
+    return out
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    return float(np.quantile(np.asarray(xs), q))
+
+
+def _start_gloo(comm):
+    import torch.distributed as dist
+    port = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
+    return dist
+
+
+class _Impl:
+    """One allreduce implementation under test: ``run(tensor)`` reduces in place."""
+
+    def __init__(self, name, run):
+        self.name = name
+        self.run = run
+
+
+def _impls(comm, mpi_comm, dist, op: str, dtype: torch.dtype, names: list[str]) -> list[_Impl]:
+    impls = []
+    if "ddl" in names:
+        impls.append(_Impl("ddl", lambda t: comm.allreduce(t, op=op)))
+    if "mpi" in names and dtype in _MPI_TYPES:
+        mpi_type, mpi_op = _MPI_TYPES[dtype], _MPI_OPS[op]
+        impls.append(_Impl("mpi", lambda t: mpi_comm.Allreduce(MPI.IN_PLACE, [t.numpy(), mpi_type], op=mpi_op)))
+    if "gloo" in names and dist is not None:
+        red = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+        impls.append(_Impl("gloo", lambda t: dist.all_reduce(t, op=red)))
+    return impls
+
+
+def _time_round(impl: _Impl, buf: torch.Tensor, iters: int, mpi_comm) -> float:
+    mpi_comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        impl.run(buf)
+    mpi_comm.Barrier()
+    return (time.perf_counter() - t0) / iters
+
+
+def _count_wrong(impl: _Impl, count: int, dtype: torch.dtype, op: str, rank: int, size: int) -> int:
+    base = torch.arange(count, dtype=torch.int64) % 13
+    t = (base + rank).to(dtype)
+    impl.run(t)
+    if op == "sum":
+        expected = base * size + size * (size - 1) // 2
+    elif op == "min":
+        expected = base
+    else:
+        expected = base + size - 1
+    return int((t != expected.to(dtype)).sum())
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min-bytes", type=int, default=8)
+    p.add_argument("--max-bytes", type=int, default=64 << 20)
+    p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES))
+    p.add_argument("--op", default="sum", choices=["sum", "min", "max"])
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds per size (median reported)")
+    p.add_argument("--round-seconds", type=float, default=0.02, help="target duration of one timed round")
+    p.add_argument("--impls", default="ddl,mpi,gloo", help="comma list of ddl, mpi, gloo")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--json", default=None, help="also write the results as JSON to this path")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    mpi_comm = MPI.COMM_WORLD.Dup()
+    comm = ddl.init()
+    names = args.impls.split(",")
+    dist = _start_gloo(mpi_comm) if "gloo" in names else None
+    dtype = _DTYPES[args.dtype]
+    elem = torch.empty(0, dtype=dtype).element_size()
+    impls = _impls(comm, mpi_comm, dist, args.op, dtype, names)
+    n = comm.size
+    rows = []
+    if comm.rank == 0:
+        header = f"{'size(B)':>10} {'count':>10} {'type':>8} {'redop':>5}"
+        for im in impls:
+            header += f" | {im.name + ' time(us)':>14} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+        header += "".join(f" | {im.name + '/ddl':>9}" for im in impls if im.name != "ddl")
+        print(f"# ddl_triton collectives: {n} ranks, allreduce, {args.rounds} interleaved rounds, median; "
+              "algbw/busbw in GB/s")
+        print(header)
+    for nbytes in _sizes(max(args.min_bytes, elem), args.max_bytes):
+        count = nbytes // elem
+        buf = (torch.arange(count) % 13).to(dtype)
+        # Calibrate iterations on ddl so one round lasts about round_seconds (agreed across ranks).
+        for im in impls:
+            im.run(buf)
+        probe = _time_round(impls[0], buf, 3, mpi_comm)
+        iters = int(mpi_comm.allreduce(max(1, min(10000, int(args.round_seconds / max(probe, 1e-7)))), op=MPI.MAX))
+        times: dict[str, list[float]] = {im.name: [] for im in impls}
+        for _ in range(args.rounds):
+            for im in impls:
+                buf.copy_((torch.arange(count) % 13).to(dtype))
+                times[im.name].append(_time_round(im, buf, iters, mpi_comm))
+        row = {"bytes": count * elem, "count": count, "type": args.dtype, "redop": args.op, "iters": iters}
+        line = f"{count * elem:>10} {count:>10} {args.dtype:>8} {args.op:>5}"
+        for im in impls:
+            # Use the slowest rank's time per round: a collective is done when its last rank is.
+            ts = [float(mpi_comm.allreduce(t, op=MPI.MAX)) for t in times[im.name]]
+            wrong = int(mpi_comm.allreduce(_count_wrong(im, count, dtype, args.op, comm.rank, n), op=MPI.SUM))
+            med = statistics.median(ts)
+            algbw = count * elem / med / 1e9
+            busbw = algbw * 2 * (n - 1) / n
+            row[im.name] = {"p20_us": _quantile(ts, 0.2) * 1e6, "p50_us": med * 1e6, "p80_us": _quantile(ts, 0.8) * 1e6,
+                            "algbw_GBps": algbw, "busbw_GBps": busbw, "wrong": wrong}
+            line += f" | {med * 1e6:>14.1f} {algbw:>7.3f} {busbw:>7.3f} {wrong:>6}"
+        for im in impls:
+            if im.name != "ddl":
+                ratio = row[im.name]["p50_us"] / row["ddl"]["p50_us"]
+                row[f"{im.name}_over_ddl"] = ratio
+                line += f" | {ratio:>9.2f}"
+        rows.append(row)
+        if comm.rank == 0:
+            print(line, flush=True)
+    if comm.rank == 0 and args.json:
+        meta = {"ranks": n, "collective": "allreduce", "machine": platform.platform(), "cpu_count": os.cpu_count(),
+                "python": sys.version.split()[0], "torch": torch.__version__, "mpi": MPI.Get_library_version().strip(),
+                "ddl_triton": ddl.__version__, "options": vars(comm.options) if hasattr(comm.options, "__dict__") else {},
+                "args": vars(args), "plan": {str(r["bytes"]): comm.explain("allreduce", r["bytes"], dtype).schedule
+                                             for r in rows}}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+    if dist is not None:
+        dist.destroy_process_group()
+    ddl.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""ddl_triton: synchronous data-parallel collectives whose communication cost almost disappears.
+
+    import ddl_triton as ddl
+    comm = ddl.init()                       # world communicator over MPI.COMM_WORLD (idempotent)
+    comm.allreduce(t, op="avg")             # in place; sum | avg | min | max or torch ReduceOp
+    w = comm.allreduce(t, async_op=True); w.wait()
+    comm.reduce_scatter(out, inp); comm.all_gather(out, inp); comm.broadcast(t, root=0); comm.barrier()
+    ddl.finalize()
+"""
+from __future__ import annotations
+
+from .communicator import Communicator, Plan
+from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
+from .options import Options
+from .work import Work
+
+__all__ = ["CollectiveTimeout", "Communicator", "CommunicatorPoisoned", "DDLError", "Options", "Plan", "Work",
+           "finalize", "init"]
+__version__ = "0.1.0"
+
+_world: Communicator | None = None
+
+
+def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communicator:
+    """Create a communicator over ``mpi_comm`` (default ``MPI.COMM_WORLD``).
+
+    The world communicator is created once: later ``init()`` calls return it.
+    ``options`` defaults to ``Options.from_env()`` (the ``DDL_*`` variables, read
+    here and only here); keyword ``overrides`` replace single fields.
+    """
+    global _world
+    from mpi4py import MPI
+
+    world = mpi_comm is None or mpi_comm == MPI.COMM_WORLD
+    if world and _world is not None:
+        return _world
+    opts = options.replace(**overrides) if options is not None else Options.from_env(**overrides)
+    comm = Communicator(MPI.COMM_WORLD if mpi_comm is None else mpi_comm, opts)
+    if world:
+        _world = comm
+    return comm
+
+
+def finalize() -> None:
+    """Finish outstanding work and release the world communicator's resources."""
+    global _world
+    if _world is not None:
+        _world.close()
+        _world = None

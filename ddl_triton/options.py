@@ -1,0 +1,77 @@
+"""One typed options object; each field has a ``DDL_*`` environment twin read once at ``init``."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+
+_KIB = 1024
+
+
+@dataclass(frozen=True)
+class Options:
+    """Configuration of a communicator. Unknown names are rejected.
+
+    Field (env twin)                      meaning
+    timeout (DDL_TIMEOUT)                 seconds any single wait may last before CollectiveTimeout (default 300)
+    chunk_bytes (DDL_CHUNK_BYTES)         bytes per pipelined chunk, which is also one shm slot (default 256 KiB)
+    pipeline_depth (DDL_PIPELINE_DEPTH)   chunks in flight per rank = shm slots per rank (>= 2, default 4)
+    small_bytes (DDL_SMALL_BYTES)         messages up to this size take the one-shot path (default 64 KiB)
+    schedule (DDL_SCHEDULE)               force a schedule by registry name ("" = choose by size)
+    transport (DDL_TRANSPORT)             "auto" (shm within a node, MPI between) or "mpi" (MPI everywhere)
+    kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)
+    """
+
+    timeout: float = 300.0
+    chunk_bytes: int = 256 * _KIB
+    pipeline_depth: int = 4
+    small_bytes: int = 64 * _KIB
+    schedule: str = ""
+    transport: str = "auto"
+    kernels: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError(f"Options.timeout must be > 0 seconds, got {self.timeout}")
+        if self.chunk_bytes < 64 or self.chunk_bytes % 64:
+            raise ValueError(f"Options.chunk_bytes must be a positive multiple of 64, got {self.chunk_bytes}")
+        if self.pipeline_depth < 2:
+            # depth 1 would make a step wait for its own slot's reader while holding its input.
+            raise ValueError(f"Options.pipeline_depth must be >= 2, got {self.pipeline_depth}")
+        if self.small_bytes < 0:
+            raise ValueError(f"Options.small_bytes must be >= 0, got {self.small_bytes}")
+        if self.transport not in ("auto", "mpi"):
+            raise ValueError(f"Options.transport must be 'auto' or 'mpi', got {self.transport!r}")
+        if self.kernels not in ("auto", "torch", "triton"):
+            raise ValueError(f"Options.kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Options":
+        """Defaults, then ``DDL_<FIELD>`` variables, then explicit ``overrides``."""
+        environ = os.environ if environ is None else environ
+        names = {f.name: f for f in fields(cls)}
+        unknown = set(overrides) - set(names)
+        if unknown:
+            raise TypeError(f"unknown option(s) {sorted(unknown)}; valid: {sorted(names)}")
+        values = {}
+        for name, f in names.items():
+            raw = environ.get("DDL_" + name.upper())
+            if raw is not None and raw != "":
+                values[name] = _parse(name, f.type, raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes) -> "Options":
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(name: str, type_name, raw: str):
+    kind = type_name if isinstance(type_name, str) else type_name.__name__
+    try:
+        if kind == "int":
+            return int(raw, 0)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"DDL_{name.upper()}={raw!r} is not a valid {kind}") from None
+    return raw

@@ -1,0 +1,140 @@
+"""Asynchronous collectives: Work handles and the ordered queue that runs them.
+
+Semantics: collectives run one at a time, in the order they were issued,
+whether they were issued synchronously or with ``async_op=True``. A
+synchronous call with nothing queued runs inline on the caller's thread (no
+thread hand-off on the latency path); otherwise it joins the queue and waits.
+Async calls are run by one background thread per communicator, so a training
+thread keeps computing while they progress: every wait in the transports
+yields the GIL.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable
+
+
+class Work:
+    """Handle of an issued collective. ``wait()`` returns its result or raises its error."""
+
+    __slots__ = ("_done", "_result", "_error", "_callbacks", "_lock", "description")
+
+    def __init__(self, description: str):
+        self.description = description
+        self._done = threading.Event()
+        self._result = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Work"], None]] = []
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: float | None = None):
+        """Block until complete; return the result tensor or re-raise the collective's error."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"{self.description} not complete after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def result(self):
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        return self._error if self._done.is_set() else None
+
+    def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
+        """Call ``fn(work)`` once complete (immediately if already)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def _finish(self, result=None, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._result, self._error = result, error
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "pending"
+        return f"Work({self.description}, {state})"
+
+
+class OrderedRunner:
+    """Runs jobs one at a time in issue order; async jobs on a lazily started thread."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[Callable[[], object], Work]] = deque()
+        self._running = False  # a job is executing (inline or on the thread)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def run_sync(self, job: Callable[[], object], description: str):
+        """Run ``job`` after everything issued before it; return its result."""
+        with self._cond:
+            inline = not self._queue and not self._running
+            if inline:
+                self._running = True
+        if inline:
+            try:
+                return job()
+            finally:
+                with self._cond:
+                    self._running = False
+                    self._cond.notify_all()
+        return self.submit(job, description).wait()
+
+    def submit(self, job: Callable[[], object], description: str) -> Work:
+        work = Work(description)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError(f"{self._name}: submit after close")
+            self._queue.append((job, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return work
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and (not self._queue or self._running):
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                job, work = self._queue.popleft()
+                self._running = True
+            try:
+                result = job()
+            except BaseException as e:  # delivered to the waiter, never lost on the thread
+                work._finish(error=e)
+            else:
+                work._finish(result=result)
+            finally:
+                with self._cond:
+                    self._running = False
+                    self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Wait until every issued job has finished."""
+        with self._cond:
+            while self._queue or self._running:
+                self._cond.wait()
+
+    def close(self) -> None:
+        self.drain()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None

@@ -1,0 +1,190 @@
+"""The schedule IR: a collective as plain data, one ordered step list per rank.
+
+A rank owns two flat buffers, ``in`` and ``out`` (the same tensor for an
+in-place allreduce or broadcast). A :class:`Step` is one fused primitive, in
+the manner of NCCL's recvReduceCopySend:
+
+    incoming = the messages named in ``recv``           (each ``count`` elements)
+    if reduce:  result = op over incoming + [in[src]]   (local operand at ``local_pos``)
+    elif recv:  result = incoming[0]                    (a plain copy)
+    else:       result = in[src]                        (a send of local data, or a local copy)
+    if dst is not None:  out[dst] = result              (``scale`` applied here, when final)
+    if send:             every peer in ``send`` gets result as this rank's message ``msg``
+
+Messages are numbered per sender: a sender's k-th send in the schedule is its
+message k, and a receiver names it as ``Recv(peer, k)``. Between any two ranks,
+messages are received in the order they were sent (checked by
+:func:`validate`), which lets transports match them by counting.
+
+The same data feeds the executor, the simulator and the tracer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+IN = "in"
+OUT = "out"
+
+
+@dataclass(frozen=True)
+class Span:
+    """``count`` elements of the rank's ``buffer`` starting at element ``start``."""
+
+    buffer: str
+    start: int
+    count: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.count
+
+
+@dataclass(frozen=True)
+class Recv:
+    """This step consumes message ``msg`` of rank ``peer``."""
+
+    peer: int
+    msg: int
+
+
+@dataclass(frozen=True)
+class Step:
+    count: int
+    src: Span | None = None          # local operand (reduce), or what is sent/copied when nothing is received
+    dst: Span | None = None          # where the result is stored locally
+    recv: tuple[Recv, ...] = ()
+    reduce: bool = False
+    local_pos: int = 0               # position of src among the reduction operands
+    send: tuple[int, ...] = ()       # peers that receive the result
+    msg: int = -1                    # this rank's message number for the send
+    final: bool = False              # apply the op's scale (avg) when storing/sending this result
+    label: str = ""                  # for traces and timeouts, e.g. "rs[2] chunk 5"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective on ``nranks`` ranks over ``count`` elements per rank buffer."""
+
+    name: str
+    collective: str
+    nranks: int
+    in_count: int
+    out_count: int
+    steps: tuple[tuple[Step, ...], ...]
+    params: dict = field(default_factory=dict, compare=False)
+    # True when the schedule reduces every element in one n-ary pass (fp32 accumulation
+    # then needs no wider wire type); False when partial sums travel between ranks.
+    single_pass: bool = False
+
+    def sends(self, rank: int) -> int:
+        """How many messages ``rank`` sends: the executor advances message counters by this."""
+        return sum(1 for s in self.steps[rank] if s.send)
+
+
+class _MessageCounter:
+    """Hands out per-rank message numbers while a schedule is being built."""
+
+    def __init__(self, nranks: int):
+        self.next = [0] * nranks
+
+    def take(self, rank: int) -> int:
+        m = self.next[rank]
+        self.next[rank] += 1
+        return m
+
+
+def validate(schedule: Schedule) -> None:
+    """Structural checks: spans in bounds, counts consistent, every message sent is
+    received exactly by its addressees, and per-pair FIFO order holds. Raises ValueError."""
+    n = schedule.nranks
+    if len(schedule.steps) != n:
+        raise ValueError(f"{schedule.name}: {len(schedule.steps)} step lists for {n} ranks")
+    sent: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
+    for r, steps in enumerate(schedule.steps):
+        expected_msg = 0
+        for i, s in enumerate(steps):
+            where = f"{schedule.name} rank {r} step {i} ({s.label})"
+            for span in (s.src, s.dst):
+                if span is None:
+                    continue
+                limit = schedule.in_count if span.buffer == IN else schedule.out_count
+                if span.count != s.count or span.start < 0 or span.stop > limit:
+                    raise ValueError(f"{where}: span {span} outside buffer of {limit} or count != {s.count}")
+            if s.reduce and (s.src is None or not s.recv):
+                raise ValueError(f"{where}: reduce needs a local operand and incoming messages")
+            if not s.reduce and len(s.recv) > 1:
+                raise ValueError(f"{where}: copying from several messages")
+            if not s.recv and s.src is None:
+                raise ValueError(f"{where}: nothing to send or copy")
+            if s.count <= 0:
+                raise ValueError(f"{where}: empty step")
+            if s.send:
+                if s.msg != expected_msg:
+                    raise ValueError(f"{where}: message number {s.msg}, expected {expected_msg}")
+                expected_msg += 1
+                if r in s.send or len(set(s.send)) != len(s.send):
+                    raise ValueError(f"{where}: bad send set {s.send}")
+                sent[(r, s.msg)] = (tuple(sorted(s.send)), s.count)
+    received: dict[tuple[int, int], list[int]] = {}
+    last_from: dict[tuple[int, int], int] = {}
+    for r, steps in enumerate(schedule.steps):
+        for i, s in enumerate(steps):
+            for rv in s.recv:
+                key = (rv.peer, rv.msg)
+                if key not in sent:
+                    raise ValueError(f"{schedule.name} rank {r} step {i}: receives unsent message {key}")
+                if sent[key][1] != s.count:
+                    raise ValueError(f"{schedule.name} rank {r} step {i}: size mismatch for message {key}")
+                if last_from.get((rv.peer, r), -1) >= rv.msg:
+                    raise ValueError(f"{schedule.name} rank {r} step {i}: message {key} out of FIFO order")
+                last_from[(rv.peer, r)] = rv.msg
+                received.setdefault(key, []).append(r)
+    for key, (peers, _) in sent.items():
+        if tuple(sorted(received.get(key, []))) != peers:
+            raise ValueError(f"{schedule.name}: message {key} sent to {peers}, received by {received.get(key)}")
+
+
+def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: int,
+             drafts: list[list[Step]], *, params: dict | None = None, single_pass: bool = False) -> Schedule:
+    """Number the messages of draft step lists and return a validated Schedule.
+
+    In a draft, ``msg`` is ignored and each ``Recv`` names only its peer (its
+    ``msg`` is ignored too): the i-th receive on rank r from peer p is matched
+    with p's i-th send that includes r, which is per-pair FIFO by construction.
+    """
+    counter = _MessageCounter(nranks)
+    addressed: dict[tuple[int, int], list[int]] = {}
+    numbered: list[list[Step]] = []
+    for r, steps in enumerate(drafts):
+        out = []
+        for s in steps:
+            if s.send:
+                m = counter.take(r)
+                for p in s.send:
+                    addressed.setdefault((r, p), []).append(m)
+                s = _replace(s, msg=m)
+            out.append(s)
+        numbered.append(out)
+    taken: dict[tuple[int, int], int] = {}
+    for r, steps in enumerate(numbered):
+        for i, s in enumerate(steps):
+            if not s.recv:
+                continue
+            recvs = []
+            for rv in s.recv:
+                k = taken.get((rv.peer, r), 0)
+                queue = addressed.get((rv.peer, r), [])
+                if k >= len(queue):
+                    raise ValueError(f"{name}: rank {r} step {i} receives from {rv.peer}, which sends it nothing more")
+                recvs.append(Recv(rv.peer, queue[k]))
+                taken[(rv.peer, r)] = k + 1
+            steps[i] = _replace(s, recv=tuple(recvs))
+    schedule = Schedule(name, collective, nranks, in_count, out_count,
+                        tuple(tuple(s) for s in numbered), params or {}, single_pass)
+    validate(schedule)
+    return schedule
+
+
+def _replace(step: Step, **changes) -> Step:
+    from dataclasses import replace
+    return replace(step, **changes)

@@ -1,0 +1,37 @@
+"""The exact multi-rank suite: tests/mpi_worker.py under mpiexec, one launch per configuration."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from _launch import assert_clean_run, ddl_segments, run_ranks
+
+
+def _run(n: int, *args: str, env: dict[str, str] | None = None) -> str:
+    before = ddl_segments()
+    proc = run_ranks(n, "mpi_worker.py", *args, env=env)
+    assert_clean_run(proc, before)
+    m = re.search(r"mpi_worker: (\d+) ranks, (\d+) checks, 0 failures", proc.stdout)
+    assert m, proc.stdout[-3000:]
+    assert int(m.group(2)) > 100, "the worker ran suspiciously few checks"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_exact_default_dispatch(n):
+    _run(n)
+
+
+@pytest.mark.parametrize("schedule", ["ring", "one_shot"])
+def test_exact_forced_schedule(schedule):
+    _run(3, "--quick", env={"DDL_SCHEDULE": schedule, "DDL_CHUNK_BYTES": "512"})
+
+
+def test_exact_over_mpi_transport():
+    _run(3, "--quick", env={"DDL_TRANSPORT": "mpi", "DDL_CHUNK_BYTES": "1024"})
+
+
+def test_exact_with_triton_kernels():
+    # The Triton kernels (under the interpreter) perform every reduction step.
+    _run(2, "--quick", env={"DDL_KERNELS": "triton", "TRITON_INTERPRET": "1", "DDL_CHUNK_BYTES": "2048"})

@@ -1,0 +1,134 @@
+"""Schedule math with no ranks: every chunk is reduced exactly once, every rank ends with every chunk,
+no schedule deadlocks on a two-slot transport, and the IR checks catch broken schedules."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ddl_triton import schedules
+from ddl_triton.schedules import Recv, Schedule, validate
+from ddl_triton.schedules.partition import blocks, chunk_of, rounds
+from ddl_triton.schedules.simulate import contributions, execute
+
+NAMES = schedules.names()
+RANKS = [1, 2, 3, 4, 5]
+COUNTS = [0, 1, 2, 7, 13, 64, 101]
+CHUNKS = [1, 3, 16, 1000]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("n", RANKS)
+def test_allreduce_reduces_every_element_exactly_once_on_every_rank(name, n):
+    for count in COUNTS:
+        for ce in CHUNKS:
+            s = schedules.build(name, "allreduce", n, count, chunk_elems=ce)
+            for r, c in enumerate(contributions(s, depth=2)):
+                assert c.shape == (count, n)
+                assert (c == 1).all(), f"{name} n={n} count={count} chunk={ce}: rank {r} got counts {c.tolist()}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("n", RANKS)
+def test_reduce_scatter_gives_rank_r_block_r_reduced_once(name, n):
+    for m in [0, 1, 5, 33]:
+        for ce in CHUNKS:
+            s = schedules.build(name, "reduce_scatter", n, m, chunk_elems=ce)
+            assert (s.in_count, s.out_count) == (n * m, m)
+            for r, c in enumerate(contributions(s, depth=2)):
+                assert (c == 1).all(), f"{name} n={n} m={m} chunk={ce}: rank {r}"
+            # The numeric oracle: rank r's output is the sum of block r.
+            ins = [np.arange(n * m, dtype=np.int64) * (q + 1) for q in range(n)]
+            total = sum(ins)
+            for r, out in enumerate(execute(s, ins, depth=2)):
+                assert (out == total[r * m:(r + 1) * m]).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("n", RANKS)
+def test_all_gather_and_broadcast_deliver_every_chunk(name, n):
+    for m in [0, 1, 5, 33]:
+        for ce in CHUNKS:
+            s = schedules.build(name, "all_gather", n, m, chunk_elems=ce)
+            ins = [np.full(m, q + 1, dtype=np.int64) for q in range(n)]
+            expected = np.concatenate(ins) if m else np.zeros(0, np.int64)
+            for out in execute(s, ins, depth=2):
+                assert (out == expected).all()
+            for root in range(n):
+                s = schedules.build(name, "broadcast", n, m, chunk_elems=ce, root=root)
+                outs = execute(s, [np.full(m, q + 1, dtype=np.int64) for q in range(n)], depth=2)
+                for out in outs:
+                    assert (out == root + 1).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_min_max_oracle(name):
+    n, count = 4, 37
+    ins = [((np.arange(count) * (q + 3)) % 11).astype(np.int64) for q in range(n)]
+    for op, fn in (("min", np.minimum.reduce), ("max", np.maximum.reduce)):
+        s = schedules.build(name, "allreduce", n, count, chunk_elems=5)
+        for out in execute(s, ins, op=op, depth=2):
+            assert (out == fn(ins)).all()
+
+
+def test_ring_moves_the_bandwidth_optimal_volume():
+    n, count = 4, 4000
+    s = schedules.build("ring", "allreduce", n, count, chunk_elems=64)
+    for r in range(n):
+        sent = sum(st.count for st in s.steps[r] if st.send)
+        assert sent == 2 * (n - 1) * count // n
+
+
+def test_one_shot_allreduce_reduces_in_rank_order():
+    s = schedules.build("one_shot", "allreduce", 3, 10, chunk_elems=100)
+    for r in range(3):
+        (red,) = [st for st in s.steps[r] if st.reduce]
+        peers = [rv.peer for rv in red.recv]
+        order = peers[:red.local_pos] + [r] + peers[red.local_pos:]
+        assert order == [0, 1, 2]
+
+
+def test_unknown_schedule_lists_valid_names():
+    with pytest.raises(ValueError, match="valid: ring, one_shot"):
+        schedules.build("butterfly", "allreduce", 2, 10, chunk_elems=4)
+
+
+def test_validate_rejects_a_lost_message():
+    s = schedules.build("ring", "allreduce", 3, 30, chunk_elems=4)
+    broken_rank = [st for st in s.steps[1] if st.send or not st.recv]  # drop rank 1's receive-only steps
+    bad = dataclasses.replace(s, steps=(s.steps[0], tuple(broken_rank), s.steps[2]))
+    with pytest.raises(ValueError, match="received by"):
+        validate(bad)
+
+
+def test_validate_rejects_fifo_violation():
+    s = schedules.build("ring", "allreduce", 2, 40, chunk_elems=4)
+    steps = list(s.steps[1])
+    recv_idx = [i for i, st in enumerate(steps) if st.recv]
+    a, b = recv_idx[0], recv_idx[1]
+    ra, rb = steps[a].recv, steps[b].recv
+    steps[a] = dataclasses.replace(steps[a], recv=rb)
+    steps[b] = dataclasses.replace(steps[b], recv=ra)
+    with pytest.raises(ValueError, match="FIFO|size mismatch"):
+        validate(dataclasses.replace(s, steps=(s.steps[0], tuple(steps))))
+
+
+def test_simulator_detects_deadlock():
+    # Two ranks that each wait for the other's message before sending theirs.
+    from ddl_triton.schedules import IN, OUT, Span, Step
+    steps = tuple(
+        (Step(1, src=Span(IN, 0, 1), dst=Span(OUT, 0, 1), recv=(Recv(1 - r, 0),), reduce=True),
+         Step(1, src=Span(IN, 0, 1), send=(1 - r,), msg=0))
+        for r in range(2))
+    s = Schedule("crossed", "allreduce", 2, 1, 1, steps)
+    validate(s)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        contributions(s)
+
+
+def test_partition_helpers():
+    assert blocks(10, 4) == [(0, 3), (3, 3), (6, 2), (8, 2)]
+    assert blocks(2, 4) == [(0, 1), (1, 1), (2, 0), (2, 0)]
+    assert chunk_of((6, 2), 0, 4) == (6, 2) and chunk_of((6, 2), 1, 4) == (8, 0)
+    assert rounds(0, 4) == 0 and rounds(9, 4) == 3

@@ -1,0 +1,82 @@
+"""The transport protocol every backend implements, and the deadline-bounded wait.
+
+A transport moves numbered messages between ranks. The executor calls, for a
+message ``msg_id`` (numbered per sender, increasing for the communicator's life):
+
+    sender                                      receiver
+    buf = acquire(msg_id, peers, nbytes)        prefetch(peer, msg_id, nbytes)   # optional, early
+    ...fill buf (reduce straight into it)...    view = recv(peer, msg_id, nbytes) # waits
+    publish(msg_id)                             ...read view...
+                                                release(peer, msg_id)             # the slot may be reused
+    flush()        at the end of a collective: every send complete
+
+One-sided transports (shm) hand out views of a peer-readable slot, so a
+reduction can write straight into what the peer reads. Two-sided ones (MPI)
+hand out pooled staging buffers and post Isend/Irecv.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Protocol
+
+import torch
+
+# How long a wait spins before it starts yielding the CPU. Spinning catches a
+# peer running on another core within a microsecond; with more ranks than cores
+# the peer may need this very core, so transports set it to 0 there.
+DEFAULT_SPIN_SECONDS = 50e-6
+# Iterations between clock reads once yielding (a clock read costs ~50 ns).
+_CHECKS_PER_CLOCK = 16
+
+
+class PeerTimeout(Exception):
+    """A wait on ``peer`` passed its deadline; the executor adds the collective's context."""
+
+    def __init__(self, peer: int, what: str):
+        super().__init__(f"waited too long for rank {peer}: {what}")
+        self.peer = peer
+        self.what = what
+
+
+def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
+               spin: float = DEFAULT_SPIN_SECONDS) -> None:
+    """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds.
+
+    Spins for ``spin`` seconds, then yields the CPU between checks.
+    """
+    if ready():
+        return
+    start = time.perf_counter()
+    while time.perf_counter() - start < spin:
+        if ready():
+            return
+    deadline = time.monotonic() + timeout
+    while True:
+        for _ in range(_CHECKS_PER_CLOCK):
+            os.sched_yield()  # also releases the GIL, so a training thread keeps running
+            if ready():
+                return
+        if time.monotonic() > deadline:
+            raise PeerTimeout(peer, what)
+
+
+class Transport(Protocol):
+    name: str
+    spin: float  # seconds a wait spins before yielding (see wait_until)
+    bytes_sent: int
+    bytes_received: int
+
+    def acquire(self, msg_id: int, peers: tuple[int, ...], nbytes: int, timeout: float) -> torch.Tensor: ...
+
+    def publish(self, msg_id: int) -> None: ...
+
+    def prefetch(self, peer: int, msg_id: int, nbytes: int) -> None: ...
+
+    def recv(self, peer: int, msg_id: int, nbytes: int, timeout: float) -> torch.Tensor: ...
+
+    def release(self, peer: int, msg_id: int) -> None: ...
+
+    def flush(self, timeout: float) -> None: ...
+
+    def close(self) -> None: ...

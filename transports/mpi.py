@@ -1,0 +1,110 @@
+"""MPI transport: two-sided messages through mpi4py's buffer methods (Isend/Irecv).
+
+Only the uppercase buffer interface is used on the data path: no pickling, no
+copies beyond the staging buffer. Each message is staged in a pooled byte
+buffer, so the executor can reduce straight into a send buffer and keep
+overwriting its own data while sends are in flight. Messages from one sender
+are matched by MPI's per-pair FIFO order on a private duplicated communicator;
+the tag (message id modulo the tag range) guards against mis-pairing.
+
+Waits poll ``Test`` against a deadline instead of blocking in ``Wait``, so a
+lost peer raises instead of hanging.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from mpi4py import MPI
+
+from .base import DEFAULT_SPIN_SECONDS, wait_until
+
+_TAG_RANGE = 32767  # MPI guarantees MPI_TAG_UB >= 32767
+
+
+def _size_class(nbytes: int) -> int:
+    return max(64, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+class MpiTransport:
+    """Messages to any rank of ``comm`` (a communicator private to ddl_triton)."""
+
+    name = "mpi"
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.spin = DEFAULT_SPIN_SECONDS
+        self._free: dict[int, list[torch.Tensor]] = defaultdict(list)
+        self._sending: list[tuple[list, torch.Tensor, int]] = []  # (requests, buffer, dest rank)
+        self._staged: tuple[int, tuple[int, ...], int, torch.Tensor] | None = None
+        self._posted: dict[tuple[int, int], tuple[MPI.Request, torch.Tensor]] = {}
+
+    def _take(self, nbytes: int) -> torch.Tensor:
+        cls = _size_class(nbytes)
+        pool = self._free[cls]
+        return pool.pop() if pool else torch.empty(cls, dtype=torch.uint8)
+
+    def _give(self, buf: torch.Tensor) -> None:
+        self._free[buf.numel()].append(buf)
+
+    def _reap_sends(self) -> None:
+        still = []
+        for reqs, buf, dest in self._sending:
+            if MPI.Request.Testall(reqs):
+                self._give(buf)
+            else:
+                still.append((reqs, buf, dest))
+        self._sending = still
+
+    # -- sender --------------------------------------------------------------------------
+    def acquire(self, msg_id: int, peers: tuple[int, ...], nbytes: int, timeout: float) -> torch.Tensor:
+        self._reap_sends()
+        buf = self._take(nbytes)
+        self._staged = (msg_id, peers, nbytes, buf)
+        return buf[:nbytes]
+
+    def publish(self, msg_id: int) -> None:
+        staged_id, peers, nbytes, buf = self._staged  # type: ignore[misc]
+        assert staged_id == msg_id, "publish without a matching acquire"
+        mem = buf.numpy()
+        reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE) for p in peers]
+        self._sending.append((reqs, buf, peers[0]))
+        self.bytes_sent += nbytes * len(peers)
+        self._staged = None
+
+    # -- receiver ------------------------------------------------------------------------
+    def prefetch(self, peer: int, msg_id: int, nbytes: int) -> None:
+        """Post the Irecv early, so the data can land while this rank reduces other chunks."""
+        key = (peer, msg_id)
+        if key in self._posted:
+            return
+        buf = self._take(nbytes)
+        req = self.comm.Irecv([buf.numpy(), nbytes, MPI.BYTE], source=peer, tag=msg_id % _TAG_RANGE)
+        self._posted[key] = (req, buf)
+
+    def recv(self, peer: int, msg_id: int, nbytes: int, timeout: float) -> torch.Tensor:
+        self.prefetch(peer, msg_id, nbytes)
+        req, buf = self._posted[(peer, msg_id)]
+        wait_until(req.Test, timeout, peer, f"MPI message {msg_id}", spin=self.spin)
+        self.bytes_received += nbytes
+        return buf[:nbytes]
+
+    def release(self, peer: int, msg_id: int) -> None:
+        _, buf = self._posted.pop((peer, msg_id))
+        self._give(buf)
+
+    def flush(self, timeout: float) -> None:
+        """Complete every outstanding send (its receiver may be the last to arrive)."""
+        for reqs, buf, dest in self._sending:
+            wait_until(lambda: MPI.Request.Testall(reqs), timeout, dest, "MPI send completion", spin=self.spin)
+            self._give(buf)
+        self._sending = []
+
+    def close(self) -> None:
+        for req, _ in self._posted.values():
+            req.Cancel()
+        self._posted.clear()
+        self._sending = []
+        self._free.clear()

@@ -1,0 +1,167 @@
+"""Host shared-memory transport: one symmetric POSIX segment per rank of a node.
+
+Every rank maps every node peer's segment. A segment is laid out as
+
+    [0, 64)            published: id of the newest message this rank has written (int64)
+    [64, 64 + 8*L)     consumed[q]: id of the newest message of local peer q this rank has read
+    [HEADER, ...)      ``depth`` slots of ``slot_bytes``: message m lives in slot m % depth
+
+Flags are sequence numbers that only grow, each written by one rank only, so
+no barrier or reset is ever needed: a receiver waits for ``published >= m`` in
+the sender's segment, reads the slot in place, then sets its own
+``consumed[sender] = m``; a sender reuses a slot once every addressee of the
+message that last used it has consumed it. Ordering relies on x86-64's total
+store order (the data stores are issued before the flag store, by separate C
+calls); on weaker memory models this transport would need explicit fences.
+
+Segments are created with mode 0600 under an unguessable per-job name and are
+unlinked as soon as every peer has mapped them, so nothing stays in /dev/shm
+after the job ends, however it ends. The segments are mapped with ``mmap``
+directly rather than through ``multiprocessing.shared_memory``, whose resource
+tracker (Python 3.11) would register every attached segment and unlink
+segments this process does not own at exit.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+
+import numpy as np
+import torch
+
+from .base import DEFAULT_SPIN_SECONDS, wait_until
+
+_SHM_DIR = "/dev/shm"
+_HEADER_BYTES = 4096
+_CONSUMED_OFFSET = 64
+
+
+def _segment_path(token: str, local_rank: int) -> str:
+    return os.path.join(_SHM_DIR, f"ddl_triton-{token}-{local_rank}")
+
+
+class ShmTransport:
+    """Messages between the ranks of one node through each other's segments.
+
+    ``world_of_local[i]`` is the communicator rank of node-local rank ``i``;
+    peers are named by communicator rank in every call.
+    """
+
+    name = "shm"
+
+    def __init__(self, node_comm, world_of_local: list[int], *, slot_bytes: int, depth: int):
+        self.local_rank = node_comm.Get_rank()
+        self.local_size = node_comm.Get_size()
+        self.slot_bytes = slot_bytes
+        self.depth = depth
+        self.segment_bytes = _HEADER_BYTES + depth * slot_bytes
+        if _CONSUMED_OFFSET + 8 * self.local_size > _HEADER_BYTES:
+            raise ValueError(f"shm: {self.local_size} ranks on one node exceed the header's capacity")
+        self._local_of_world = {w: i for i, w in enumerate(world_of_local)}
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.spin = DEFAULT_SPIN_SECONDS
+        self._maps: list[mmap.mmap] = []
+        self._closed = False
+
+        token = node_comm.bcast(secrets.token_hex(16) if self.local_rank == 0 else None, root=0)
+        path = _segment_path(token, self.local_rank)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, self.segment_bytes)
+            own = mmap.mmap(fd, self.segment_bytes)
+        finally:
+            os.close(fd)
+        try:
+            node_comm.Barrier()  # every segment exists
+            for i in range(self.local_size):
+                if i == self.local_rank:
+                    self._maps.append(own)
+                    continue
+                pfd = os.open(_segment_path(token, i), os.O_RDWR)
+                try:
+                    self._maps.append(mmap.mmap(pfd, self.segment_bytes))
+                finally:
+                    os.close(pfd)
+            node_comm.Barrier()  # every peer has mapped every segment
+        finally:
+            os.unlink(path)
+
+        self._flags = [np.frombuffer(m, dtype=np.int64, count=_HEADER_BYTES // 8) for m in self._maps]
+        self._bytes = [torch.frombuffer(m, dtype=torch.uint8) for m in self._maps]
+        own_flags = self._flags[self.local_rank]
+        own_flags[0] = -1
+        own_flags[_CONSUMED_OFFSET // 8:_CONSUMED_OFFSET // 8 + self.local_size] = -1
+        node_comm.Barrier()  # flags initialised before anyone reads them
+        # slot -> (message id, local addressees) of the message that used it last
+        self._slot_user: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * depth
+        self._pending: tuple[int, int, tuple[int, ...]] | None = None
+
+    # -- helpers -------------------------------------------------------------------------
+    def _local(self, peer: int) -> int:
+        return self._local_of_world[peer]
+
+    def _slot_view(self, local: int, msg_id: int, nbytes: int) -> torch.Tensor:
+        if nbytes > self.slot_bytes:
+            raise ValueError(f"shm: message of {nbytes} B exceeds the {self.slot_bytes} B slot")
+        start = _HEADER_BYTES + (msg_id % self.depth) * self.slot_bytes
+        return self._bytes[local][start:start + nbytes]
+
+    def _consumed(self, reader_local: int, sender_local: int) -> int:
+        return int(self._flags[reader_local][_CONSUMED_OFFSET // 8 + sender_local])
+
+    # -- sender --------------------------------------------------------------------------
+    def acquire(self, msg_id: int, peers: tuple[int, ...], nbytes: int, timeout: float) -> torch.Tensor:
+        slot = msg_id % self.depth
+        old_id, old_readers = self._slot_user[slot]
+        me = self.local_rank
+        for reader in old_readers:
+            wait_until(lambda: self._consumed(reader, me) >= old_id, timeout, self._world_of(reader),
+                       f"to release shm slot {slot} (message {old_id})", spin=self.spin)
+        self._pending = (msg_id, nbytes, tuple(self._local(p) for p in peers))
+        return self._slot_view(me, msg_id, nbytes)
+
+    def publish(self, msg_id: int) -> None:
+        pending_id, nbytes, readers = self._pending  # type: ignore[misc]
+        assert pending_id == msg_id, "publish without a matching acquire"
+        self._slot_user[msg_id % self.depth] = (msg_id, readers)
+        self._flags[self.local_rank][0] = msg_id  # after the data: TSO keeps the order
+        self.bytes_sent += nbytes * len(readers)
+        self._pending = None
+
+    # -- receiver ------------------------------------------------------------------------
+    def prefetch(self, peer: int, msg_id: int, nbytes: int) -> None:
+        """Nothing to post: the data is read in place from the peer's slot."""
+
+    def recv(self, peer: int, msg_id: int, nbytes: int, timeout: float) -> torch.Tensor:
+        flags = self._flags[self._local(peer)]
+        wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin)
+        self.bytes_received += nbytes
+        return self._slot_view(self._local(peer), msg_id, nbytes)
+
+    def release(self, peer: int, msg_id: int) -> None:
+        self._flags[self.local_rank][_CONSUMED_OFFSET // 8 + self._local(peer)] = msg_id
+
+    def flush(self, timeout: float) -> None:
+        """Sends complete at publish: the reader copies out of our slot."""
+
+    def _world_of(self, local: int) -> int:
+        for w, i in self._local_of_world.items():
+            if i == local:
+                return w
+        return -1
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Drop every view before unmapping: torch/numpy views keep exported buffers alive.
+        self._flags = []
+        self._bytes = []
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a caller still holds a view; the mapping goes when it is collected
+        self._maps = []
