@@ -47,6 +47,7 @@ class Communicator:
         self.rank: int = self._comm.Get_rank()
         self.size: int = self._comm.Get_size()
         self._seq = 0
+        self._prepared: dict[tuple, tuple] = {}
         self._poison: BaseException | None = None
         self._closed = False
         kernels.set_backend(options.kernels)
@@ -194,11 +195,13 @@ class Communicator:
 
     # -- planning ------------------------------------------------------------------------
     def _plan(self, collective: str, nbytes: int, elem: int) -> Plan:
+        """Choose a schedule by size (or the forced one) and say why."""
         chunk_elems = max(1, self.options.chunk_bytes // elem)
         forced = self.options.schedule
         if forced:
             if forced not in schedules.names():
-                raise ValueError(f"unknown schedule {forced!r} (DDL_SCHEDULE); valid: {', '.join(schedules.names())}")
+                raise ValueError(f"rank {self.rank}: unknown schedule {forced!r} (DDL_SCHEDULE); "
+                                 f"valid: {', '.join(schedules.names())}")
             return Plan(forced, chunk_elems, "forced by DDL_SCHEDULE / Options.schedule")
         if nbytes <= self.options.small_bytes:
             return Plan("one_shot", chunk_elems,
@@ -206,6 +209,31 @@ class Communicator:
         return Plan("ring", chunk_elems,
                     f"{nbytes} B > small_bytes {self.options.small_bytes}: ring moves the bandwidth-optimal "
                     "2(n-1)/n of the data, pipelined in chunks")
+
+    def _prepare(self, collective: str, count: int, in_numel: int, dtype: torch.dtype, op: str, root: int):
+        """(schedule, run dtype, op context) for a call shape, cached: the latency path is one dict lookup."""
+        key = (collective, count, dtype, op, root)
+        prepared = self._prepared.get(key)
+        if prepared is not None:
+            return prepared
+        elem = dtype.itemsize
+        plan = self._plan(collective, in_numel * elem, elem)
+        schedule = schedules.build(plan.schedule, collective, self.size, count, chunk_elems=plan.chunk_elems,
+                                   root=root)
+        scale = 1.0 / self.size if op == "avg" else None
+        reduce_op = "sum" if op == "avg" else op
+        run_dtype = dtype
+        if (collective in ("allreduce", "reduce_scatter") and dtype in SIXTEEN_BIT and reduce_op == "sum"
+                and not schedule.single_pass):
+            # Partial sums travel between ranks: carry them in fp32 and round once at the end.
+            run_dtype = torch.float32
+            schedule = schedules.build(plan.schedule, collective, self.size, count,
+                                       chunk_elems=max(1, self.options.chunk_bytes // 4), root=root)
+        if len(self._prepared) > 4096:
+            self._prepared.clear()
+        prepared = (schedule, run_dtype, CallContext(collective, reduce_op, scale))
+        self._prepared[key] = prepared
+        return prepared
 
     # -- execution -----------------------------------------------------------------------
     def _issue(self, job, description: str, async_op: bool):
@@ -227,25 +255,14 @@ class Communicator:
     def _execute(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int,
                  op: str = "sum", root: int = 0) -> None:
         self._seq += 1
-        wire_elem = inbuf.element_size()
-        plan = self._plan(collective, inbuf.numel() * wire_elem, wire_elem)
-        schedule = schedules.build(plan.schedule, collective, self.size, count, chunk_elems=plan.chunk_elems,
-                                   root=root)
-        scale = 1.0 / self.size if op == "avg" else None
-        reduce_op = "sum" if op == "avg" else op
-        ctx = CallContext(collective, self._seq, reduce_op, scale)
-        widen = (collective in ("allreduce", "reduce_scatter") and inbuf.dtype in SIXTEEN_BIT
-                 and reduce_op == "sum" and not schedule.single_pass)
-        if widen:
-            # Partial sums travel between ranks: carry them in fp32 and round once at the end.
-            wide_in = inbuf.float()
-            wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=torch.float32)
-            schedule = schedules.build(plan.schedule, collective, self.size, count,
-                                       chunk_elems=max(1, self.options.chunk_bytes // 4), root=root)
-            self._executor.run(schedule, wide_in, wide_out, ctx)
-            outbuf.copy_(wide_out)
-        else:
-            self._executor.run(schedule, inbuf, outbuf, ctx)
+        schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)
+        if run_dtype is inbuf.dtype:
+            self._executor.run(schedule, inbuf, outbuf, ctx, self._seq)
+            return
+        wide_in = inbuf.to(run_dtype)
+        wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype)
+        self._executor.run(schedule, wide_in, wide_out, ctx, self._seq)
+        outbuf.copy_(wide_out)  # the one rounding back to 16 bits
 
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         flat = _flat_work(tensor)
@@ -285,6 +302,8 @@ class Communicator:
 
 def _flat_work(t: torch.Tensor) -> torch.Tensor:
     """A flat contiguous view of ``t``, or a contiguous copy when ``t`` is strided."""
+    if t.dim() == 1 and t.is_contiguous():
+        return t  # already flat: a view would cost microseconds on the latency path
     if t.is_contiguous():
         return t.view(-1)
     return t.contiguous().view(-1)

@@ -17,20 +17,45 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from .kernels.reduce import reduce_trusted as _reduce_trusted
 from .errors import CollectiveTimeout
 from .transports.base import PeerTimeout, Transport
 from .schedules import IN, Schedule, Span, Step
 
 
-@dataclass
+@dataclass(frozen=True)
 class CallContext:
-    """What the executor needs to know about the call it runs (for errors and the op)."""
+    """What the executor needs to know about the call it runs: the op, and names for errors."""
 
     collective: str
-    seq: int
     op: str = "sum"
-    scale: float | None = None
+    scale: float | None = None  # applied on the final step (avg = sum * 1/size)
+
+
+class _Compiled:
+    """One step with everything the hot loop needs resolved once per (schedule, rank)."""
+
+    __slots__ = ("step", "src", "dst", "recvs", "sends", "whole_src", "whole_dst")
+
+    def __init__(self, step: Step, route: list, in_count: int, out_count: int):
+        self.step = step
+        self.src = None if step.src is None else (step.src.buffer == IN, step.src.start, step.src.stop)
+        self.dst = None if step.dst is None else (step.dst.buffer == IN, step.dst.start, step.dst.stop)
+        # A span covering its whole buffer needs no slicing (slicing a tensor costs ~2 µs).
+        self.whole_src = step.src is not None and step.src.start == 0 and step.src.count == (
+            in_count if step.src.buffer == IN else out_count)
+        self.whole_dst = step.dst is not None and step.dst.start == 0 and step.dst.count == (
+            in_count if step.dst.buffer == IN else out_count)
+        self.recvs = tuple((rv.peer, rv.msg, route[rv.peer]) for rv in step.recv)
+        groups: list[tuple[object, list[int]]] = []
+        for p in step.send:
+            for g in groups:
+                if g[0] is route[p]:
+                    g[1].append(p)
+                    break
+            else:
+                groups.append((route[p], [p]))
+        self.sends = tuple((t, tuple(ps)) for t, ps in groups)
 
 
 class Executor:
@@ -43,104 +68,103 @@ class Executor:
         self.timeout = timeout
         self.depth = depth
         self.next_msg = [0] * size  # message id of every sender's next message
+        self._transports = []
+        for t in route:
+            if t is not None and all(t is not s for s in self._transports):
+                self._transports.append(t)
+        # Only two-sided transports gain from receives posted ahead.
+        self._has_lookahead = any(t.name == "mpi" for t in self._transports) and size > 1
+        # Compiled step lists by schedule identity (schedules are cached, so they recur).
+        self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}
 
-    def run(self, schedule: Schedule, inbuf: torch.Tensor, outbuf: torch.Tensor, ctx: CallContext) -> None:
+    def _program(self, schedule: Schedule) -> tuple[list[_Compiled], tuple[int, ...]]:
+        entry = self._programs.get(id(schedule))
+        if entry is None or entry[0] is not schedule:
+            if len(self._programs) > 1024:
+                self._programs.clear()
+            steps = [_Compiled(s, self.route, schedule.in_count, schedule.out_count)
+                     for s in schedule.steps[self.rank]]
+            sends = tuple(schedule.sends(q) for q in range(self.size))
+            entry = (schedule, steps, sends)
+            self._programs[id(schedule)] = entry
+        return entry[1], entry[2]
+
+    def run(self, schedule: Schedule, inbuf: torch.Tensor, outbuf: torch.Tensor, ctx: CallContext,
+            seq: int = 0) -> None:
         """Execute this rank's steps. ``inbuf``/``outbuf`` are flat contiguous tensors (may be one)."""
-        steps = schedule.steps[self.rank]
+        program, sends = self._program(schedule)
         base = self.next_msg
-        elem = inbuf.element_size()
         dtype = inbuf.dtype
         label = "start"
         try:
-            for i, step in enumerate(steps):
-                label = step.label
-                self._prefetch(steps, i, base, elem)
-                self._run_step(step, inbuf, outbuf, base, elem, dtype, ctx)
+            for i, c in enumerate(program):
+                label = c.step.label
+                if self._has_lookahead:
+                    self._prefetch(program, i, base, dtype)
+                self._run_step(c, inbuf, outbuf, base, dtype, ctx)
             label = "flush"
-            for t in self._transports():
+            for t in self._transports:
                 t.flush(self.timeout)
         except PeerTimeout as e:
             raise CollectiveTimeout(
-                f"rank {self.rank}: {ctx.collective} #{ctx.seq} (schedule {schedule.name}, step {label!r}) "
+                f"rank {self.rank}: {ctx.collective} #{seq} (schedule {schedule.name}, step {label!r}) "
                 f"timed out after {self.timeout:g} s; not heard from rank {e.peer} ({e.what})") from None
         for q in range(self.size):
-            base[q] += schedule.sends(q)
+            base[q] += sends[q]
 
-    def _transports(self) -> list[Transport]:
-        seen: list[Transport] = []
-        for t in self.route:
-            if t is not None and all(t is not s for s in seen):
-                seen.append(t)
-        return seen
+    def _prefetch(self, program: list[_Compiled], i: int, base: list[int], dtype: torch.dtype) -> None:
+        # Post receives one pipeline window ahead (only the MPI transport acts on this).
+        first = 0 if i == 0 else i + self.depth - 1
+        for j in range(first, min(len(program), i + self.depth)):
+            c = program[j]
+            for peer, msg, transport in c.recvs:
+                transport.prefetch(peer, base[peer] + msg, c.step.count, dtype)
 
-    def _prefetch(self, steps: tuple[Step, ...], i: int, base: list[int], elem: int) -> None:
-        # Look one pipeline window ahead: only the MPI transport does anything here.
-        j = i + self.depth - 1
-        if j < len(steps):
-            s = steps[j]
-            for rv in s.recv:
-                self.route[rv.peer].prefetch(rv.peer, base[rv.peer] + rv.msg, s.count * elem)
-        if i == 0:
-            for s in steps[:self.depth - 1]:
-                for rv in s.recv:
-                    self.route[rv.peer].prefetch(rv.peer, base[rv.peer] + rv.msg, s.count * elem)
-
-    def _run_step(self, s: Step, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int], elem: int,
+    def _run_step(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int],
                   dtype: torch.dtype, ctx: CallContext) -> None:
-        nbytes = s.count * elem
-
-        def view(span: Span) -> torch.Tensor:
-            buf = inbuf if span.buffer == IN else outbuf
-            return buf[span.start:span.stop]
-
+        s = c.step
+        count = s.count
         # Acquire send slots first: waiting for a slot while holding a peer's message could deadlock.
-        send_bufs: list[tuple[Transport, int, torch.Tensor]] = []
-        if s.send:
+        send_bufs = []
+        if c.sends:
             msg_id = base[self.rank] + s.msg
-            for transport, peers in self._group(s.send):
-                raw = transport.acquire(msg_id, peers, nbytes, self.timeout)
-                send_bufs.append((transport, msg_id, raw.view(dtype)))
-        incoming = [self.route[rv.peer].recv(rv.peer, base[rv.peer] + rv.msg, nbytes, self.timeout).view(dtype)
-                    for rv in s.recv]
+            for transport, peers in c.sends:
+                send_bufs.append((transport, msg_id, transport.acquire(msg_id, peers, count, dtype, self.timeout)))
+        incoming = [transport.recv(peer, base[peer] + msg, count, dtype, self.timeout)
+                    for peer, msg, transport in c.recvs]
         scale = ctx.scale if s.final else None
 
-        if s.dst is not None:
-            target = view(s.dst)
+        if c.dst is not None:
+            is_in, start, stop = c.dst
+            buf = inbuf if is_in else outbuf
+            target = buf if c.whole_dst else buf[start:stop]
         elif send_bufs:
             target = send_bufs[0][2]
         else:
             target = None
+        local = None
+        if c.src is not None:
+            is_in, start, stop = c.src
+            buf = inbuf if is_in else outbuf
+            local = buf if c.whole_src else buf[start:stop]
         if s.reduce:
-            operands = list(incoming)
-            operands.insert(s.local_pos, view(s.src))  # type: ignore[arg-type]
-            kernels.reduce(target, operands, op=ctx.op, scale=scale)
+            operands = incoming
+            operands.insert(s.local_pos, local)
+            _reduce_trusted(target, operands, ctx.op, scale)
             result = target
         else:
-            source = incoming[0] if incoming else view(s.src)  # type: ignore[arg-type]
+            source = incoming[0] if incoming else local
             if scale is not None:
-                kernels.reduce(target, [source], op=ctx.op, scale=scale)
+                _reduce_trusted(target, [source], ctx.op, scale)
                 result = target
             elif target is not None and target.data_ptr() != source.data_ptr():
                 target.copy_(source)
                 result = target
             else:
                 result = source
-        for _, _, buf in send_bufs:
+        for transport, msg_id, buf in send_bufs:
             if buf.data_ptr() != result.data_ptr():
                 buf.copy_(result)
-        for transport, msg_id, _ in send_bufs:
             transport.publish(msg_id)
-        for rv in s.recv:
-            self.route[rv.peer].release(rv.peer, base[rv.peer] + rv.msg)
-
-    def _group(self, peers: tuple[int, ...]) -> list[tuple[Transport, tuple[int, ...]]]:
-        groups: list[tuple[Transport, list[int]]] = []
-        for p in peers:
-            t = self.route[p]
-            for g in groups:
-                if g[0] is t:
-                    g[1].append(p)
-                    break
-            else:
-                groups.append((t, [p]))  # type: ignore[arg-type]
-        return [(t, tuple(ps)) for t, ps in groups]
+        for peer, msg, transport in c.recvs:
+            transport.release(peer, base[peer] + msg)

@@ -14,18 +14,18 @@ class Options:
 
     Field (env twin)                      meaning
     timeout (DDL_TIMEOUT)                 seconds any single wait may last before CollectiveTimeout (default 300)
-    chunk_bytes (DDL_CHUNK_BYTES)         bytes per pipelined chunk, which is also one shm slot (default 256 KiB)
+    chunk_bytes (DDL_CHUNK_BYTES)         bytes per pipelined chunk, which is also one shm slot (default 2 MiB)
     pipeline_depth (DDL_PIPELINE_DEPTH)   chunks in flight per rank = shm slots per rank (>= 2, default 4)
-    small_bytes (DDL_SMALL_BYTES)         messages up to this size take the one-shot path (default 64 KiB)
+    small_bytes (DDL_SMALL_BYTES)         messages up to this size take the one-shot path (default 256 KiB)
     schedule (DDL_SCHEDULE)               force a schedule by registry name ("" = choose by size)
     transport (DDL_TRANSPORT)             "auto" (shm within a node, MPI between) or "mpi" (MPI everywhere)
     kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)
     """
 
     timeout: float = 300.0
-    chunk_bytes: int = 256 * _KIB
+    chunk_bytes: int = 2048 * _KIB
     pipeline_depth: int = 4
-    small_bytes: int = 64 * _KIB
+    small_bytes: int = 256 * _KIB
     schedule: str = ""
     transport: str = "auto"
     kernels: str = "auto"

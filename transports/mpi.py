@@ -59,11 +59,13 @@ class MpiTransport:
         self._sending = still
 
     # -- sender --------------------------------------------------------------------------
-    def acquire(self, msg_id: int, peers: tuple[int, ...], nbytes: int, timeout: float) -> torch.Tensor:
+    def acquire(self, msg_id: int, peers: tuple[int, ...], count: int, dtype: torch.dtype,
+                timeout: float) -> torch.Tensor:
         self._reap_sends()
+        nbytes = count * dtype.itemsize
         buf = self._take(nbytes)
         self._staged = (msg_id, peers, nbytes, buf)
-        return buf[:nbytes]
+        return buf[:nbytes].view(dtype)
 
     def publish(self, msg_id: int) -> None:
         staged_id, peers, nbytes, buf = self._staged  # type: ignore[misc]
@@ -75,21 +77,23 @@ class MpiTransport:
         self._staged = None
 
     # -- receiver ------------------------------------------------------------------------
-    def prefetch(self, peer: int, msg_id: int, nbytes: int) -> None:
+    def prefetch(self, peer: int, msg_id: int, count: int, dtype: torch.dtype) -> None:
         """Post the Irecv early, so the data can land while this rank reduces other chunks."""
         key = (peer, msg_id)
         if key in self._posted:
             return
+        nbytes = count * dtype.itemsize
         buf = self._take(nbytes)
         req = self.comm.Irecv([buf.numpy(), nbytes, MPI.BYTE], source=peer, tag=msg_id % _TAG_RANGE)
         self._posted[key] = (req, buf)
 
-    def recv(self, peer: int, msg_id: int, nbytes: int, timeout: float) -> torch.Tensor:
-        self.prefetch(peer, msg_id, nbytes)
+    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float) -> torch.Tensor:
+        self.prefetch(peer, msg_id, count, dtype)
         req, buf = self._posted[(peer, msg_id)]
         wait_until(req.Test, timeout, peer, f"MPI message {msg_id}", spin=self.spin)
+        nbytes = count * dtype.itemsize
         self.bytes_received += nbytes
-        return buf[:nbytes]
+        return buf[:nbytes].view(dtype)
 
     def release(self, peer: int, msg_id: int) -> None:
         _, buf = self._posted.pop((peer, msg_id))

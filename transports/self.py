@@ -19,10 +19,11 @@ class SelfTransport:
         self._messages: dict[int, torch.Tensor] = {}
         self._staged: tuple[int, torch.Tensor] | None = None
 
-    def acquire(self, msg_id: int, peers: tuple[int, ...], nbytes: int, timeout: float) -> torch.Tensor:
+    def acquire(self, msg_id: int, peers: tuple[int, ...], count: int, dtype: torch.dtype,
+                timeout: float) -> torch.Tensor:
         if any(p != 0 for p in peers):
             raise ValueError(f"self transport: no rank {peers} in a world of one")
-        buf = torch.empty(nbytes, dtype=torch.uint8)
+        buf = torch.empty(count, dtype=dtype)
         self._staged = (msg_id, buf)
         return buf
 
@@ -30,20 +31,20 @@ class SelfTransport:
         staged_id, buf = self._staged  # type: ignore[misc]
         assert staged_id == msg_id, "publish without a matching acquire"
         self._messages[msg_id] = buf
-        self.bytes_sent += buf.numel()
+        self.bytes_sent += buf.numel() * buf.element_size()
         self._staged = None
 
-    def prefetch(self, peer: int, msg_id: int, nbytes: int) -> None:
+    def prefetch(self, peer: int, msg_id: int, count: int, dtype: torch.dtype) -> None:
         """Nothing to post: the message is already in memory."""
 
-    def recv(self, peer: int, msg_id: int, nbytes: int, timeout: float) -> torch.Tensor:
+    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float) -> torch.Tensor:
         try:
             buf = self._messages[msg_id]
         except KeyError:
             # In a world of one nobody else can send it: waiting would only hang.
             raise ValueError(f"self transport: message {msg_id} was never sent") from None
-        self.bytes_received += nbytes
-        return buf[:nbytes]
+        self.bytes_received += count * dtype.itemsize
+        return buf[:count]
 
     def release(self, peer: int, msg_id: int) -> None:
         self._messages.pop(msg_id, None)

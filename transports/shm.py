@@ -35,6 +35,7 @@ from .base import DEFAULT_SPIN_SECONDS, wait_until
 _SHM_DIR = "/dev/shm"
 _HEADER_BYTES = 4096
 _CONSUMED_OFFSET = 64
+_MAX_CACHED_VIEWS = 4096
 
 
 def _segment_path(token: str, local_rank: int) -> str:
@@ -90,7 +91,8 @@ class ShmTransport:
 
         self._flags = [np.frombuffer(m, dtype=np.int64, count=_HEADER_BYTES // 8) for m in self._maps]
         self._bytes = [torch.frombuffer(m, dtype=torch.uint8) for m in self._maps]
-        own_flags = self._flags[self.local_rank]
+        own_flags = self._own_flags = self._flags[self.local_rank]
+        self._views: dict[tuple, torch.Tensor] = {}
         own_flags[0] = -1
         own_flags[_CONSUMED_OFFSET // 8:_CONSUMED_OFFSET // 8 + self.local_size] = -1
         node_comm.Barrier()  # flags initialised before anyone reads them
@@ -102,46 +104,59 @@ class ShmTransport:
     def _local(self, peer: int) -> int:
         return self._local_of_world[peer]
 
-    def _slot_view(self, local: int, msg_id: int, nbytes: int) -> torch.Tensor:
-        if nbytes > self.slot_bytes:
-            raise ValueError(f"shm: message of {nbytes} B exceeds the {self.slot_bytes} B slot")
-        start = _HEADER_BYTES + (msg_id % self.depth) * self.slot_bytes
-        return self._bytes[local][start:start + nbytes]
+    def _slot_view(self, local: int, msg_id: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """Typed view of the slot holding ``msg_id`` in ``local``'s segment (cached: a view costs µs)."""
+        key = (local, msg_id % self.depth, count, dtype)
+        view = self._views.get(key)
+        if view is None:
+            nbytes = count * dtype.itemsize
+            if nbytes > self.slot_bytes:
+                raise ValueError(f"shm: message of {nbytes} B exceeds the {self.slot_bytes} B slot")
+            if len(self._views) > _MAX_CACHED_VIEWS:
+                self._views.clear()
+            start = _HEADER_BYTES + key[1] * self.slot_bytes
+            view = self._bytes[local][start:start + nbytes].view(dtype)
+            self._views[key] = view
+        return view
 
     def _consumed(self, reader_local: int, sender_local: int) -> int:
         return int(self._flags[reader_local][_CONSUMED_OFFSET // 8 + sender_local])
 
     # -- sender --------------------------------------------------------------------------
-    def acquire(self, msg_id: int, peers: tuple[int, ...], nbytes: int, timeout: float) -> torch.Tensor:
+    def acquire(self, msg_id: int, peers: tuple[int, ...], count: int, dtype: torch.dtype,
+                timeout: float) -> torch.Tensor:
         slot = msg_id % self.depth
         old_id, old_readers = self._slot_user[slot]
         me = self.local_rank
         for reader in old_readers:
-            wait_until(lambda: self._consumed(reader, me) >= old_id, timeout, self._world_of(reader),
-                       f"to release shm slot {slot} (message {old_id})", spin=self.spin)
-        self._pending = (msg_id, nbytes, tuple(self._local(p) for p in peers))
-        return self._slot_view(me, msg_id, nbytes)
+            if self._consumed(reader, me) < old_id:
+                wait_until(lambda: self._consumed(reader, me) >= old_id, timeout, self._world_of(reader),
+                           f"to release shm slot {slot} (message {old_id})", spin=self.spin)
+        self._pending = (msg_id, count * dtype.itemsize, tuple(self._local(p) for p in peers))
+        return self._slot_view(me, msg_id, count, dtype)
 
     def publish(self, msg_id: int) -> None:
         pending_id, nbytes, readers = self._pending  # type: ignore[misc]
         assert pending_id == msg_id, "publish without a matching acquire"
         self._slot_user[msg_id % self.depth] = (msg_id, readers)
-        self._flags[self.local_rank][0] = msg_id  # after the data: TSO keeps the order
+        self._own_flags[0] = msg_id  # after the data: TSO keeps the order
         self.bytes_sent += nbytes * len(readers)
         self._pending = None
 
     # -- receiver ------------------------------------------------------------------------
-    def prefetch(self, peer: int, msg_id: int, nbytes: int) -> None:
+    def prefetch(self, peer: int, msg_id: int, count: int, dtype: torch.dtype) -> None:
         """Nothing to post: the data is read in place from the peer's slot."""
 
-    def recv(self, peer: int, msg_id: int, nbytes: int, timeout: float) -> torch.Tensor:
-        flags = self._flags[self._local(peer)]
-        wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin)
-        self.bytes_received += nbytes
-        return self._slot_view(self._local(peer), msg_id, nbytes)
+    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float) -> torch.Tensor:
+        local = self._local_of_world[peer]
+        flags = self._flags[local]
+        if flags[0] < msg_id:
+            wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin)
+        self.bytes_received += count * dtype.itemsize
+        return self._slot_view(local, msg_id, count, dtype)
 
     def release(self, peer: int, msg_id: int) -> None:
-        self._flags[self.local_rank][_CONSUMED_OFFSET // 8 + self._local(peer)] = msg_id
+        self._own_flags[_CONSUMED_OFFSET // 8 + self._local_of_world[peer]] = msg_id
 
     def flush(self, timeout: float) -> None:
         """Sends complete at publish: the reader copies out of our slot."""
@@ -159,6 +174,8 @@ class ShmTransport:
         # Drop every view before unmapping: torch/numpy views keep exported buffers alive.
         self._flags = []
         self._bytes = []
+        self._views = {}
+        self._own_flags = None
         for m in self._maps:
             try:
                 m.close()
