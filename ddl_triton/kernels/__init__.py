@@ -1,4 +1,4 @@
-"""Triton kernels of ddl_triton: reduction.
+"""Triton kernels of ddl_triton: reduction, compression (int8, 1-bit) and bucket packing.
 
 Each launcher takes keyword-only options, validates its tensors, and runs the
 private ``@triton.jit`` kernel on CUDA tensors (or on CPU tensors when
@@ -6,6 +6,15 @@ private ``@triton.jit`` kernel on CUDA tensors (or on CPU tensors when
 the torch reference that sits beside each kernel.
 """
 from ._dispatch import get_backend, set_backend
+from .compress import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_reference,
+                       reduce_int8, reduce_int8_reference, sign_compress, sign_compress_reference,
+                       sign_decompress, sign_decompress_reference)
+from .pack import pack, pack_reference, unpack, unpack_reference
 from .reduce import REDUCE_OPS, reduce, reduce_reference
 
-__all__ = ["REDUCE_OPS", "get_backend", "reduce", "reduce_reference", "set_backend"]
+__all__ = [
+    "REDUCE_OPS", "dequantize_int8", "dequantize_int8_reference", "get_backend", "pack", "pack_reference",
+    "quantize_int8", "quantize_int8_reference", "reduce", "reduce_int8", "reduce_int8_reference",
+    "reduce_reference", "set_backend", "sign_compress", "sign_compress_reference", "sign_decompress",
+    "sign_decompress_reference", "unpack", "unpack_reference",
+]

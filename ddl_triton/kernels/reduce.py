@@ -29,13 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dispatch import accumulator_dtype, interpreting, use_triton
+from ._dispatch import accumulator_dtype, get_backend, interpreting, use_triton
+from ._rounding import round_to
 
 REDUCE_OPS = ("sum", "min", "max")
 _OP_CODE = {"sum": 0, "min": 1, "max": 2}
 _MAX_ARITY = 8  # input pointers one kernel launch takes; more inputs are chained
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DTYPES = _FLOATS + (torch.int32, torch.int64)
+_SAME_DTYPE_ACC = (torch.float32, torch.float64, torch.int32, torch.int64)  # accumulate in their own dtype
 
 
 @triton.jit
@@ -82,7 +84,7 @@ def _reduce_kernel(out_ptr, in0, in1, in2, in3, in4, in5, in6, in7, n_elements, 
         # Loaded from memory in the accumulator dtype: a Python float argument would be
         # truncated to fp32, which would differ from the torch path for fp64.
         acc = acc * tl.load(scale_ptr)
-    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + offsets, round_to(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
 _GPU_CONFIGS = [
@@ -103,15 +105,15 @@ def reduce_reference(out: torch.Tensor, inputs: Sequence[torch.Tensor], *, op: s
     plus one fp32 temporary for 16-bit dtypes.
     """
     acc_dtype = accumulator_dtype(out.dtype)
-    first = inputs[0]
-    if acc_dtype == out.dtype and len(inputs) > 1 and scale is None and not _aliases_later(out, inputs):
+    if acc_dtype == out.dtype and not _aliases_later(out, inputs):
         acc = out  # accumulate straight into out: it is read only through inputs[0]
-        _combine_into(acc, first, inputs[1], op)
-        rest = inputs[2:]
     else:
-        acc = first.to(acc_dtype, copy=True)
-        rest = inputs[1:]
-    for x in rest:
+        acc = torch.empty(out.shape, dtype=acc_dtype, device=out.device)
+    if len(inputs) > 1:
+        _combine_into(acc, inputs[0], inputs[1], op)
+    elif acc.data_ptr() != inputs[0].data_ptr():
+        acc.copy_(inputs[0])
+    for x in inputs[2:]:
         _combine_into(acc, acc, x, op)
     if scale is not None:
         acc.mul_(scale)
@@ -152,7 +154,18 @@ def reduce(out: torch.Tensor, inputs: Sequence[torch.Tensor], *, op: str = "sum"
     ``out`` may alias any input. Returns ``out``.
     """
     _validate(out, inputs, op, scale)
+    return reduce_trusted(out, inputs, op, scale)
+
+
+def reduce_trusted(out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, scale: float | None) -> torch.Tensor:
+    """:func:`reduce` without validation, for the executor, whose schedules guarantee the
+    preconditions (same dtype, size and device; contiguous) and which calls it per chunk."""
     if out.numel() == 0:
+        return out
+    if len(inputs) == 2 and scale is None and out.dtype in _SAME_DTYPE_ACC and not out.is_cuda \
+            and _backend_is_not_triton():
+        # The latency path: one torch op; an elementwise op may write over either input exactly.
+        _combine_into(out, inputs[0], inputs[1], op)
         return out
     if len(inputs) == 1 and scale is None:
         if inputs[0].data_ptr() != out.data_ptr():
@@ -161,6 +174,10 @@ def reduce(out: torch.Tensor, inputs: Sequence[torch.Tensor], *, op: str = "sum"
     if not use_triton(out, *inputs):
         return reduce_reference(out, inputs, op=op, scale=scale)
     return _reduce_triton(out, list(inputs), op, scale)
+
+
+def _backend_is_not_triton() -> bool:
+    return get_backend() != "triton"
 
 
 def _validate(out: torch.Tensor, inputs: Sequence[torch.Tensor], op: str, scale: float | None) -> None:

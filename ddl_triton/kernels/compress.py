@@ -1,0 +1,647 @@
+"""Gradient compression: blockwise int8 quantization and 1-bit sign compression with error feedback.
+
+int8 (``quantize_int8`` / ``dequantize_int8`` / ``reduce_int8``), per block of ``block``
+consecutive elements of the flattened tensor (the last block may be short):
+    xf    = x as fp32                           # exact for fp16/bf16 inputs
+    s     = absmax(xf[block]) / 127             # fp32, IEEE-rounded division
+    s     = 0 if s < 2**-126 else s             # a subnormal scale would break the clamp-free
+                                                # bound below: such blocks (absmax < ~1.5e-36) go to 0
+    q     = clamp(rne(xf / s), -127, 127)       # rne: round half to even; q = 0 where s == 0
+    dequant(q, s) = round_out(fp32(q * s))      # rounded once to the out dtype
+
+Error bound, per element, for finite x (proof below the worked example; the tests enforce it):
+    s > 0:  |fp32(q*s) - x| <= s * (1/2 + 2**-16)
+    s = 0:  q = 0 and |x| < 2**-119
+The exact-arithmetic bound is s/2; the 2**-16 covers the two fp32 roundings (of x/s and of q*s),
+and it is needed: tests/test_kernels.py holds an input that exceeds s/2 by 5.5e-6*s (2**-17.5*s).
+16-bit x enters exactly (fp16/bf16 -> fp32 is exact), so the bound holds against x itself.
+Dequantized into a 16-bit out, the value is fp32(q*s) rounded once more (to nearest even), so
+add half an ulp of the out dtype there: |v|*2**-11 for fp16, |v|*2**-8 for bf16 (normal range).
+
+Worked example (block=4):
+    x = tensor([1.0, -0.5, 0.25, 0.0,   3.0, 0.0, 0.0, 0.0,   -254.0])
+    q, s = quantize_int8(x, block=4)
+      s = [1/127, 3/127, 2.0]   (fp32: 0.007874016, 0.023622047, 2.0)
+      q = [127, -64, 32, 0,   127, 0, 0, 0,   -127]      # -0.5*127 = -63.5000... -> -64
+    dequantize_int8(q, s, block=4)
+      -> [1.0, -0.503937, 0.251969, 0.0,   3.0, 0.0, 0.0, 0.0,   -254.0]
+
+Proof (u = 2**-24, the fp32 unit roundoff; s >= 2**-126, so q*s is never subnormal):
+t = x/s (real). s = (absmax/127)(1+e) with |e| <= u, so |t| <= 127/(1-u) and rne(fp32(t)) <= 127:
+the clamp never binds for finite x. v = fp32(t): |v - t| <= max(u*|t|, 2**-150) < 2**-17.
+|q - v| <= 1/2, so |q*s - x| = s*|q - t| <= s*(1/2 + 2**-17). fp32(q*s) adds at most u*|q*s| <= 127*u*s < 2**-17*s.
+Flushed blocks: fp32(absmax/127) < 2**-126 means absmax < 127*2**-126*(1+u) < 2**-119, and
+q = rne(x/1) = 0 since |x| < 1/2.
+
+``reduce_int8`` is one hop of a compressed ring, fused into one pass:
+    acc = dequant(qs[0], scales[0])             # fp32
+    for q, s in zip(qs[1:], scales[1:]):        # strictly in list order
+        acc = acc + dequant(q, s)               # product and sum each rounded to fp32 (no fma)
+    if scale is not None: acc = acc * fp32(scale)
+    return quantize_int8(acc)
+so the requantized result carries the int8 bound above relative to the fp32 ``acc``.
+With q, s from the worked example, three equal inputs averaged-then-tripled:
+    reduce_int8([q, q, q], [s, s, s], block=4, scale=0.5)
+      -> q = [127, -64, 32, 0,   127, 0, 0, 0,   -127], scales = 1.5 * s = [0.011811024, 0.035433073, 3.0]
+
+1-bit (``sign_compress`` / ``sign_decompress``), DeepSpeed 1-bit Adam style error feedback:
+    v        = fp32(x) + residual               # fp32
+    scale    = sum(|v|) / n                     # one fp32 scalar: torch, per 4096-row, then rows
+    bit[i]   = v[i] >= 0                        # bit i of byte j is element 8j+i; pad bits are 0
+    d[i]     = +scale if bit[i] else -scale     # what sign_decompress returns
+    residual = fp32(v - d)                      # written in place
+Exactness: ``d + residual == v`` holds exactly wherever scale/2 <= |v| <= 2*scale, or v == 0
+(Sterbenz: the fp32 difference of two same-sign values within a factor 2 is exact). Elsewhere v - d may need
+more than 24 bits and fp32 rounds it: |(d + residual) - v| <= 2**-24 * |v - d|. No fp32 residual
+can do better there; the tests check both statements element by element.
+
+Worked example:
+    x = tensor([0.5, -1.5, 2.0, 0.0]), residual = zeros(4)
+    bits, scale = sign_compress(x, residual)
+      scale = (0.5 + 1.5 + 2.0 + 0.0) / 4 = 1.0
+      bits = tensor([0b1101], uint8) = [13]             # elements 0, 2, 3 are >= 0
+      residual -> [-0.5, -0.5, 1.0, -1.0]
+    sign_decompress(bits, scale, 4) -> [1.0, -1.0, 1.0, 1.0]
+
+Every launcher's Triton kernel and torch reference produce bitwise-identical results on one
+device: same fp32 operations in the same order, IEEE division (``div_rn``, not Triton's
+approximate ``/``), no fma contraction, bf16 stores rounded by hand (see ``_round_to``), and the
+one whole-tensor reduction (the 1-bit scale) done by the same torch call on both paths, because a
+Triton tree reduction would sum in another order. (Checked under the interpreter; on a GPU the
+same reasoning applies but has not been run.)
+
+The 1-bit Triton path is three passes: v = x + residual (kernel), the scale (torch), then signs,
+bits and the new residual (kernel). Traffic: x read once, the fp32 residual (then v) read three
+times and written twice, n/8 bytes of bits written.
+
+Payload per n fp32 elements: int8 -> n + 4*ceil(n/block) bytes (~3.94x smaller at block=256);
+1-bit -> ceil(n/8) + 4 bytes (~32x smaller).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ._dispatch import interpreting, use_triton
+from ._rounding import round_to as _round_to
+
+_QMAX = 127.0  # symmetric range [-127, 127]: -128 is never produced, so negation is safe
+_MIN_NORMAL = 2.0 ** -126  # smallest normal fp32; smaller scales are flushed to 0
+_QUANT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MAX_QBLOCK = 1 << 16
+
+
+# --------------------------------------------------------------------------------------------
+# Triton building blocks
+# --------------------------------------------------------------------------------------------
+
+@triton.jit
+def _round_half_even(v):
+    # No libdevice.rint under the interpreter: round |v| with floor and compares, then restore
+    # the sign. a - floor(a) is exact (Sterbenz for a >= 1, trivially for a < 1), so every
+    # decision below sees the true fraction; the int32 parity test is exact for |v| < 2**31.
+    a = tl.abs(v)
+    r = tl.floor(a)
+    frac = a - r
+    odd = (r.to(tl.int32) & 1) == 1
+    up = (frac > 0.5) | ((frac == 0.5) & odd)
+    r = tl.where(up, r + 1.0, r)
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _quantize_tile(x):
+    # x: [ROWS, QBLOCK] fp32, zero where masked; returns (q int8 [ROWS, QBLOCK], s fp32 [ROWS]).
+    absmax = tl.max(tl.abs(x), axis=1)
+    # div_rn: Triton's "/" is an approximate division on NVIDIA; torch's is IEEE-rounded.
+    s = tl.math.div_rn(absmax, tl.full(absmax.shape, 127.0, tl.float32))
+    s = tl.where(s >= 2.0 ** -126, s, 0.0)
+    # Divide by 1 in flushed blocks: |x| < 2**-119 there, so it rounds to 0 like the reference.
+    safe = tl.where(s > 0.0, s, 1.0)
+    v = tl.math.div_rn(x, tl.broadcast_to(safe[:, None], x.shape))
+    q = _round_half_even(v)
+    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+    return q.to(tl.int8), s
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, n_elements, n_blocks,
+                     QBLOCK: tl.constexpr, TILE: tl.constexpr):
+    # One program quantizes ROWS whole blocks (a [ROWS, QBLOCK] tile of about TILE elements).
+    ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
+    # int64 offsets: a > 2**31-element bucket must not wrap.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
+    mask = offsets < n_elements
+    rmask = rows < n_blocks
+    # other=0: padding of the short last block must not raise its absmax.
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    q, s = _quantize_tile(x)
+    tl.store(q_ptr + offsets, q, mask=mask)
+    tl.store(s_ptr + rows, s, mask=rmask)
+
+
+@triton.jit
+def _dequantize_kernel(q_ptr, s_ptr, out_ptr, n_elements, n_blocks,
+                       QBLOCK: tl.constexpr, TILE: tl.constexpr):
+    ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
+    mask = offsets < n_elements
+    q = tl.load(q_ptr + offsets, mask=mask, other=0).to(tl.float32)
+    s = tl.load(s_ptr + rows, mask=rows < n_blocks, other=0.0)
+    # fp32 product first, then one rounding to the out dtype: the reference does the same.
+    d = q * s[:, None]
+    tl.store(out_ptr + offsets, _round_to(d, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reduce_int8_kernel(q_table, s_table, num_inputs, q_out, s_out, n_elements, n_blocks, scale_ptr,
+                        HAS_SCALE: tl.constexpr, QBLOCK: tl.constexpr, TILE: tl.constexpr):
+    # The inputs arrive as tables of data_ptr() values (int64), cast back to typed pointers:
+    # any number of inputs in one launch, read once each. Works under TRITON_INTERPRET=1 for
+    # CPU tensors (the interpreter dereferences raw host addresses).
+    ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
+    mask = offsets < n_elements
+    rmask = rows < n_blocks
+    acc = tl.zeros([ROWS, QBLOCK], dtype=tl.float32)  # 0 + d0 == d0 exactly
+    for i in range(num_inputs):  # list order: the same order on every rank
+        qp = tl.load(q_table + i).to(tl.pointer_type(tl.int8))
+        sp = tl.load(s_table + i).to(tl.pointer_type(tl.float32))
+        q = tl.load(qp + offsets, mask=mask, other=0).to(tl.float32)
+        s = tl.load(sp + rows, mask=rmask, other=0.0)
+        acc = acc + q * s[:, None]  # launched with fma contraction off: two roundings, as torch
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr)
+    q, s = _quantize_tile(acc)
+    tl.store(q_out + offsets, q, mask=mask)
+    tl.store(s_out + rows, s, mask=rmask)
+
+
+@triton.jit
+def _add_into_kernel(x_ptr, r_ptr, n_elements, BLOCK: tl.constexpr):
+    # r = fp32(x) + r, in place: the 1-bit compressor's v, needed whole before its scale exists.
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    r = tl.load(r_ptr + offsets, mask=mask)
+    tl.store(r_ptr + offsets, r + x, mask=mask)
+
+
+@triton.jit
+def _sign_pack_kernel(v_ptr, bits_ptr, scale_ptr, n_elements, n_bytes, BYTES: tl.constexpr):
+    # One program packs BYTES bytes: a [BYTES, 8] tile of v, one row per output byte.
+    byte_idx = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
+    lane = tl.arange(0, 8)
+    offsets = byte_idx[:, None] * 8 + lane[None, :]
+    mask = offsets < n_elements
+    v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
+    s = tl.load(scale_ptr)
+    pos = v >= 0.0
+    d = tl.where(pos, s, -s)
+    tl.store(v_ptr + offsets, v - d, mask=mask)  # the new residual, in place over v
+    # Masked lanes must be 0 bits, or the padding of the last byte would depend on memory.
+    bit = (pos & mask).to(tl.int32) << lane[None, :]
+    byte = tl.sum(bit, axis=1)  # distinct powers of two: the sum is the bitwise or
+    tl.store(bits_ptr + byte_idx, byte.to(tl.uint8), mask=byte_idx < n_bytes)
+
+
+@triton.jit
+def _sign_unpack_kernel(bits_ptr, scale_ptr, out_ptr, n_elements, n_bytes, BYTES: tl.constexpr):
+    byte_idx = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
+    lane = tl.arange(0, 8)
+    offsets = byte_idx[:, None] * 8 + lane[None, :]
+    byte = tl.load(bits_ptr + byte_idx, mask=byte_idx < n_bytes, other=0).to(tl.int32)
+    bit = (byte[:, None] >> lane[None, :]) & 1
+    s = tl.load(scale_ptr)
+    d = tl.where(bit != 0, s, -s)
+    tl.store(out_ptr + offsets, _round_to(d, out_ptr.dtype.element_ty), mask=offsets < n_elements)
+
+
+_TILE_CONFIGS = [
+    triton.Config({"TILE": 2048}, num_warps=4),
+    triton.Config({"TILE": 4096}, num_warps=8),
+    triton.Config({"TILE": 8192}, num_warps=8),
+]
+_BYTES_CONFIGS = [
+    triton.Config({"BYTES": 256}, num_warps=4),
+    triton.Config({"BYTES": 512}, num_warps=4),
+    triton.Config({"BYTES": 1024}, num_warps=8),
+]
+_BLOCK_CONFIGS = [
+    triton.Config({"BLOCK": 1024}, num_warps=4),
+    triton.Config({"BLOCK": 4096}, num_warps=8),
+]
+_quantize_kernel_tuned = triton.autotune(configs=_TILE_CONFIGS, key=["n_elements", "QBLOCK"])(_quantize_kernel)
+_dequantize_kernel_tuned = triton.autotune(configs=_TILE_CONFIGS, key=["n_elements", "QBLOCK"])(_dequantize_kernel)
+# reset_to_zero is not needed: every output element is written by exactly one program.
+_reduce_int8_kernel_tuned = triton.autotune(configs=_TILE_CONFIGS, key=["n_elements", "QBLOCK"])(_reduce_int8_kernel)
+# Both 1-bit kernels rewrite an input in place, so autotuning must restore it between trials.
+_add_into_kernel_tuned = triton.autotune(configs=_BLOCK_CONFIGS, key=["n_elements"],
+                                         restore_value=["r_ptr"])(_add_into_kernel)
+_sign_pack_kernel_tuned = triton.autotune(configs=_BYTES_CONFIGS, key=["n_elements"],
+                                          restore_value=["v_ptr"])(_sign_pack_kernel)
+_sign_unpack_kernel_tuned = triton.autotune(configs=_BYTES_CONFIGS, key=["n_elements"])(_sign_unpack_kernel)
+_INTERPRETER_TILE = 4096
+_INTERPRETER_BYTES = 512
+_INTERPRETER_BLOCK = 4096
+
+
+def _compiled(t: torch.Tensor) -> bool:
+    """True when the autotuned, compiled kernels apply (a GPU, not the interpreter)."""
+    return t.is_cuda and not interpreting()
+
+
+def _tile_grid(n_blocks: int, block: int):
+    return lambda meta: (triton.cdiv(n_blocks, max(1, meta["TILE"] // block)),)  # noqa: E731
+
+
+# --------------------------------------------------------------------------------------------
+# int8: references
+# --------------------------------------------------------------------------------------------
+
+def _n_blocks(n: int, block: int) -> int:
+    return (n + block - 1) // block
+
+
+def _as_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
+    """[n] -> [ceil(n/block), block], zero-padded (a view when n is a multiple of block)."""
+    pad = _n_blocks(flat.numel(), block) * block - flat.numel()
+    return (F.pad(flat, (0, pad)) if pad else flat).view(-1, block)
+
+
+def quantize_int8_reference(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch-ops implementation of :func:`quantize_int8`; also the CPU fast path.
+
+    torch.round is round-half-to-even, the rule the kernel implements with floor and compares.
+    """
+    n = x.numel()
+    xb = _as_blocks(x.reshape(-1).to(torch.float32), block)
+    s = xb.abs().amax(dim=1) / _QMAX
+    s = torch.where(s >= _MIN_NORMAL, s, torch.zeros_like(s))
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    v = xb / safe[:, None]
+    q = v.round_().clamp_(-_QMAX, _QMAX).to(torch.int8)  # in place: one fp32 temporary, not three
+    return q.view(-1)[:n].view(x.shape), s
+
+
+def dequantize_int8_reference(q: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None,
+                              block: int = 256) -> torch.Tensor:
+    """Torch-ops implementation of :func:`dequantize_int8`; also the CPU fast path."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    n = q.numel()
+    full = n // block * block
+    qf, of = q.reshape(-1), out.view(-1)
+    # mul computes in fp32 (int8 x fp32 promotes to fp32) and rounds once into out's dtype,
+    # writing out directly: no fp32 temporary.
+    if full:
+        torch.mul(qf[:full].view(-1, block), scales[: full // block, None], out=of[:full].view(-1, block))
+    if full < n:
+        torch.mul(qf[full:], scales[-1], out=of[full:])
+    return out
+
+
+def reduce_int8_reference(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor], *,
+                          block: int = 256, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch-ops implementation of :func:`reduce_int8`; also the CPU fast path."""
+    acc = dequantize_int8_reference(qs[0], scales_list[0], block=block)
+    for q, s in zip(qs[1:], scales_list[1:]):
+        acc.add_(dequantize_int8_reference(q, s, block=block))
+    if scale is not None:
+        # An fp32 tensor, as the kernel loads it: no doubt about how a Python float is rounded.
+        acc.mul_(torch.tensor(float(scale), dtype=torch.float32, device=acc.device))
+    return quantize_int8_reference(acc, block=block)
+
+
+# --------------------------------------------------------------------------------------------
+# int8: launchers
+# --------------------------------------------------------------------------------------------
+
+def quantize_int8(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise symmetric int8: returns ``(q, scales)``, q int8 shaped like x, scales fp32 [ceil(n/block)].
+
+    x: contiguous fp16/bf16/fp32 of any shape, finite. ``block``: a power of two <= 65536.
+    Example: quantize_int8(tensor([1.0, -0.5, 0.25, 0.0, 3.0]), block=4)
+             -> (tensor([127, -64, 32, 0, 127], dtype=int8), tensor([0.007874016, 0.023622047]))
+    """
+    _check_block("quantize_int8", block)
+    if x.dtype not in _QUANT_DTYPES:
+        raise TypeError(f"quantize_int8: unsupported dtype {x.dtype}; valid: fp16, bf16, fp32")
+    _check_contiguous("quantize_int8", x=x)
+    if not use_triton(x):
+        return quantize_int8_reference(x, block=block)
+    n = x.numel()
+    nb = _n_blocks(n, block)
+    q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    s = torch.empty(nb, dtype=torch.float32, device=x.device)
+    if n == 0:
+        return q, s
+    if _compiled(x):
+        _quantize_kernel_tuned[_tile_grid(nb, block)](x, q, s, n, nb, QBLOCK=block)
+    else:
+        grid = (triton.cdiv(nb, max(1, _INTERPRETER_TILE // block)),)
+        _quantize_kernel[grid](x, q, s, n, nb, QBLOCK=block, TILE=_INTERPRETER_TILE)
+    return q, s
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None,
+                    block: int = 256) -> torch.Tensor:
+    """``out = q * scales[i // block]``, fp32 by default or rounded once to ``out.dtype``. Returns out.
+
+    Example: dequantize_int8(tensor([127, -64, 32, 0, 127], dtype=int8), tensor([1/127, 3/127]), block=4)
+             -> tensor([1.0, -0.503937, 0.251969, 0.0, 3.0])
+    """
+    _check_block("dequantize_int8", block)
+    _check_q_scales("dequantize_int8:", q, scales, block)
+    if out is None:
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    else:
+        if out.dtype not in _OUT_DTYPES:
+            raise TypeError(f"dequantize_int8: out must be floating, got {out.dtype}")
+        if out.numel() != q.numel():
+            raise ValueError(f"dequantize_int8: out has {out.numel()} elements, q has {q.numel()}")
+        if out.device != q.device:
+            raise ValueError(f"dequantize_int8: out is on {out.device}, q on {q.device}")
+    _check_contiguous("dequantize_int8", q=q, scales=scales, out=out)
+    if not use_triton(q, scales, out):
+        return dequantize_int8_reference(q, scales, out=out, block=block)
+    n = q.numel()
+    if n == 0:
+        return out
+    nb = scales.numel()
+    if _compiled(q):
+        _dequantize_kernel_tuned[_tile_grid(nb, block)](q, scales, out, n, nb, QBLOCK=block)
+    else:
+        grid = (triton.cdiv(nb, max(1, _INTERPRETER_TILE // block)),)
+        _dequantize_kernel[grid](q, scales, out, n, nb, QBLOCK=block, TILE=_INTERPRETER_TILE)
+    return out
+
+
+def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor], *, block: int = 256,
+                scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One compressed-ring hop: ``quantize_int8(sum_i dequant(qs[i], scales_list[i]) * scale)``.
+
+    Inputs: equally long lists of contiguous int8 tensors (one number of elements) and their fp32
+    scales. Sums in fp32 in list order; one launch, each input read once. Returns ``(q, scales)``,
+    q shaped like ``qs[0]``.
+    Example (block=2): qs = [tensor([127, 0]), tensor([-127, 127])], scales_list = [[1.0], [0.5]]
+             -> acc = [127 - 63.5, 63.5] = [63.5, 63.5]; q = [127, 127], scales = [0.5]
+    """
+    _check_block("reduce_int8", block)
+    if len(qs) == 0:
+        raise ValueError("reduce_int8: needs at least one input")
+    if len(qs) != len(scales_list):
+        raise ValueError(f"reduce_int8: {len(qs)} q tensors but {len(scales_list)} scale tensors")
+    n = qs[0].numel()
+    for i, (q, s) in enumerate(zip(qs, scales_list)):
+        _check_q_scales(f"reduce_int8: input {i}:", q, s, block)
+        if q.numel() != n:
+            raise ValueError(f"reduce_int8: qs[{i}] has {q.numel()} elements, qs[0] has {n}")
+        if q.device != qs[0].device or s.device != qs[0].device:
+            raise ValueError(f"reduce_int8: input {i} is not on {qs[0].device}")
+        _check_contiguous("reduce_int8", **{f"qs[{i}]": q, f"scales_list[{i}]": s})
+    if not use_triton(*qs, *scales_list):
+        return reduce_int8_reference(qs, scales_list, block=block, scale=scale)
+    device = qs[0].device
+    nb = _n_blocks(n, block)
+    q_out = torch.empty(qs[0].shape, dtype=torch.int8, device=device)
+    s_out = torch.empty(nb, dtype=torch.float32, device=device)
+    if n == 0:
+        return q_out, s_out
+    _refuse_interpreted_device_pointers("reduce_int8", qs[0])
+    q_table = torch.tensor([q.data_ptr() for q in qs], dtype=torch.int64, device=device)
+    s_table = torch.tensor([s.data_ptr() for s in scales_list], dtype=torch.int64, device=device)
+    scale_value = torch.full((1,), 1.0 if scale is None else float(scale), dtype=torch.float32, device=device)
+    args = (q_table, s_table, len(qs), q_out, s_out, n, nb, scale_value)
+    if _compiled(qs[0]):
+        # enable_fp_fusion=False: an fma of acc + q*s would round once where torch rounds twice.
+        _reduce_int8_kernel_tuned[_tile_grid(nb, block)](*args, HAS_SCALE=scale is not None, QBLOCK=block,
+                                                         enable_fp_fusion=False)
+    else:
+        grid = (triton.cdiv(nb, max(1, _INTERPRETER_TILE // block)),)
+        _reduce_int8_kernel[grid](*args, HAS_SCALE=scale is not None, QBLOCK=block, TILE=_INTERPRETER_TILE)
+    return q_out, s_out
+
+
+# --------------------------------------------------------------------------------------------
+# 1-bit: references and launchers
+# --------------------------------------------------------------------------------------------
+
+_SCALE_ROW = 4096
+
+
+def _mean_abs(v: torch.Tensor) -> torch.Tensor:
+    """sum(|v|) / n as a 1-element fp32 tensor. Shared by both paths so the scale is bitwise equal.
+
+    Two levels: the 1-norm of each row of 4096 elements, then the sum of those. One flat fp32
+    vector_norm accumulates naively on CPU (5e-3 relative error at 16M elements, measured);
+    rows keep it near 1e-7 at the same speed, and never materialize |v| as abs().sum() would.
+    """
+    n = v.numel()
+    if n == 0:
+        return torch.zeros(1, dtype=torch.float32, device=v.device)
+    full = n - n % _SCALE_ROW
+    parts = []
+    if full:
+        parts.append(torch.linalg.vector_norm(v[:full].view(-1, _SCALE_ROW), ord=1, dim=1))
+    if full < n:
+        parts.append(torch.linalg.vector_norm(v[full:], ord=1).reshape(1))
+    total = parts[0].sum() if len(parts) == 1 else torch.cat(parts).sum()
+    return (total / n).reshape(1)
+
+
+_BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+# Gathers byte i of an int64 into bit 56+i: the 64 partial products are distinct powers of two
+# (8i - 7j == 8k - 7l forces i == k, j == l over 0..7), so nothing carries into the top byte.
+_GATHER_BITS = 0x0102040810204080
+
+
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    if device not in _BIT_WEIGHTS:
+        _BIT_WEIGHTS[device] = (1 << torch.arange(8, device=device)).to(torch.uint8)
+    return _BIT_WEIGHTS[device]
+
+
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """[256, 8] bool: bit i of byte value b."""
+    if device not in _BYTE_BITS:
+        _BYTE_BITS[device] = (torch.arange(256, device=device)[:, None] >> torch.arange(8, device=device)) & 1 != 0
+    return _BYTE_BITS[device]
+
+
+def _pack_signs(pos: torch.Tensor, out: torch.Tensor) -> None:
+    """out[j] = sum_i pos[8j+i] << i, padding bits 0."""
+    n = pos.numel()
+    full = n // 8
+    if full:
+        # 8 bools (0/1 bytes) read as one little-endian int64 word, then one multiply and a shift
+        # collect them into a byte: 3x faster on a CPU than a weighted sum over rows of 8. The
+        # product wraps mod 2**64 as torch's integer multiply does; only the top byte is kept.
+        words = pos[: 8 * full].view(torch.uint8).view(torch.int64)
+        out[:full].copy_(((words * _GATHER_BITS) >> 56) & 0xFF)
+    if full * 8 < n:
+        tail = pos[8 * full:].to(torch.uint8) * _bit_weights(pos.device)[: n - 8 * full]
+        out[full:].copy_(tail.sum(dtype=torch.uint8).reshape(1))
+
+
+def sign_compress_reference(x: torch.Tensor, residual: torch.Tensor, *,
+                            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch-ops implementation of :func:`sign_compress`; also the CPU fast path."""
+    n = x.numel()
+    v = residual.view(-1)
+    v.add_(x.reshape(-1))  # fp32 += x, x upcast exactly
+    scale = _mean_abs(v)
+    pos = v >= 0
+    v.sub_(torch.where(pos, scale, -scale))  # the new residual
+    if out is None:
+        out = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
+    _pack_signs(pos, out)
+    return out, scale
+
+
+def sign_decompress_reference(bits: torch.Tensor, scale: torch.Tensor, n: int, *,
+                              out: torch.Tensor | None = None) -> torch.Tensor:
+    """Torch-ops implementation of :func:`sign_decompress`; also the CPU fast path."""
+    if out is None:
+        out = torch.empty(n, dtype=torch.float32, device=bits.device)
+    if n:
+        # A 256 x 8 table of +-scale, rounded once to out's dtype, gathered by byte value:
+        # ~10x faster on a CPU than unpacking bits and a where() over n elements.
+        table = torch.where(_byte_bits(bits.device), scale, -scale).to(out.dtype)
+        full = n // 8
+        of = out.view(-1)
+        if full:
+            torch.index_select(table, 0, bits[:full].long(), out=of[: 8 * full].view(full, 8))
+        if 8 * full < n:
+            of[8 * full:].copy_(table[int(bits[full])][: n - 8 * full])
+    return out
+
+
+def sign_compress(x: torch.Tensor, residual: torch.Tensor, *,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-bit compress ``x + residual`` with error feedback. Returns ``(bits, scale)``.
+
+    x: contiguous fp16/bf16/fp32, finite. residual: contiguous fp32 with x.numel() elements,
+    updated in place to the compression error. bits (``out`` if given): uint8 [ceil(n/8)].
+    scale: fp32 [1]. Traffic on the Triton path: x read, residual read and written (v), v read
+    (scale), v read and written (residual), n/8 bytes written.
+    Example: sign_compress(tensor([0.5, -1.5, 2.0, 0.0]), residual=zeros(4))
+             -> (tensor([13], dtype=uint8), tensor([1.0])); residual = [-0.5, -0.5, 1.0, -1.0]
+    """
+    if x.dtype not in _QUANT_DTYPES:
+        raise TypeError(f"sign_compress: unsupported dtype {x.dtype}; valid: fp16, bf16, fp32")
+    if residual.dtype != torch.float32:
+        raise TypeError(f"sign_compress: residual must be fp32, got {residual.dtype}")
+    n = x.numel()
+    if residual.numel() != n:
+        raise ValueError(f"sign_compress: residual has {residual.numel()} elements, x has {n}")
+    if residual.device != x.device:
+        raise ValueError(f"sign_compress: residual is on {residual.device}, x on {x.device}")
+    if out is not None:
+        if out.dtype != torch.uint8 or out.numel() != (n + 7) // 8:
+            raise ValueError(f"sign_compress: out must be uint8 with {(n + 7) // 8} elements")
+        if out.device != x.device:
+            raise ValueError(f"sign_compress: out is on {out.device}, x on {x.device}")
+    _check_contiguous("sign_compress", x=x, residual=residual, **({} if out is None else {"out": out}))
+    if not use_triton(x, residual):
+        return sign_compress_reference(x, residual, out=out)
+    if out is None:
+        out = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
+    if n == 0:
+        return out, torch.zeros(1, dtype=torch.float32, device=x.device)
+    n_bytes = out.numel()
+    if _compiled(x):
+        _add_into_kernel_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, residual, n)
+        scale = _mean_abs(residual)
+        _sign_pack_kernel_tuned[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](
+            residual, out, scale, n, n_bytes)
+    else:
+        _add_into_kernel[(triton.cdiv(n, _INTERPRETER_BLOCK),)](x, residual, n, BLOCK=_INTERPRETER_BLOCK)
+        scale = _mean_abs(residual)
+        _sign_pack_kernel[(triton.cdiv(n_bytes, _INTERPRETER_BYTES),)](
+            residual, out, scale, n, n_bytes, BYTES=_INTERPRETER_BYTES)
+    return out, scale
+
+
+def sign_decompress(bits: torch.Tensor, scale: torch.Tensor | float, n: int, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """``out[i] = +scale if bit i else -scale`` for i < n; fp32 by default, else rounded to out.dtype.
+
+    Example: sign_decompress(tensor([13], dtype=uint8), tensor([1.0]), 4) -> tensor([1.0, -1.0, 1.0, 1.0])
+    """
+    if bits.dtype != torch.uint8:
+        raise TypeError(f"sign_decompress: bits must be uint8, got {bits.dtype}")
+    if bits.numel() != (n + 7) // 8:
+        raise ValueError(f"sign_decompress: {n} elements need {(n + 7) // 8} bytes, bits has {bits.numel()}")
+    if not isinstance(scale, torch.Tensor):
+        scale = torch.tensor([float(scale)], dtype=torch.float32, device=bits.device)
+    if scale.dtype != torch.float32 or scale.numel() != 1 or scale.device != bits.device:
+        raise ValueError("sign_decompress: scale must be one fp32 element on the device of bits")
+    scale = scale.reshape(1)
+    if out is None:
+        out = torch.empty(n, dtype=torch.float32, device=bits.device)
+    else:
+        if out.dtype not in _OUT_DTYPES:
+            raise TypeError(f"sign_decompress: out must be floating, got {out.dtype}")
+        if out.numel() != n:
+            raise ValueError(f"sign_decompress: out has {out.numel()} elements, n is {n}")
+        if out.device != bits.device:
+            raise ValueError(f"sign_decompress: out is on {out.device}, bits on {bits.device}")
+    _check_contiguous("sign_decompress", bits=bits, out=out)
+    if not use_triton(bits, out):
+        return sign_decompress_reference(bits, scale, n, out=out)
+    if n == 0:
+        return out
+    n_bytes = bits.numel()
+    if _compiled(bits):
+        _sign_unpack_kernel_tuned[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](bits, scale, out, n, n_bytes)
+    else:
+        _sign_unpack_kernel[(triton.cdiv(n_bytes, _INTERPRETER_BYTES),)](
+            bits, scale, out, n, n_bytes, BYTES=_INTERPRETER_BYTES)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# validation and the error bound
+# --------------------------------------------------------------------------------------------
+
+def _check_block(name: str, block: int) -> None:
+    if not isinstance(block, int) or block < 1 or block > _MAX_QBLOCK or block & (block - 1):
+        # tl.arange needs a power of two, and one block is one row of a program's tile.
+        raise ValueError(f"{name}: block must be a power of two in [1, {_MAX_QBLOCK}], got {block!r}")
+
+
+def _check_q_scales(name: str, q: torch.Tensor, scales: torch.Tensor, block: int) -> None:
+    if q.dtype != torch.int8:
+        raise TypeError(f"{name} q must be int8, got {q.dtype}")
+    if scales.dtype != torch.float32:
+        raise TypeError(f"{name} scales must be fp32, got {scales.dtype}")
+    nb = _n_blocks(q.numel(), block)
+    if scales.numel() != nb:
+        raise ValueError(f"{name} {q.numel()} elements in blocks of {block} need {nb} scales, got {scales.numel()}")
+    if scales.device != q.device:
+        raise ValueError(f"{name} scales are on {scales.device}, q on {q.device}")
+
+
+def _check_contiguous(name: str, **tensors: torch.Tensor) -> None:
+    for what, t in tensors.items():
+        if not t.is_contiguous():
+            # The Triton interpreter silently misreads strided memory: refuse it.
+            raise ValueError(f"{name}: {what} must be contiguous")
+
+
+def _refuse_interpreted_device_pointers(name: str, t: torch.Tensor) -> None:
+    if t.is_cuda and interpreting():
+        # The interpreter copies kernel arguments to the host, but not memory reached through a
+        # table of device addresses.
+        raise RuntimeError(f"{name}: TRITON_INTERPRET=1 cannot follow CUDA pointer tables; use CPU tensors")
+
