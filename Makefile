@@ -1,0 +1,31 @@
+# Two commands do all the set-up on a fresh machine:  make demo  and  make test.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+STAMP  := $(VENV)/.ddl_triton-installed
+RANKS  ?= 4
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+# CPU torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+demo: $(STAMP)
+	$(MPIEXEC) -n $(RANKS) $(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(MPIEXEC) -n 2 $(PY) bench/collectives.py --json bench/results-collectives-2ranks.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info
