@@ -245,9 +245,14 @@ def main() -> int:
     big = [300007]  # prime, larger than a chunk: many pipelined chunks, uneven blocks
     try:
         comm = ddl.init()
-        ck.cases += 1
+        ck.cases += 2
         if ddl.init() is not comm:
             ck.failures.append("init() is not idempotent")
+        world.Barrier()
+        import os
+        left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
+        if left:  # segments are unlinked inside init, once every peer has mapped them
+            ck.failures.append(f"rank {ck.rank}: shared-memory segments visible after init: {left}")
         run_allreduce(ck, comm, sizes + ([] if args.quick else big), "world")
         run_reduce_scatter(ck, comm, sizes, "world")
         run_all_gather(ck, comm, sizes, "world")

@@ -1,0 +1,64 @@
+"""The shm transport's segment hygiene: private mode, unguessable per-job name, unlinked at set-up."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from ddl_triton.transports import shm as shm_module
+
+
+@pytest.fixture
+def self_comm():
+    from mpi4py import MPI
+    return MPI.COMM_SELF
+
+
+def test_segment_is_0600_and_unlinked_once_mapped(self_comm, monkeypatch):
+    seen = {}
+    real_unlink = os.unlink
+
+    def spy_unlink(path):
+        st = os.stat(path)
+        seen[path] = stat.S_IMODE(st.st_mode)
+        real_unlink(path)
+
+    monkeypatch.setattr(shm_module.os, "unlink", spy_unlink)
+    t = shm_module.ShmTransport(self_comm, [0], slot_bytes=4096, depth=2)
+    try:
+        (path, mode), = seen.items()
+        assert mode == 0o600
+        name = os.path.basename(path)
+        assert name.startswith("ddl_triton-") and len(name.split("-")[1]) == 32  # 128 random bits
+        assert not os.path.exists(path), "segment must be unlinked once every peer has mapped it"
+        assert t.segment_bytes == shm_module._HEADER_BYTES + 2 * 4096
+    finally:
+        t.close()
+
+
+def test_two_transports_never_share_a_name(self_comm, monkeypatch):
+    names = []
+    real_open = os.open
+
+    def spy_open(path, flags, *args):
+        if "ddl_triton-" in str(path):
+            names.append(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(shm_module.os, "open", spy_open)
+    a = shm_module.ShmTransport(self_comm, [0], slot_bytes=4096, depth=2)
+    b = shm_module.ShmTransport(self_comm, [0], slot_bytes=4096, depth=2)
+    a.close()
+    b.close()
+    assert len(names) == 2 and names[0] != names[1]
+
+
+def test_oversized_message_is_refused(self_comm):
+    t = shm_module.ShmTransport(self_comm, [0], slot_bytes=4096, depth=2)
+    try:
+        with pytest.raises(ValueError, match="exceeds the 4096 B slot"):
+            t.acquire(0, (), 4097, torch.uint8, timeout=1.0)
+    finally:
+        t.close()
