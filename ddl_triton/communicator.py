@@ -93,7 +93,7 @@ class Communicator:
         self._check_tensor(tensor, "tensor", writable=True)
         check_op_dtype(op, tensor.dtype, self.rank)
         job = lambda: self._allreduce(tensor, op)  # noqa: E731
-        return self._issue(job, f"allreduce({op}, {tensor.numel()} x {tensor.dtype})", async_op)
+        return self._issue(job, lambda: f"allreduce({op}, {tensor.numel()} x {tensor.dtype})", async_op)
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", async_op: bool = False):
         """Rank r receives block r of the reduction of ``input`` (``size`` blocks of ``output.numel()``)."""
@@ -107,7 +107,7 @@ class Communicator:
                              f"({self.size} * {output.numel()}), got {input.numel()}")
         check_op_dtype(op, output.dtype, self.rank)
         job = lambda: self._reduce_scatter(output, input, op)  # noqa: E731
-        return self._issue(job, f"reduce_scatter({op}, {output.numel()} x {output.dtype})", async_op)
+        return self._issue(job, lambda: f"reduce_scatter({op}, {output.numel()} x {output.dtype})", async_op)
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Block r of ``output`` (``input.numel()`` elements) is rank r's ``input``."""
@@ -119,7 +119,7 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: all_gather needs output.numel() == size * input.numel() "
                              f"({self.size} * {input.numel()}), got {output.numel()}")
         job = lambda: self._all_gather(output, input)  # noqa: E731
-        return self._issue(job, f"all_gather({input.numel()} x {input.dtype})", async_op)
+        return self._issue(job, lambda: f"all_gather({input.numel()} x {input.dtype})", async_op)
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False):
         """Copy ``tensor`` from rank ``root`` to every rank, in place. Returns it."""
@@ -129,12 +129,12 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: broadcast root {root!r} is not a rank of this "
                              f"communicator (size {self.size})")
         job = lambda: self._broadcast(tensor, root)  # noqa: E731
-        return self._issue(job, f"broadcast(root {root}, {tensor.numel()} x {tensor.dtype})", async_op)
+        return self._issue(job, lambda: f"broadcast(root {root}, {tensor.numel()} x {tensor.dtype})", async_op)
 
     def barrier(self, async_op: bool = False):
         """Return once every rank has entered the barrier (deadline-bounded)."""
         self._check_usable()
-        return self._issue(self._barrier, "barrier", async_op)
+        return self._issue(self._barrier, lambda: "barrier", async_op)
 
     def explain(self, collective: str, nbytes: int, dtype=torch.float32) -> Plan:
         """The schedule this communicator would run for ``collective`` on ``nbytes`` of ``dtype``, and why."""
@@ -175,10 +175,11 @@ class Communicator:
         if t.dtype not in DTYPES:
             raise TypeError(f"rank {self.rank}: {name} has unsupported dtype {t.dtype}; "
                             f"supported: {', '.join(str(d).replace('torch.', '') for d in DTYPES)}")
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise ValueError(f"rank {self.rank}: {name} is on {t.device}, but this communicator has no "
                              "GPU path; move it to the CPU")
-        if writable and t.numel() > 1 and any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
+        # Only a non-contiguous tensor can have a stride of 0 over a dimension longer than 1.
+        if writable and not t.is_contiguous() and any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
             raise ValueError(f"rank {self.rank}: {name} has overlapping elements (a stride of 0, e.g. "
                              "from expand()); writing a result into it is ambiguous: pass a .clone()")
 
@@ -236,10 +237,11 @@ class Communicator:
         return prepared
 
     # -- execution -----------------------------------------------------------------------
-    def _issue(self, job, description: str, async_op: bool):
+    def _issue(self, job, describe, async_op: bool):
+        """Run ``job`` in issue order; ``describe()`` names it for Work handles (built only when needed)."""
         if async_op:
-            return self._runner.submit(lambda: self._guarded(job), description)
-        return self._runner.run_sync(lambda: self._guarded(job), description)
+            return self._runner.submit(lambda: self._guarded(job), describe())
+        return self._runner.run_sync(lambda: self._guarded(job), describe)
 
     def _guarded(self, job):
         self._check_usable()  # an earlier queued collective may have failed

@@ -35,7 +35,7 @@ class CallContext:
 class _Compiled:
     """One step with everything the hot loop needs resolved once per (schedule, rank)."""
 
-    __slots__ = ("step", "src", "dst", "recvs", "sends", "whole_src", "whole_dst")
+    __slots__ = ("step", "src", "dst", "recvs", "sends", "whole_src", "whole_dst", "shape")
 
     def __init__(self, step: Step, route: list, in_count: int, out_count: int):
         self.step = step
@@ -56,6 +56,13 @@ class _Compiled:
             else:
                 groups.append((route[p], [p]))
         self.sends = tuple((t, tuple(ps)) for t, ps in groups)
+        # The two shapes that make up small-message schedules get a straight-line path.
+        if not step.recv and len(self.sends) == 1 and step.dst is None and not step.final:
+            self.shape = "send_local"
+        elif step.recv and step.reduce and step.dst is not None and not self.sends:
+            self.shape = "reduce_store"
+        else:
+            self.shape = "general"
 
 
 class Executor:
@@ -72,7 +79,8 @@ class Executor:
         for t in route:
             if t is not None and all(t is not s for s in self._transports):
                 self._transports.append(t)
-        # Only two-sided transports gain from receives posted ahead.
+        # Only two-sided transports have sends to complete, or gain from receives posted ahead.
+        self._flushers = [t for t in self._transports if t.name == "mpi"]
         self._has_lookahead = any(t.name == "mpi" for t in self._transports) and size > 1
         # Compiled step lists by schedule identity (schedules are cached, so they recur).
         self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}
@@ -103,7 +111,7 @@ class Executor:
                     self._prefetch(program, i, base, dtype)
                 self._run_step(c, inbuf, outbuf, base, dtype, ctx)
             label = "flush"
-            for t in self._transports:
+            for t in self._flushers:
                 t.flush(self.timeout)
         except PeerTimeout as e:
             raise CollectiveTimeout(
@@ -123,6 +131,28 @@ class Executor:
     def _run_step(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int],
                   dtype: torch.dtype, ctx: CallContext) -> None:
         s = c.step
+        if c.shape == "send_local":
+            is_in, start, stop = c.src
+            buf = inbuf if is_in else outbuf
+            transport, peers = c.sends[0]
+            msg_id = base[self.rank] + s.msg
+            transport.acquire(msg_id, peers, s.count, dtype, self.timeout).copy_(
+                buf if c.whole_src else buf[start:stop])
+            transport.publish(msg_id)
+            return
+        if c.shape == "reduce_store":
+            operands = [transport.recv(peer, base[peer] + msg, s.count, dtype, self.timeout)
+                        for peer, msg, transport in c.recvs]
+            is_in, start, stop = c.src
+            buf = inbuf if is_in else outbuf
+            operands.insert(s.local_pos, buf if c.whole_src else buf[start:stop])
+            is_in, start, stop = c.dst
+            buf = inbuf if is_in else outbuf
+            _reduce_trusted(buf if c.whole_dst else buf[start:stop], operands, ctx.op,
+                            ctx.scale if s.final else None)
+            for peer, msg, transport in c.recvs:
+                transport.release(peer, base[peer] + msg)
+            return
         count = s.count
         # Acquire send slots first: waiting for a slot while holding a peer's message could deadlock.
         send_bufs = []

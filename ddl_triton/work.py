@@ -77,7 +77,7 @@ class OrderedRunner:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-    def run_sync(self, job: Callable[[], object], description: str):
+    def run_sync(self, job: Callable[[], object], describe: Callable[[], str]):
         """Run ``job`` after everything issued before it; return its result."""
         with self._cond:
             inline = not self._queue and not self._running
@@ -90,7 +90,7 @@ class OrderedRunner:
                 with self._cond:
                     self._running = False
                     self._cond.notify_all()
-        return self.submit(job, description).wait()
+        return self.submit(job, describe()).wait()
 
     def submit(self, job: Callable[[], object], description: str) -> Work:
         work = Work(description)
