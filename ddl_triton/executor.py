@@ -46,7 +46,7 @@ class _Compiled:
             in_count if step.src.buffer == IN else out_count)
         self.whole_dst = step.dst is not None and step.dst.start == 0 and step.dst.count == (
             in_count if step.dst.buffer == IN else out_count)
-        self.recvs = tuple((rv.peer, rv.msg, route[rv.peer]) for rv in step.recv)
+        self.recvs = tuple((rv.peer, rv.msg, route[rv.peer], rv.offset, rv.size) for rv in step.recv)
         groups: list[tuple[object, list[int]]] = []
         for p in step.send:
             for g in groups:
@@ -125,8 +125,8 @@ class Executor:
         first = 0 if i == 0 else i + self.depth - 1
         for j in range(first, min(len(program), i + self.depth)):
             c = program[j]
-            for peer, msg, transport in c.recvs:
-                transport.prefetch(peer, base[peer] + msg, c.step.count, dtype)
+            for peer, msg, transport, _, size in c.recvs:
+                transport.prefetch(peer, base[peer] + msg, size, dtype)
 
     def _run_step(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int],
                   dtype: torch.dtype, ctx: CallContext) -> None:
@@ -141,8 +141,8 @@ class Executor:
             transport.publish(msg_id)
             return
         if c.shape == "reduce_store":
-            operands = [transport.recv(peer, base[peer] + msg, s.count, dtype, self.timeout)
-                        for peer, msg, transport in c.recvs]
+            operands = [transport.recv(peer, base[peer] + msg, s.count, dtype, self.timeout, offset, size)
+                        for peer, msg, transport, offset, size in c.recvs]
             is_in, start, stop = c.src
             buf = inbuf if is_in else outbuf
             operands.insert(s.local_pos, buf if c.whole_src else buf[start:stop])
@@ -150,7 +150,7 @@ class Executor:
             buf = inbuf if is_in else outbuf
             _reduce_trusted(buf if c.whole_dst else buf[start:stop], operands, ctx.op,
                             ctx.scale if s.final else None)
-            for peer, msg, transport in c.recvs:
+            for peer, msg, transport, _, _ in c.recvs:
                 transport.release(peer, base[peer] + msg)
             return
         count = s.count
@@ -160,8 +160,8 @@ class Executor:
             msg_id = base[self.rank] + s.msg
             for transport, peers in c.sends:
                 send_bufs.append((transport, msg_id, transport.acquire(msg_id, peers, count, dtype, self.timeout)))
-        incoming = [transport.recv(peer, base[peer] + msg, count, dtype, self.timeout)
-                    for peer, msg, transport in c.recvs]
+        incoming = [transport.recv(peer, base[peer] + msg, count, dtype, self.timeout, offset, size)
+                    for peer, msg, transport, offset, size in c.recvs]
         scale = ctx.scale if s.final else None
 
         if c.dst is not None:
@@ -196,5 +196,5 @@ class Executor:
             if buf.data_ptr() != result.data_ptr():
                 buf.copy_(result)
             transport.publish(msg_id)
-        for peer, msg, transport in c.recvs:
+        for peer, msg, transport, _, _ in c.recvs:
             transport.release(peer, base[peer] + msg)

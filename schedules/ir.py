@@ -41,10 +41,16 @@ class Span:
 
 @dataclass(frozen=True)
 class Recv:
-    """This step consumes message ``msg`` of rank ``peer``."""
+    """This step consumes elements [offset, offset + step.count) of message ``msg`` of rank ``peer``.
+
+    ``size`` is the whole message's element count (filled in by :func:`assemble`): a
+    one-sided transport reads just the slice in place, a two-sided one must receive it all.
+    """
 
     peer: int
     msg: int
+    offset: int = 0
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,8 +139,9 @@ def validate(schedule: Schedule) -> None:
                 key = (rv.peer, rv.msg)
                 if key not in sent:
                     raise ValueError(f"{schedule.name} rank {r} step {i}: receives unsent message {key}")
-                if sent[key][1] != s.count:
-                    raise ValueError(f"{schedule.name} rank {r} step {i}: size mismatch for message {key}")
+                if rv.size != sent[key][1] or rv.offset < 0 or rv.offset + s.count > rv.size:
+                    raise ValueError(f"{schedule.name} rank {r} step {i}: reads [{rv.offset}, {rv.offset + s.count}) "
+                                     f"of message {key}, which has {sent[key][1]} elements (size {rv.size})")
                 if last_from.get((rv.peer, r), -1) >= rv.msg:
                     raise ValueError(f"{schedule.name} rank {r} step {i}: message {key} out of FIFO order")
                 last_from[(rv.peer, r)] = rv.msg
@@ -148,12 +155,13 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
              drafts: list[list[Step]], *, params: dict | None = None, single_pass: bool = False) -> Schedule:
     """Number the messages of draft step lists and return a validated Schedule.
 
-    In a draft, ``msg`` is ignored and each ``Recv`` names only its peer (its
-    ``msg`` is ignored too): the i-th receive on rank r from peer p is matched
-    with p's i-th send that includes r, which is per-pair FIFO by construction.
+    In a draft, ``msg`` is ignored and each ``Recv`` names only its peer and
+    offset (its ``msg`` and ``size`` are ignored): the i-th receive on rank r
+    from peer p is matched with p's i-th send that includes r, which is
+    per-pair FIFO by construction.
     """
     counter = _MessageCounter(nranks)
-    addressed: dict[tuple[int, int], list[int]] = {}
+    addressed: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (sender, receiver) -> [(msg, count)]
     numbered: list[list[Step]] = []
     for r, steps in enumerate(drafts):
         out = []
@@ -161,7 +169,7 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
             if s.send:
                 m = counter.take(r)
                 for p in s.send:
-                    addressed.setdefault((r, p), []).append(m)
+                    addressed.setdefault((r, p), []).append((m, s.count))
                 s = _replace(s, msg=m)
             out.append(s)
         numbered.append(out)
@@ -176,7 +184,8 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
                 queue = addressed.get((rv.peer, r), [])
                 if k >= len(queue):
                     raise ValueError(f"{name}: rank {r} step {i} receives from {rv.peer}, which sends it nothing more")
-                recvs.append(Recv(rv.peer, queue[k]))
+                msg, size = queue[k]
+                recvs.append(Recv(rv.peer, msg, rv.offset, size))
                 taken[(rv.peer, r)] = k + 1
             steps[i] = _replace(s, recv=tuple(recvs))
     schedule = Schedule(name, collective, nranks, in_count, out_count,

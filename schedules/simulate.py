@@ -58,7 +58,7 @@ def _walk(schedule: Schedule, ins: list[np.ndarray], combine, depth: int | None)
                 # A transport with ``depth`` slots per sender reuses message m-depth's slot for m.
                 if depth is not None and s.send and unread.get((r, s.msg - depth)):
                     break
-                incoming = [mailbox[(rv.peer, rv.msg)] for rv in s.recv]
+                incoming = [mailbox[(rv.peer, rv.msg)][rv.offset:rv.offset + s.count] for rv in s.recv]
 
                 def view(span, r=r):
                     buf = ins[r] if span.buffer == IN else outs[r]

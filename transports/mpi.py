@@ -77,23 +77,26 @@ class MpiTransport:
         self._staged = None
 
     # -- receiver ------------------------------------------------------------------------
-    def prefetch(self, peer: int, msg_id: int, count: int, dtype: torch.dtype) -> None:
-        """Post the Irecv early, so the data can land while this rank reduces other chunks."""
+    def prefetch(self, peer: int, msg_id: int, size: int, dtype: torch.dtype) -> None:
+        """Post the Irecv (of the whole ``size``-element message) early, so the data can land
+        while this rank reduces other chunks."""
         key = (peer, msg_id)
         if key in self._posted:
             return
-        nbytes = count * dtype.itemsize
+        nbytes = size * dtype.itemsize
         buf = self._take(nbytes)
         req = self.comm.Irecv([buf.numpy(), nbytes, MPI.BYTE], source=peer, tag=msg_id % _TAG_RANGE)
         self._posted[key] = (req, buf)
 
-    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float) -> torch.Tensor:
-        self.prefetch(peer, msg_id, count, dtype)
+    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
+             offset: int = 0, size: int = 0) -> torch.Tensor:
+        size = max(size, offset + count)
+        self.prefetch(peer, msg_id, size, dtype)
         req, buf = self._posted[(peer, msg_id)]
         wait_until(req.Test, timeout, peer, f"MPI message {msg_id}", spin=self.spin)
-        nbytes = count * dtype.itemsize
-        self.bytes_received += nbytes
-        return buf[:nbytes].view(dtype)
+        self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
+        item = dtype.itemsize
+        return buf[offset * item:(offset + count) * item].view(dtype)
 
     def release(self, peer: int, msg_id: int) -> None:
         _, buf = self._posted.pop((peer, msg_id))

@@ -34,17 +34,18 @@ class SelfTransport:
         self.bytes_sent += buf.numel() * buf.element_size()
         self._staged = None
 
-    def prefetch(self, peer: int, msg_id: int, count: int, dtype: torch.dtype) -> None:
+    def prefetch(self, peer: int, msg_id: int, size: int, dtype: torch.dtype) -> None:
         """Nothing to post: the message is already in memory."""
 
-    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float) -> torch.Tensor:
+    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
+             offset: int = 0, size: int = 0) -> torch.Tensor:
         try:
             buf = self._messages[msg_id]
         except KeyError:
             # In a world of one nobody else can send it: waiting would only hang.
             raise ValueError(f"self transport: message {msg_id} was never sent") from None
         self.bytes_received += count * dtype.itemsize
-        return buf[:count]
+        return buf[offset:offset + count]
 
     def release(self, peer: int, msg_id: int) -> None:
         self._messages.pop(msg_id, None)

@@ -104,18 +104,19 @@ class ShmTransport:
     def _local(self, peer: int) -> int:
         return self._local_of_world[peer]
 
-    def _slot_view(self, local: int, msg_id: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-        """Typed view of the slot holding ``msg_id`` in ``local``'s segment (cached: a view costs µs)."""
-        key = (local, msg_id % self.depth, count, dtype)
+    def _slot_view(self, local: int, msg_id: int, count: int, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
+        """Typed view of elements [offset, offset+count) of the slot holding ``msg_id`` in ``local``'s
+        segment (cached: making a view costs microseconds)."""
+        key = (local, msg_id % self.depth, count, dtype, offset)
         view = self._views.get(key)
         if view is None:
-            nbytes = count * dtype.itemsize
+            nbytes = (offset + count) * dtype.itemsize
             if nbytes > self.slot_bytes:
                 raise ValueError(f"shm: message of {nbytes} B exceeds the {self.slot_bytes} B slot")
             if len(self._views) > _MAX_CACHED_VIEWS:
                 self._views.clear()
-            start = _HEADER_BYTES + key[1] * self.slot_bytes
-            view = self._bytes[local][start:start + nbytes].view(dtype)
+            start = _HEADER_BYTES + key[1] * self.slot_bytes + offset * dtype.itemsize
+            view = self._bytes[local][start:start + count * dtype.itemsize].view(dtype)
             self._views[key] = view
         return view
 
@@ -144,16 +145,17 @@ class ShmTransport:
         self._pending = None
 
     # -- receiver ------------------------------------------------------------------------
-    def prefetch(self, peer: int, msg_id: int, count: int, dtype: torch.dtype) -> None:
+    def prefetch(self, peer: int, msg_id: int, size: int, dtype: torch.dtype) -> None:
         """Nothing to post: the data is read in place from the peer's slot."""
 
-    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float) -> torch.Tensor:
+    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
+             offset: int = 0, size: int = 0) -> torch.Tensor:
         local = self._local_of_world[peer]
         flags = self._flags[local]
         if flags[0] < msg_id:
             wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin)
         self.bytes_received += count * dtype.itemsize
-        return self._slot_view(local, msg_id, count, dtype)
+        return self._slot_view(local, msg_id, count, dtype, offset)
 
     def release(self, peer: int, msg_id: int) -> None:
         self._own_flags[_CONSUMED_OFFSET // 8 + self._local_of_world[peer]] = msg_id
