@@ -17,7 +17,7 @@ Large buffers are cut into chunks so each message fits one transport slot:
 from __future__ import annotations
 
 from .ir import IN, OUT, Recv, Schedule, Span, Step, assemble
-from .partition import chunk_of, rounds
+from .partition import blocks, chunk_of, rounds
 
 
 def build(collective: str, nranks: int, count: int, *, chunk_elems: int, root: int = 0) -> Schedule:
@@ -84,3 +84,44 @@ def build(collective: str, nranks: int, count: int, *, chunk_elems: int, root: i
     # Only the direct reduce-scatter carries partial sums from step to step.
     return assemble("one_shot", collective, n, in_count, out_count, drafts,
                     params={"chunk_elems": chunk_elems, "root": root}, single_pass=collective != "reduce_scatter")
+
+
+def reduce_scatter_phase(group: tuple[int, ...], region: tuple[int, int], chunk_elems: int, *, final: bool):
+    """In-place direct reduce-scatter of OUT[region] over ``group`` (member i ends owning block i):
+    at step j member i sends block i+j to its owner and folds in block i from member i-j."""
+    n = len(group)
+    blk = [(region[0] + s, c) for s, c in blocks(region[1], n)]
+    steps: dict[int, list[Step]] = {w: [] for w in group}
+    for me, w in enumerate(group):
+        own_start, own_count = blk[me]
+        for k in range(rounds(max(c for _, c in blk), chunk_elems)):
+            for j in range(1, n):
+                to, frm = (me + j) % n, (me - j) % n
+                lo, size = chunk_of(blk[to], k, chunk_elems)
+                if size:
+                    steps[w].append(Step(size, src=Span(OUT, lo, size), send=(group[to],), label=f"to {to} chunk {k}"))
+                lo, size = chunk_of(blk[me], k, chunk_elems)
+                if size:
+                    span = Span(OUT, lo, size)
+                    steps[w].append(Step(size, src=span, dst=span, recv=(Recv(group[frm], -1),), reduce=True,
+                                         final=final and j == n - 1, label=f"from {frm} chunk {k}"))
+    return steps, {w: blk[me] for me, w in enumerate(group)}
+
+
+def all_gather_phase(group: tuple[int, ...], region: tuple[int, int], owned: dict[int, tuple[int, int]],
+                     chunk_elems: int) -> dict[int, list[Step]]:
+    """In-place direct all-gather: each member publishes its owned block to all, then copies the others'."""
+    n = len(group)
+    steps: dict[int, list[Step]] = {w: [] for w in group}
+    for k in range(rounds(max(owned[w][1] for w in group), chunk_elems)):
+        for me, w in enumerate(group):
+            others = tuple(p for p in group if p != w)
+            lo, size = chunk_of(owned[w], k, chunk_elems)
+            if size:
+                steps[w].append(Step(size, src=Span(OUT, lo, size), send=others, label=f"publish chunk {k}"))
+            for p in others:
+                lo, size = chunk_of(owned[p], k, chunk_elems)
+                if size:
+                    steps[w].append(Step(size, dst=Span(OUT, lo, size), recv=(Recv(p, -1),),
+                                         label=f"from {group.index(p)} chunk {k}"))
+    return steps

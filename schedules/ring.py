@@ -33,22 +33,26 @@ def build(collective: str, nranks: int, count: int, *, chunk_elems: int, root: i
     raise ValueError(f"ring: unsupported collective {collective!r}")
 
 
-def _reduce_scatter_steps(r: int, n: int, blk: list[tuple[int, int]], k: int, chunk_elems: int,
-                          out_base: int, forward_result: bool) -> list[Step]:
-    """Round k of the reduce-scatter on rank r, ending with rank r owning block r.
+def _reduce_scatter_steps(me: int, group: tuple[int, ...], blk: list[tuple[int, int]], k: int, chunk_elems: int,
+                          out_base: int, forward_result: bool, *, src_buf: str = IN, final: bool = True
+                          ) -> list[Step]:
+    """Round k of the reduce-scatter on member ``me`` of ``group``, ending with it owning block ``me``.
 
-    At step t rank r works on block (r-1-t) mod n, which its predecessor worked on
-    at step t-1. The final step stores the owned block at ``out_base`` (+ offset
-    inside the block) and, for an allreduce, also starts the all-gather.
+    At step t the member works on block (me-1-t) mod n, which its predecessor worked on
+    at step t-1. The final step stores the owned block at ``out_base`` (+ offset inside
+    the block) of OUT and, for an allreduce, also starts the all-gather. Peers are the
+    group's (world) ranks; ``src_buf`` is where the local operands live (IN, or OUT when
+    the phase runs in place inside a larger schedule).
     """
-    nxt, prev = (r + 1) % n, (r - 1) % n
+    n = len(group)
+    nxt, prev = group[(me + 1) % n], group[(me - 1) % n]
     steps = []
     for t in range(n):
-        b = (r - 1 - t) % n
+        b = (me - 1 - t) % n
         start, size = chunk_of(blk[b], k, chunk_elems)
         if size == 0:
             continue
-        src = Span(IN, start, size)
+        src = Span(src_buf, start, size)
         label = f"rs[{t}] block {b} chunk {k}"
         if t == 0:
             steps.append(Step(size, src=src, send=(nxt,), label=label))
@@ -58,16 +62,18 @@ def _reduce_scatter_steps(r: int, n: int, blk: list[tuple[int, int]], k: int, ch
         else:
             dst = Span(OUT, out_base + start - blk[b][0], size)
             steps.append(Step(size, src=src, dst=dst, recv=(Recv(prev, -1),), reduce=True, local_pos=1,
-                              send=(nxt,) if forward_result else (), final=True, label=label))
+                              send=(nxt,) if forward_result else (), final=final, label=label))
     return steps
 
 
-def _all_gather_steps(r: int, n: int, blk: list[tuple[int, int]], k: int, chunk_elems: int) -> list[Step]:
-    """Round k of the all-gather steps t=1..n-1 (block r left rank r at t=0)."""
-    nxt, prev = (r + 1) % n, (r - 1) % n
+def _all_gather_steps(me: int, group: tuple[int, ...], blk: list[tuple[int, int]], k: int,
+                      chunk_elems: int) -> list[Step]:
+    """Round k of the all-gather steps t=1..n-1 on member ``me`` (block ``me`` left it at t=0)."""
+    n = len(group)
+    nxt, prev = group[(me + 1) % n], group[(me - 1) % n]
     steps = []
     for t in range(1, n):
-        b = (r - t) % n
+        b = (me - t) % n
         start, size = chunk_of(blk[b], k, chunk_elems)
         if size == 0:
             continue
@@ -76,8 +82,41 @@ def _all_gather_steps(r: int, n: int, blk: list[tuple[int, int]], k: int, chunk_
     return steps
 
 
+def reduce_scatter_phase(group: tuple[int, ...], region: tuple[int, int], chunk_elems: int, *, final: bool):
+    """In-place ring reduce-scatter of OUT[region] over ``group``: member i ends owning block i.
+
+    Returns (draft steps per world rank, owned (start, count) per world rank); see schedules/grid.py.
+    """
+    n = len(group)
+    blk = [(region[0] + s, c) for s, c in blocks(region[1], n)]
+    steps: dict[int, list[Step]] = {w: [] for w in group}
+    for k in range(rounds(blk[0][1], chunk_elems)):
+        for me, w in enumerate(group):
+            steps[w] += _reduce_scatter_steps(me, group, blk, k, chunk_elems, out_base=blk[me][0],
+                                              forward_result=False, src_buf=OUT, final=final)
+    return steps, {w: blk[me] for me, w in enumerate(group)}
+
+
+def all_gather_phase(group: tuple[int, ...], region: tuple[int, int], owned: dict[int, tuple[int, int]],
+                     chunk_elems: int) -> dict[int, list[Step]]:
+    """In-place ring all-gather over ``group``: member i starts with ``owned[group[i]]`` of OUT[region]
+    and every member ends with the whole region."""
+    n = len(group)
+    blk = [owned[w] for w in group]
+    steps: dict[int, list[Step]] = {w: [] for w in group}
+    for k in range(rounds(max(c for _, c in blk), chunk_elems)):
+        for me, w in enumerate(group):
+            start, size = chunk_of(blk[me], k, chunk_elems)
+            if size:
+                steps[w].append(Step(size, src=Span(OUT, start, size), send=(group[(me + 1) % n],),
+                                     label=f"ag[0] block {me} chunk {k}"))
+            steps[w] += _all_gather_steps(me, group, blk, k, chunk_elems)
+    return steps
+
+
 def _allreduce(n: int, count: int, chunk_elems: int) -> Schedule:
     blk = blocks(count, n)
+    everyone = tuple(range(n))
     drafts: list[list[Step]] = [[] for _ in range(n)]
     for r in range(n):
         if n == 1:
@@ -86,9 +125,9 @@ def _allreduce(n: int, count: int, chunk_elems: int) -> Schedule:
                                       label="local"))
             continue
         for k in range(rounds(blk[0][1], chunk_elems)):
-            drafts[r] += _reduce_scatter_steps(r, n, blk, k, chunk_elems, out_base=blk[r][0],
+            drafts[r] += _reduce_scatter_steps(r, everyone, blk, k, chunk_elems, out_base=blk[r][0],
                                                forward_result=True)
-            drafts[r] += _all_gather_steps(r, n, blk, k, chunk_elems)
+            drafts[r] += _all_gather_steps(r, everyone, blk, k, chunk_elems)
     return assemble("ring", "allreduce", n, count, count, drafts, params={"chunk_elems": chunk_elems})
 
 
@@ -102,7 +141,8 @@ def _reduce_scatter(n: int, block_count: int, chunk_elems: int) -> Schedule:
                 drafts[r].append(Step(size, src=Span(IN, start, size), dst=Span(OUT, start, size), final=True,
                                       label=f"local chunk {k}"))
                 continue
-            drafts[r] += _reduce_scatter_steps(r, n, blk, k, chunk_elems, out_base=0, forward_result=False)
+            drafts[r] += _reduce_scatter_steps(r, tuple(range(n)), blk, k, chunk_elems, out_base=0,
+                                               forward_result=False)
     return assemble("ring", "reduce_scatter", n, n * block_count, block_count, drafts,
                     params={"chunk_elems": chunk_elems})
 
@@ -115,7 +155,7 @@ def _all_gather(n: int, block_count: int, chunk_elems: int) -> Schedule:
             lo, size = chunk_of((0, block_count), k, chunk_elems)
             drafts[r].append(Step(size, src=Span(IN, lo, size), dst=Span(OUT, r * block_count + lo, size),
                                   send=((r + 1) % n,) if n > 1 else (), label=f"ag[0] block {r} chunk {k}"))
-            drafts[r] += _all_gather_steps(r, n, blk, k, chunk_elems)
+            drafts[r] += _all_gather_steps(r, tuple(range(n)), blk, k, chunk_elems)
     return assemble("ring", "all_gather", n, block_count, n * block_count, drafts,
                     params={"chunk_elems": chunk_elems})
 

@@ -13,12 +13,17 @@ from ddl_triton.schedules.partition import blocks, chunk_of, rounds
 from ddl_triton.schedules.simulate import contributions, execute
 
 NAMES = schedules.names()
+
+
+def supporting(collective: str) -> list[str]:
+    return [n for n in NAMES if schedules.supports(n, collective)]
+
 RANKS = [1, 2, 3, 4, 5]
 COUNTS = [0, 1, 2, 7, 13, 64, 101]
 CHUNKS = [1, 3, 16, 1000]
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", supporting("allreduce"))
 @pytest.mark.parametrize("n", RANKS)
 def test_allreduce_reduces_every_element_exactly_once_on_every_rank(name, n):
     for count in COUNTS:
@@ -29,7 +34,7 @@ def test_allreduce_reduces_every_element_exactly_once_on_every_rank(name, n):
                 assert (c == 1).all(), f"{name} n={n} count={count} chunk={ce}: rank {r} got counts {c.tolist()}"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", supporting("reduce_scatter"))
 @pytest.mark.parametrize("n", RANKS)
 def test_reduce_scatter_gives_rank_r_block_r_reduced_once(name, n):
     for m in [0, 1, 5, 33]:
@@ -45,9 +50,9 @@ def test_reduce_scatter_gives_rank_r_block_r_reduced_once(name, n):
                 assert (out == total[r * m:(r + 1) * m]).all()
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", supporting("all_gather"))
 @pytest.mark.parametrize("n", RANKS)
-def test_all_gather_and_broadcast_deliver_every_chunk(name, n):
+def test_all_gather_delivers_every_chunk(name, n):
     for m in [0, 1, 5, 33]:
         for ce in CHUNKS:
             s = schedules.build(name, "all_gather", n, m, chunk_elems=ce)
@@ -55,6 +60,13 @@ def test_all_gather_and_broadcast_deliver_every_chunk(name, n):
             expected = np.concatenate(ins) if m else np.zeros(0, np.int64)
             for out in execute(s, ins, depth=2):
                 assert (out == expected).all()
+
+
+@pytest.mark.parametrize("name", supporting("broadcast"))
+@pytest.mark.parametrize("n", RANKS)
+def test_broadcast_delivers_every_chunk_from_every_root(name, n):
+    for m in [0, 1, 5, 33]:
+        for ce in CHUNKS:
             for root in range(n):
                 s = schedules.build(name, "broadcast", n, m, chunk_elems=ce, root=root)
                 outs = execute(s, [np.full(m, q + 1, dtype=np.int64) for q in range(n)], depth=2)
@@ -62,7 +74,7 @@ def test_all_gather_and_broadcast_deliver_every_chunk(name, n):
                     assert (out == root + 1).all()
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", supporting("allreduce"))
 def test_min_max_oracle(name):
     n, count = 4, 37
     ins = [((np.arange(count) * (q + 3)) % 11).astype(np.int64) for q in range(n)]
@@ -89,8 +101,29 @@ def test_one_shot_allreduce_reduces_in_rank_order():
         assert order == [0, 1, 2]
 
 
+@pytest.mark.parametrize("grid", [(2, 2), (1, 4), (4, 1), (2, 1, 2), (3, 1), (2, 3)])
+@pytest.mark.parametrize("name", ["hierarchical", "multidim"])
+def test_grid_schedules_on_every_topology(name, grid):
+    n = int(np.prod(grid))
+    algo_sets = [None] if name == "hierarchical" else [None] + [
+        tuple(a for _ in grid) for a in ("ring", "rhd", "direct")]
+    for algos in algo_sets:
+        for count in [0, 1, 7, 13, 101]:
+            for ce in [1, 3, 16]:
+                s = schedules.build(name, "allreduce", n, count, chunk_elems=ce, grid=grid, algos=algos)
+                for r, c in enumerate(contributions(s, depth=2)):
+                    assert (c == 1).all(), f"{name} {grid} {algos} count={count} chunk={ce}: rank {r}"
+
+
+def test_forced_schedule_support_table():
+    assert schedules.supports("ring", "broadcast") and schedules.supports("tree", "broadcast")
+    assert not schedules.supports("rhd", "all_gather") and not schedules.supports("two_shot", "broadcast")
+    with pytest.raises(ValueError, match="two_shot: unsupported collective"):
+        schedules.build("two_shot", "broadcast", 2, 4, chunk_elems=2)
+
+
 def test_unknown_schedule_lists_valid_names():
-    with pytest.raises(ValueError, match="valid: ring, one_shot"):
+    with pytest.raises(ValueError, match="valid: ring, one_shot, two_shot, rhd, tree, hierarchical, multidim"):
         schedules.build("butterfly", "allreduce", 2, 10, chunk_elems=4)
 
 
@@ -118,7 +151,7 @@ def test_simulator_detects_deadlock():
     # Two ranks that each wait for the other's message before sending theirs.
     from ddl_triton.schedules import IN, OUT, Span, Step
     steps = tuple(
-        (Step(1, src=Span(IN, 0, 1), dst=Span(OUT, 0, 1), recv=(Recv(1 - r, 0),), reduce=True),
+        (Step(1, src=Span(IN, 0, 1), dst=Span(OUT, 0, 1), recv=(Recv(1 - r, 0, 0, 1),), reduce=True),
          Step(1, src=Span(IN, 0, 1), send=(1 - r,), msg=0))
         for r in range(2))
     s = Schedule("crossed", "allreduce", 2, 1, 1, steps)
