@@ -18,10 +18,14 @@ import torch
 from mpi4py import MPI
 
 from . import kernels, schedules
+from .schedules import grid as grid_mod
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .executor import CallContext, Executor
 from .ops import DTYPES, SIXTEEN_BIT, check_op_dtype, normalize_op
+from . import topology as topology_mod
+from .costmodel import DEFAULT as DEFAULT_COST_MODEL
 from .options import Options
+from .topology import Topology
 from .transports.base import PeerTimeout, wait_until
 from .transports.mpi import MpiTransport
 from .transports.self import SelfTransport
@@ -36,6 +40,16 @@ class Plan:
     schedule: str
     chunk_elems: int
     reason: str
+    grid: tuple[int, ...] | None = None        # for topology-aware schedules
+    algos: tuple[str, ...] | None = None       # per grid dimension (multidim / hierarchical)
+    estimates: tuple[tuple[str, float], ...] = ()  # modelled seconds of every candidate
+
+    def __str__(self) -> str:
+        extra = f", grid {'x'.join(map(str, self.grid))}" if self.grid else ""
+        extra += f", per-dimension {'/'.join(self.algos)}" if self.algos else ""
+        est = "; ".join(f"{n} {t * 1e6:.0f} us" for n, t in self.estimates)
+        return (f"{self.schedule} (chunk {self.chunk_elems} elements{extra}): {self.reason}"
+                + (f" [model: {est}]" if est else ""))
 
 
 class Communicator:
@@ -57,32 +71,52 @@ class Communicator:
         self._runner = OrderedRunner(f"ddl_triton-rank{self.rank}")
 
     def _connect(self):
-        """Choose a transport per peer: shm inside the node, MPI between nodes (or everywhere)."""
+        """Find the topology, then choose a transport per peer: shm inside a (possibly emulated)
+        node, MPI between nodes, or MPI everywhere when Options.transport is "mpi"."""
         if self.size == 1:
+            self.topology = Topology((1,), "a single rank")
             loop = SelfTransport()
             return [loop], [loop]
-        node = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        host = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
-            on_node = node.allgather(self.rank)
-        except BaseException:
-            node.Free()
-            raise
+            host_of_rank = self._comm.allgather(host.allreduce(self.rank, op=MPI.MIN))  # control path
+        finally:
+            host.Free()
+        if self.options.topology:
+            self.topology = topology_mod.parse(self.options.topology, self.size, self.rank)
+            node_of_rank = [self.topology.node_of(r) for r in range(self.size)]
+            for r in range(self.size):
+                first = self.topology.node_of(r) * self.topology.ranks_per_node
+                if host_of_rank[r] != host_of_rank[first]:
+                    raise ValueError(f"rank {self.rank}: DDL_TOPOLOGY={self.options.topology} puts ranks {first} "
+                                     f"and {r} in one node, but they run on different hosts")
+        else:
+            self.topology = topology_mod.detect(host_of_rank)
+            node_of_rank = host_of_rank
+        mine = node_of_rank[self.rank]
+        on_node = [r for r in range(self.size) if node_of_rank[r] == mine]
+        node = self._comm.Split(mine, self.rank)
         transports: list = []
         route: list = [None] * self.size
         mpi = MpiTransport(self._comm)
         transports.append(mpi)
         use_shm = self.options.transport == "auto" and len(on_node) > 1
-        if use_shm:
-            shm = ShmTransport(node, on_node, slot_bytes=self.options.chunk_bytes, depth=self.options.pipeline_depth)
-            transports.append(shm)
-        node.Free()
-        if len(on_node) > len(os.sched_getaffinity(0)):
+        try:
+            if use_shm:
+                shm = ShmTransport(node, on_node, slot_bytes=self.options.chunk_bytes,
+                                   depth=self.options.pipeline_depth)
+                transports.append(shm)
+        finally:
+            node.Free()
+        if host_of_rank.count(host_of_rank[self.rank]) > len(os.sched_getaffinity(0)):
             # More ranks than cores here: a spinning wait would hold the core its peer needs.
             for t in transports:
                 t.spin = 0.0
         for p in range(self.size):
             if p != self.rank:
                 route[p] = shm if use_shm and p in on_node else mpi
+        self._link_names = tuple("self" if p == self.rank else route[p].name for p in range(self.size))
+        self._node_of_rank = tuple(node_of_rank)
         return transports, route
 
     # -- public collectives -----------------------------------------------------------
@@ -196,20 +230,65 @@ class Communicator:
 
     # -- planning ------------------------------------------------------------------------
     def _plan(self, collective: str, nbytes: int, elem: int) -> Plan:
-        """Choose a schedule by size (or the forced one) and say why."""
+        """Choose a schedule: the forced one when it implements ``collective``, else the one the
+        alpha-beta-gamma cost model (ddl_triton/costmodel.py) times fastest on this topology."""
         chunk_elems = max(1, self.options.chunk_bytes // elem)
+        count = nbytes // elem
         forced = self.options.schedule
+        note = ""
         if forced:
             if forced not in schedules.names():
                 raise ValueError(f"rank {self.rank}: unknown schedule {forced!r} (DDL_SCHEDULE); "
                                  f"valid: {', '.join(schedules.names())}")
-            return Plan(forced, chunk_elems, "forced by DDL_SCHEDULE / Options.schedule")
-        if nbytes <= self.options.small_bytes:
-            return Plan("one_shot", chunk_elems,
-                        f"{nbytes} B <= small_bytes {self.options.small_bytes}: one flag wait beats 2(n-1) hops")
-        return Plan("ring", chunk_elems,
-                    f"{nbytes} B > small_bytes {self.options.small_bytes}: ring moves the bandwidth-optimal "
-                    "2(n-1)/n of the data, pipelined in chunks")
+            if schedules.supports(forced, collective):
+                grid, algos = self._grid_params(forced, count, chunk_elems, elem)
+                return Plan(forced, chunk_elems, "forced by DDL_SCHEDULE / Options.schedule", grid, algos)
+            note = f"forced {forced} does not implement {collective}; "
+        candidates = [n for n in schedules.names() if schedules.supports(n, collective)
+                      and (not schedules.uses_grid(n) or len(self.topology.dims) > 1)]
+        estimates = []
+        for name in candidates:
+            grid, algos = self._grid_params(name, count, chunk_elems, elem)
+            estimates.append((self._model_time(name, collective, count, chunk_elems, elem, grid, algos), name, grid, algos))
+        best_time, best, grid, algos = min(estimates, key=lambda e: e[0])
+        return Plan(best, chunk_elems,
+                    note + f"fastest of {len(estimates)} candidates under the cost model for {nbytes} B on "
+                    f"topology {self.topology.signature}", grid, algos,
+                    tuple((n, t) for t, n, _, _ in sorted(estimates, key=lambda e: e[0])))
+
+    def _model_time(self, name, collective, count, chunk_elems, elem, grid=None, algos=None) -> float:
+        if count == 0 or self.size == 1:
+            return 0.0
+        # Cost a representative size: timing a 64 MiB schedule step by step would cost more than it saves.
+        model_count = min(count, 64 * chunk_elems)
+        sched = schedules.build(name, collective, self.size, model_count, chunk_elems=chunk_elems, grid=grid,
+                                algos=algos)
+        t = DEFAULT_COST_MODEL.time(sched, self._link, elem)
+        return t * count / model_count
+
+    def _link(self, a: int, b: int) -> str:
+        if self.options.transport == "mpi" or self._node_of_rank[a] != self._node_of_rank[b]:
+            return "mpi"
+        return "shm"
+
+    def _grid_params(self, name: str, count: int, chunk_elems: int, elem: int):
+        """(grid, per-dimension algorithms) for the topology-aware schedules; (None, None) otherwise."""
+        if not schedules.uses_grid(name):
+            return None, None
+        dims = self.topology.dims
+        if name == "hierarchical":
+            return dims, None
+        algos = list(grid_mod.default_algorithms(dims))
+        # Each dimension picks its own algorithm: try each in turn, the others held fixed.
+        for d in range(len(dims)):
+            if dims[d] == 1:
+                continue
+            timed = []
+            for algo in grid_mod.PHASE_ALGORITHMS:
+                trial = tuple(algos[:d] + [algo] + algos[d + 1:])
+                timed.append((self._model_time(name, "allreduce", count, chunk_elems, elem, dims, trial), algo))
+            algos[d] = min(timed)[1]
+        return dims, tuple(algos)
 
     def _prepare(self, collective: str, count: int, in_numel: int, dtype: torch.dtype, op: str, root: int):
         """(schedule, run dtype, op context) for a call shape, cached: the latency path is one dict lookup."""
@@ -220,7 +299,7 @@ class Communicator:
         elem = dtype.itemsize
         plan = self._plan(collective, in_numel * elem, elem)
         schedule = schedules.build(plan.schedule, collective, self.size, count, chunk_elems=plan.chunk_elems,
-                                   root=root)
+                                   root=root, grid=plan.grid, algos=plan.algos)
         scale = 1.0 / self.size if op == "avg" else None
         reduce_op = "sum" if op == "avg" else op
         run_dtype = dtype
@@ -229,7 +308,8 @@ class Communicator:
             # Partial sums travel between ranks: carry them in fp32 and round once at the end.
             run_dtype = torch.float32
             schedule = schedules.build(plan.schedule, collective, self.size, count,
-                                       chunk_elems=max(1, self.options.chunk_bytes // 4), root=root)
+                                       chunk_elems=max(1, self.options.chunk_bytes // 4), root=root,
+                                       grid=plan.grid, algos=plan.algos)
         if len(self._prepared) > 4096:
             self._prepared.clear()
         prepared = (schedule, run_dtype, CallContext(collective, reduce_op, scale))

@@ -16,8 +16,8 @@ class Options:
     timeout (DDL_TIMEOUT)                 seconds any single wait may last before CollectiveTimeout (default 300)
     chunk_bytes (DDL_CHUNK_BYTES)         bytes per pipelined chunk, which is also one shm slot (default 2 MiB)
     pipeline_depth (DDL_PIPELINE_DEPTH)   chunks in flight per rank = shm slots per rank (>= 2, default 4)
-    small_bytes (DDL_SMALL_BYTES)         messages up to this size take the one-shot path (default 256 KiB)
-    schedule (DDL_SCHEDULE)               force a schedule by registry name ("" = choose by size)
+    schedule (DDL_SCHEDULE)               force a schedule by registry name ("" = the cost model chooses)
+    topology (DDL_TOPOLOGY)               "XxY[xZ]" grid overriding the detected one (emulates nodes)
     transport (DDL_TRANSPORT)             "auto" (shm within a node, MPI between) or "mpi" (MPI everywhere)
     kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)
     """
@@ -25,8 +25,8 @@ class Options:
     timeout: float = 300.0
     chunk_bytes: int = 2048 * _KIB
     pipeline_depth: int = 4
-    small_bytes: int = 256 * _KIB
     schedule: str = ""
+    topology: str = ""
     transport: str = "auto"
     kernels: str = "auto"
 
@@ -38,8 +38,6 @@ class Options:
         if self.pipeline_depth < 2:
             # depth 1 would make a step wait for its own slot's reader while holding its input.
             raise ValueError(f"Options.pipeline_depth must be >= 2, got {self.pipeline_depth}")
-        if self.small_bytes < 0:
-            raise ValueError(f"Options.small_bytes must be >= 0, got {self.small_bytes}")
         if self.transport not in ("auto", "mpi"):
             raise ValueError(f"Options.transport must be 'auto' or 'mpi', got {self.transport!r}")
         if self.kernels not in ("auto", "torch", "triton"):

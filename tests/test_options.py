@@ -14,11 +14,11 @@ def test_defaults_without_environment():
 
 def test_environment_twins_are_parsed_and_overrides_win():
     env = {"DDL_TIMEOUT": "2.5", "DDL_CHUNK_BYTES": "0x1000", "DDL_PIPELINE_DEPTH": "3",
-           "DDL_SCHEDULE": "ring", "DDL_TRANSPORT": "mpi", "DDL_KERNELS": "triton", "DDL_SMALL_BYTES": ""}
+           "DDL_SCHEDULE": "ring", "DDL_TRANSPORT": "mpi", "DDL_KERNELS": "triton", "DDL_TOPOLOGY": ""}
     o = Options.from_env(env, pipeline_depth=5)
     assert (o.timeout, o.chunk_bytes, o.pipeline_depth) == (2.5, 4096, 5)
     assert (o.schedule, o.transport, o.kernels) == ("ring", "mpi", "triton")
-    assert o.small_bytes == Options().small_bytes  # an empty variable means "unset"
+    assert o.topology == Options().topology  # an empty variable means "unset"
 
 
 @pytest.mark.parametrize("env,match", [
