@@ -234,13 +234,78 @@ def run_bad_input(ck: Checker, comm, tag: str) -> None:
               lambda: (lambda buf: comm.all_gather(buf, buf[:4]))(torch.empty(4 * n)))
 
 
+TOPOLOGIES = {1: ["1"], 2: ["2", "1x2", "2x1"], 3: ["3", "3x1", "1x3"], 4: ["4", "2x2", "1x4", "4x1", "2x1x2"]}
+
+
+def run_matrix(ck: Checker, world) -> None:
+    """Every schedule, forced, on every topology of this world size, over the exact cases.
+
+    Collectives a forced schedule does not implement fall back to the planner's choice,
+    so every schedule is also exercised beside the others in one communicator.
+    """
+    from ddl_triton import schedules
+    n = world.Get_size()
+    for topo in TOPOLOGIES[n]:
+        for name in schedules.names():
+            # 512-byte chunks: most cases span many chunks and reuse the two slots constantly.
+            comm = ddl.init(world.Dup(), schedule=name, topology=topo, chunk_bytes=512, pipeline_depth=2)
+            tag = f"{name}@{topo}"
+            run_allreduce(ck, comm, [0, 1, 7, 131, 1031], tag)
+            run_reduce_scatter(ck, comm, [1, 29], tag)
+            run_all_gather(ck, comm, [1, 29], tag)
+            run_broadcast(ck, comm, [1, 300], tag)
+            comm.close()
+    if n == 4:
+        check_hierarchical_bytes(ck, world)
+
+
+def check_hierarchical_bytes(ck: Checker, world) -> None:
+    """On 2x2, hierarchical sends 1/X of the intra-node volume over MPI, as its schedule says."""
+    from ddl_triton import schedules
+    comm = ddl.init(world.Dup(), schedule="hierarchical", topology="2x2", chunk_bytes=4096)
+    count = 4 * 4096
+    t = torch.ones(count)
+    before = comm.transport_bytes
+    comm.allreduce(t)
+    after = comm.transport_bytes
+    sent = {k: after[k]["sent"] - before[k]["sent"] for k in after}
+    plan = comm.explain("allreduce", count * 4, torch.float32)
+    sched = schedules.build("hierarchical", "allreduce", 4, count, chunk_elems=plan.chunk_elems, grid=plan.grid,
+                            algos=plan.algos)
+    node = comm.rank // 2
+    expect = {"shm": 0, "mpi": 0}
+    for st in sched.steps[comm.rank]:
+        for p in st.send:
+            expect["shm" if p // 2 == node else "mpi"] += st.count * 4
+    ck.cases += 3
+    if sent != expect:
+        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 bytes {sent}, schedule says {expect}")
+    if expect["mpi"] * 2 != expect["shm"]:
+        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 MPI bytes {expect['mpi']} are not 1/X of the "
+                           f"intra-node {expect['shm']}")
+    if not torch.equal(t, torch.full((count,), 4.0)):
+        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 wrong sum")
+    comm.close()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="fewer sizes (used for the extra transport/kernel runs)")
+    p.add_argument("--matrix", action="store_true", help="every schedule on every topology of this world size")
     args = p.parse_args()
     world = MPI.COMM_WORLD
     ck = Checker(world)
     n = world.Get_size()
+    if args.matrix:
+        try:
+            run_matrix(ck, world)
+            ddl.finalize()
+        except Exception:  # noqa: BLE001
+            ck.failures.append(f"rank {ck.rank}: exception\n{traceback.format_exc()}")
+            sys.stdout.write("\n".join(ck.failures) + "\n")
+            sys.stdout.flush()
+            world.Abort(1)
+        return report(ck, world)
     sizes = [0, 1, 2, 3, 7, 13, 127, 1000, 4099, 65537] if not args.quick else [0, 1, 7, 131, 1031]
     big = [300007]  # prime, larger than a chunk: many pipelined chunks, uneven blocks
     try:
@@ -264,7 +329,7 @@ def main() -> int:
             run_reduce_op_enum(ck, comm, "world")
             run_bad_input(ck, comm, "world")
             # Tiny chunks and the shallowest pipeline: many chunks, slots reused constantly.
-            tiny = ddl.init(world.Dup(), chunk_bytes=256, pipeline_depth=2, small_bytes=64)
+            tiny = ddl.init(world.Dup(), chunk_bytes=256, pipeline_depth=2)
             run_allreduce(ck, tiny, [0, 1, 63, 64, 65, 1031], "tiny-chunks")
             run_reduce_scatter(ck, tiny, [1, 97], "tiny-chunks")
             run_all_gather(ck, tiny, [1, 97], "tiny-chunks")
@@ -284,6 +349,11 @@ def main() -> int:
         sys.stdout.write("\n".join(ck.failures) + "\n")
         sys.stdout.flush()
         world.Abort(1)
+    return report(ck, world)
+
+
+def report(ck: Checker, world) -> int:
+    n = world.Get_size()
     failures = world.gather(ck.failures, root=0)
     cases = world.reduce(ck.cases, op=MPI.SUM, root=0)
     if world.Get_rank() == 0:

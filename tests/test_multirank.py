@@ -23,8 +23,14 @@ def test_exact_default_dispatch(n):
     _run(n)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_schedule_on_every_topology(n):
+    # Flat and emulated grids (2x2, 1x4, 4x1, 2x1x2, 3x1, ...): see TOPOLOGIES in mpi_worker.py.
+    _run(n, "--matrix")
+
+
 @pytest.mark.parametrize("schedule", ["ring", "one_shot"])
-def test_exact_forced_schedule(schedule):
+def test_exact_forced_schedule_through_environment(schedule):
     _run(3, "--quick", env={"DDL_SCHEDULE": schedule, "DDL_CHUNK_BYTES": "512"})
 
 
