@@ -60,15 +60,28 @@ def _start_gloo(comm):
 class _Impl:
     """One allreduce implementation under test: ``run(tensor)`` reduces in place."""
 
-    def __init__(self, name, run):
+    def __init__(self, name, run, comm=None):
         self.name = name
         self.run = run
+        self.comm = comm  # a ddl communicator, whose transports count bytes
 
 
-def _impls(comm, mpi_comm, dist, op: str, dtype: torch.dtype, names: list[str]) -> list[_Impl]:
+def _ddl_impl(name: str, comm, op: str) -> _Impl:
+    return _Impl(name, lambda t: comm.allreduce(t, op=op), comm)
+
+
+def _impls(comm, mpi_comm, dist, op: str, dtype: torch.dtype, names: list[str], schedule: str) -> list[_Impl]:
     impls = []
     if "ddl" in names:
-        impls.append(_Impl("ddl", lambda t: comm.allreduce(t, op=op)))
+        if schedule == "auto":
+            impls.append(_ddl_impl("ddl", comm, op))
+        else:
+            from ddl_triton import schedules
+            chosen = [n for n in schedules.names() if schedules.supports(n, "allreduce")] if schedule == "all" \
+                else [schedule]
+            impls.append(_ddl_impl("ddl", comm, op))
+            for name in chosen:
+                impls.append(_ddl_impl(f"ddl:{name}", ddl.init(MPI.COMM_WORLD.Dup(), schedule=name), op))
     if "mpi" in names and dtype in _MPI_TYPES:
         mpi_type, mpi_op = _MPI_TYPES[dtype], _MPI_OPS[op]
         impls.append(_Impl("mpi", lambda t: mpi_comm.Allreduce(MPI.IN_PLACE, [t.numpy(), mpi_type], op=mpi_op)))
@@ -100,6 +113,18 @@ def _count_wrong(impl: _Impl, count: int, dtype: torch.dtype, op: str, rank: int
     return int((t != expected.to(dtype)).sum())
 
 
+def _print_crossovers(rows: list[dict], names: list[str]) -> None:
+    """The fastest schedule at each size, and the sizes where the winner changes."""
+    print("\n# measured fastest schedule by size (crossovers marked)")
+    previous = None
+    for row in rows:
+        best = min(names, key=lambda n: row[n]["p50_us"])
+        mark = "  <- crossover" if previous is not None and best != previous else ""
+        print(f"{row['bytes']:>10} B: {best[4:]:>12} {row[best]['p50_us']:>10.1f} us "
+              f"(planner: {row['ddl']['plan'].split(' ')[0]}){mark}")
+        previous = best
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--min-bytes", type=int, default=8)
@@ -110,6 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--round-seconds", type=float, default=0.02, help="target duration of one timed round")
     p.add_argument("--impls", default="ddl,mpi,gloo", help="comma list of ddl, mpi, gloo")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--schedule", default="auto",
+                   help="auto (the planner's choice), a schedule name, or 'all' (one row per schedule)")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
     args = p.parse_args(argv)
 
@@ -120,17 +147,14 @@ def main(argv=None) -> int:
     dist = _start_gloo(mpi_comm) if "gloo" in names else None
     dtype = _DTYPES[args.dtype]
     elem = torch.empty(0, dtype=dtype).element_size()
-    impls = _impls(comm, mpi_comm, dist, args.op, dtype, names)
+    impls = _impls(comm, mpi_comm, dist, args.op, dtype, names, args.schedule)
     n = comm.size
     rows = []
     if comm.rank == 0:
-        header = f"{'size(B)':>10} {'count':>10} {'type':>8} {'redop':>5}"
-        for im in impls:
-            header += f" | {im.name + ' time(us)':>14} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
-        header += "".join(f" | {im.name + '/ddl':>9}" for im in impls if im.name != "ddl")
-        print(f"# ddl_triton collectives: {n} ranks, allreduce, {args.rounds} interleaved rounds, median; "
-              "algbw/busbw in GB/s")
-        print(header)
+        print(f"# ddl_triton collectives: {n} ranks, allreduce, topology {comm.topology.signature}, "
+              f"{args.rounds} interleaved rounds, median; algbw/busbw in GB/s; shm/mpi: bytes sent per call per rank")
+        print(f"{'size(B)':>10} {'count':>9} {'type':>8} {'redop':>5} {'impl':>17} {'time(us)':>10} {'algbw':>7} "
+              f"{'busbw':>7} {'#wrong':>6} {'shm B':>10} {'mpi B':>10} {'mpi/impl':>8}")
     for nbytes in _sizes(max(args.min_bytes, elem), args.max_bytes):
         count = nbytes // elem
         buf = (torch.arange(count) % 13).to(dtype)
@@ -140,12 +164,17 @@ def main(argv=None) -> int:
         probe = _time_round(impls[0], buf, 3, mpi_comm)
         iters = int(mpi_comm.allreduce(max(1, min(10000, int(args.round_seconds / max(probe, 1e-7)))), op=MPI.MAX))
         times: dict[str, list[float]] = {im.name: [] for im in impls}
+        sent: dict[str, dict[str, int]] = {im.name: {} for im in impls}
         for _ in range(args.rounds):
             for im in impls:
                 buf.copy_((torch.arange(count) % 13).to(dtype))
+                before = im.comm.transport_bytes if im.comm else {}
                 times[im.name].append(_time_round(im, buf, iters, mpi_comm))
+                after = im.comm.transport_bytes if im.comm else {}
+                for k in after:
+                    sent[im.name][k] = sent[im.name].get(k, 0) + after[k]["sent"] - before[k]["sent"]
         row = {"bytes": count * elem, "count": count, "type": args.dtype, "redop": args.op, "iters": iters}
-        line = f"{count * elem:>10} {count:>10} {args.dtype:>8} {args.op:>5}"
+        lines = []
         for im in impls:
             # Use the slowest rank's time per round: a collective is done when its last rank is.
             ts = [float(mpi_comm.allreduce(t, op=MPI.MAX)) for t in times[im.name]]
@@ -153,17 +182,24 @@ def main(argv=None) -> int:
             med = statistics.median(ts)
             algbw = count * elem / med / 1e9
             busbw = algbw * 2 * (n - 1) / n
+            calls = args.rounds * iters
+            per_call = {k: v / calls for k, v in sent[im.name].items()}
             row[im.name] = {"p20_us": _quantile(ts, 0.2) * 1e6, "p50_us": med * 1e6, "p80_us": _quantile(ts, 0.8) * 1e6,
-                            "algbw_GBps": algbw, "busbw_GBps": busbw, "wrong": wrong}
-            line += f" | {med * 1e6:>14.1f} {algbw:>7.3f} {busbw:>7.3f} {wrong:>6}"
-        for im in impls:
-            if im.name != "ddl":
-                ratio = row[im.name]["p50_us"] / row["ddl"]["p50_us"]
-                row[f"{im.name}_over_ddl"] = ratio
-                line += f" | {ratio:>9.2f}"
-        rows.append(row)
+                            "algbw_GBps": algbw, "busbw_GBps": busbw, "wrong": wrong, "bytes_sent_per_call": per_call}
+            if im.name.startswith("ddl") and im.comm is not None:
+                row[im.name]["plan"] = str(im.comm.explain("allreduce", count * elem, dtype))
+            lines.append((im.name, med, algbw, busbw, wrong, per_call))
+        mpi_time = row["mpi"]["p50_us"] / 1e6 if "mpi" in row else None
         if comm.rank == 0:
-            print(line, flush=True)
+            for name, med, algbw, busbw, wrong, per_call in lines:
+                shm_b = f"{per_call['shm']:.0f}" if "shm" in per_call else "-"
+                mpi_b = f"{per_call['mpi']:.0f}" if "mpi" in per_call else "-"
+                ratio = f"{mpi_time / med:.2f}" if mpi_time else "-"
+                print(f"{count * elem:>10} {count:>9} {args.dtype:>8} {args.op:>5} {name:>17} {med * 1e6:>10.1f} "
+                      f"{algbw:>7.3f} {busbw:>7.3f} {wrong:>6} {shm_b:>10} {mpi_b:>10} {ratio:>8}", flush=True)
+        rows.append(row)
+    if comm.rank == 0 and args.schedule == "all":
+        _print_crossovers(rows, [im.name for im in impls if im.name.startswith("ddl:")])
     if comm.rank == 0 and args.json:
         meta = {"ranks": n, "collective": "allreduce", "machine": platform.platform(), "cpu_count": os.cpu_count(),
                 "python": sys.version.split()[0], "torch": torch.__version__, "mpi": MPI.Get_library_version().strip(),
