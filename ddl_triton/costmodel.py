@@ -31,8 +31,8 @@ class Link:
 
 @dataclass(frozen=True)
 class CostModel:
-    step_overhead: float = 9e-6       # Python executor cost per step (measured: ~8-12 us)
-    shm: Link = Link(alpha=1e-6, beta=1 / 12e9)
+    step_overhead: float = 12e-6      # Python executor cost per step (measured: 8-20 us)
+    shm: Link = Link(alpha=10e-6, beta=1 / 12e9)  # alpha: a waiting rank wakes from its yield loop
     mpi: Link = Link(alpha=25e-6, beta=1 / 3e9)
     gamma: float = 1 / 20e9           # seconds per byte per reduction operand
     beta_copy: float = 1 / 20e9       # seconds per byte copied into a send slot
