@@ -155,6 +155,18 @@ class Communicator:
         job = lambda: self._all_gather(output, input)  # noqa: E731
         return self._issue(job, lambda: f"all_gather({input.numel()} x {input.dtype})", async_op)
 
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
+        """Block q of ``input`` goes to rank q; block q of ``output`` comes from rank q (equal blocks)."""
+        self._check_usable()
+        self._check_tensor(output, "output", writable=True)
+        self._check_tensor(input, "input")
+        self._check_pair(output, input)
+        if output.numel() != input.numel() or input.numel() % self.size:
+            raise ValueError(f"rank {self.rank}: all_to_all needs output.numel() == input.numel(), divisible by "
+                             f"size {self.size}; got {output.numel()} and {input.numel()}")
+        job = lambda: self._all_to_all(output, input)  # noqa: E731
+        return self._issue(job, lambda: f"all_to_all({input.numel()} x {input.dtype})", async_op)
+
     def broadcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False):
         """Copy ``tensor`` from rank ``root`` to every rank, in place. Returns it."""
         self._check_usable()
@@ -363,6 +375,13 @@ class Communicator:
         inp = input.contiguous().view(-1)
         out = _flat_work(output)
         self._execute("all_gather", inp, out, inp.numel())
+        _write_back(output, out)
+        return output
+
+    def _all_to_all(self, output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+        inp = input.contiguous().view(-1)
+        out = _flat_work(output)
+        self._execute("all_to_all", inp, out, inp.numel() // self.size)
         _write_back(output, out)
         return output
 

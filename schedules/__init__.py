@@ -1,7 +1,8 @@
 """Schedules: pure functions (collective, nranks, count, params) -> Schedule, by registry name.
 
 ``count`` means: allreduce and broadcast, the tensor's elements; reduce_scatter,
-the elements each rank receives; all_gather, the elements each rank contributes.
+the elements each rank receives; all_gather, the elements each rank contributes;
+all_to_all, the elements each rank sends to each peer.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import functools
 from . import grid, one_shot, ring, two_shot
 from .ir import IN, OUT, Recv, Schedule, Span, Step, assemble, validate
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast")
+COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
+_CLASSIC = ("allreduce", "reduce_scatter", "all_gather", "broadcast")
 
 
 def _rhd(*args, **kwargs):
@@ -25,7 +27,7 @@ def _tree(*args, **kwargs):
 
 # name -> (builder, collectives it implements, whether it uses the topology grid)
 _REGISTRY = {
-    "ring": (ring.build, COLLECTIVES, False),
+    "ring": (ring.build, _CLASSIC, False),
     "one_shot": (one_shot.build, COLLECTIVES, False),
     "two_shot": (two_shot.build, ("allreduce",), False),
     "rhd": (_rhd, ("allreduce",), False),

@@ -79,6 +79,20 @@ def build(collective: str, nranks: int, count: int, *, chunk_elems: int, root: i
                 else:
                     drafts[r].append(Step(size, dst=Span(OUT, start, size), recv=(Recv(root, -1),),
                                           label=f"from root chunk {k}"))
+    elif collective == "all_to_all":
+        # Direct exchange: at step j rank r sends block r+j to its owner and receives block r-j.
+        m = count
+        in_count = out_count = n * m
+        for r in range(n):
+            for k in range(rounds(m, chunk_elems)):
+                lo, size = chunk_of((0, m), k, chunk_elems)
+                drafts[r].append(Step(size, src=Span(IN, r * m + lo, size), dst=Span(OUT, r * m + lo, size),
+                                      label=f"own block chunk {k}"))
+                for j in range(1, n):
+                    to, frm = (r + j) % n, (r - j) % n
+                    drafts[r].append(Step(size, src=Span(IN, to * m + lo, size), send=(to,), label=f"to {to} chunk {k}"))
+                    drafts[r].append(Step(size, dst=Span(OUT, frm * m + lo, size), recv=(Recv(frm, -1),),
+                                          label=f"from {frm} chunk {k}"))
     else:
         raise ValueError(f"one_shot: unsupported collective {collective!r}")
     # Only the direct reduce-scatter carries partial sums from step to step.

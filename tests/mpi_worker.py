@@ -131,6 +131,19 @@ def run_all_gather(ck: Checker, comm, sizes, tag: str) -> None:
             ck.identical(f"{tag} all_gather {dtype} m={m}", out)
 
 
+def run_all_to_all(ck: Checker, comm, sizes, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.int64):
+        for m in sizes:
+            # Element i of block q on rank r encodes (r, q, i), so misrouted data shows.
+            inp = (torch.arange(n * m) + 1000 * r).to(dtype) if m else torch.empty(0, dtype=dtype)
+            out = torch.full((n * m,), 99, dtype=dtype)
+            comm.all_to_all(out, inp)
+            exp = torch.cat([(torch.arange(r * m, (r + 1) * m) + 1000 * q) for q in range(n)]).to(dtype) if m \
+                else out.new_empty(0)
+            ck.equal(f"{tag} all_to_all {dtype} m={m}", out, exp)
+
+
 def run_broadcast(ck: Checker, comm, sizes, tag: str) -> None:
     n, r = comm.size, comm.rank
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
@@ -230,6 +243,8 @@ def run_bad_input(ck: Checker, comm, tag: str) -> None:
     ck.raises(f"{tag} expanded tensor", ValueError, lambda: comm.allreduce(torch.ones(1).expand(8)))
     ck.raises(f"{tag} dtype pair mismatch", TypeError,
               lambda: comm.all_gather(torch.empty(2 * n, dtype=torch.float64), torch.empty(2)))
+    ck.raises(f"{tag} all_to_all size mismatch", ValueError,
+              lambda: comm.all_to_all(torch.empty(3 * n), torch.empty(3 * n + 1)))
     ck.raises(f"{tag} overlapping out/inp", ValueError,
               lambda: (lambda buf: comm.all_gather(buf, buf[:4]))(torch.empty(4 * n)))
 
@@ -322,6 +337,7 @@ def main() -> int:
         run_reduce_scatter(ck, comm, sizes, "world")
         run_all_gather(ck, comm, sizes, "world")
         run_broadcast(ck, comm, [0, 1, 1000, 70001], "world")
+        run_all_to_all(ck, comm, [0, 1, 7, 3001], "world")
         if not args.quick:
             run_random_floats(ck, comm, "world")
             run_noncontiguous(ck, comm, "world")
@@ -334,6 +350,7 @@ def main() -> int:
             run_reduce_scatter(ck, tiny, [1, 97], "tiny-chunks")
             run_all_gather(ck, tiny, [1, 97], "tiny-chunks")
             run_broadcast(ck, tiny, [1, 97], "tiny-chunks")
+            run_all_to_all(ck, tiny, [1, 97], "tiny-chunks")
             tiny.close()
             # A sub-group: even and odd ranks form separate communicators.
             sub_mpi = world.Split(world.Get_rank() % 2, world.Get_rank())

@@ -165,3 +165,15 @@ def test_partition_helpers():
     assert blocks(2, 4) == [(0, 1), (1, 1), (2, 0), (2, 0)]
     assert chunk_of((6, 2), 0, 4) == (6, 2) and chunk_of((6, 2), 1, 4) == (8, 0)
     assert rounds(0, 4) == 0 and rounds(9, 4) == 3
+
+
+@pytest.mark.parametrize("name", supporting("all_to_all"))
+@pytest.mark.parametrize("n", RANKS)
+def test_all_to_all_routes_every_block(name, n):
+    for m in [0, 1, 5, 33]:
+        for ce in CHUNKS:
+            s = schedules.build(name, "all_to_all", n, m, chunk_elems=ce)
+            ins = [np.arange(n * m, dtype=np.int64) + 1000 * q for q in range(n)]
+            for r, out in enumerate(execute(s, ins, depth=2)):
+                expected = np.concatenate([ins[q][r * m:(r + 1) * m] for q in range(n)]) if m else out
+                assert (out == expected).all()
