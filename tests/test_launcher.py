@@ -1,0 +1,272 @@
+"""ddlrun (ddl_triton.launcher): the pre-launch checks, the printed command, and real 2-rank launches."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from ddl_triton import launcher
+from ddl_triton.launcher import main
+
+JOB_TIMEOUT_S = 60
+_CONSOLE_SCRIPT = Path(sys.executable).parent / "ddlrun"
+
+RANK_REPORT = """\
+import os, sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+sys.stdout.write(f"rank {comm.Get_rank()} of {comm.Get_size()} topology {os.environ['DDL_TOPOLOGY']}\\n")
+"""
+
+EXIT_3_ON_RANK_1 = """\
+import sys
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 1:
+    sys.exit(3)
+"""
+
+WAIT_FOREVER = """\
+import os, sys, time
+from pathlib import Path
+from mpi4py import MPI
+ready = Path(sys.argv[1], f"ready-{MPI.COMM_WORLD.Get_rank()}")
+Path(f"{ready}.tmp").write_text(str(os.getpid()))
+os.replace(f"{ready}.tmp", ready)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    """A script that exists; dry runs never run it."""
+    path = tmp_path / "train.py"
+    path.write_text("raise SystemExit('a dry run must not run the script')\n")
+    return str(path)
+
+
+def write_script(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def ddlrun(*args: str) -> list[str]:
+    """The installed console script when there is one, else the module: the way a user starts it."""
+    program = [str(_CONSOLE_SCRIPT)] if _CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "ddl_triton.launcher"]
+    return [*program, *args]
+
+
+def ddlrun_without_torch(*args: str) -> list[str]:
+    """ddlrun from launcher.py alone: the console script imports the ddl_triton package, and so torch (~3 s)."""
+    load = ("import importlib.util, sys; "
+            f"spec = importlib.util.spec_from_file_location('ddlrun_launcher', {launcher.__file__!r}); "
+            "module = sys.modules[spec.name] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+            "sys.exit(module.main())")
+    return [sys.executable, "-c", load, *args]
+
+
+def run_ddlrun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(ddlrun(*args), capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def refused(capsys, argv: list[str]) -> str:
+    """Run main(argv), require the check failure (exit 2, one ddlrun line, nothing on stdout); return the line."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddlrun: "), err
+    return lines[0]
+
+
+# --- pre-launch checks ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("topology", ["2by2", "4", "2x", "x2", "2x0", "0x4", "2x2x2x1", "2x-2", "2X2"])
+def test_topology_must_be_XxY_or_XxYxZ(capsys, script, topology):
+    line = refused(capsys, ["-n", "4", "--topology", topology, "--", sys.executable, script])
+    assert line.startswith(f"ddlrun: --topology {topology!r} is not XxY[xZ]")
+
+
+def test_topology_must_cover_every_rank(capsys, script):
+    line = refused(capsys, ["-n", "4", "--topology", "3x2", "--", sys.executable, script])
+    assert line == "ddlrun: --topology 3x2 has 6 ranks but -n is 4"
+
+
+def test_three_level_topology_is_accepted(capsys, script):
+    assert main(["-n", "8", "--topology", "2x2x2", "--dry-run", "--", sys.executable, script]) == 0
+    assert "DDL_TOPOLOGY=2x2x2 " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ranks", ["0", "-1"])
+def test_ranks_must_be_at_least_one(capsys, script, ranks):
+    assert refused(capsys, ["-n", ranks, sys.executable, script]) == f"ddlrun: -n must be at least 1, got {ranks}"
+
+
+@pytest.mark.parametrize("seconds", ["0", "-5", "inf", "nan"])
+def test_timeout_must_be_positive(capsys, script, seconds):
+    assert "--timeout must be a positive number" in refused(capsys, ["-n", "2", "--timeout", seconds,
+                                                                      sys.executable, script])
+
+
+def test_missing_script_is_refused(capsys, tmp_path):
+    missing = str(tmp_path / "nope.py")
+    assert refused(capsys, ["-n", "2", "--", sys.executable, "-u", missing]).startswith(
+        f"ddlrun: script {missing!r} does not exist")
+
+
+def test_missing_py_command_is_refused(capsys, tmp_path):
+    missing = str(tmp_path / "nope.py")
+    assert missing in refused(capsys, ["-n", "2", missing])
+
+
+def test_unknown_command_is_refused(capsys):
+    assert refused(capsys, ["-n", "2", "no-such-program-ddl", "x"]) == \
+        "ddlrun: command 'no-such-program-ddl' is not found on PATH"
+
+
+def test_missing_mpiexec_is_refused(capsys, script):
+    line = refused(capsys, ["-n", "2", "--mpiexec", "/nonexistent", "--", sys.executable, script])
+    assert line == "ddlrun: --mpiexec /nonexistent does not exist"
+
+
+def test_mpiexec_of_another_mpi_is_refused(capsys, script, tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.3'\n")
+    fake.chmod(0o755)
+    line = refused(capsys, ["-n", "2", "--mpiexec", str(fake), sys.executable, script])
+    assert "uses MPICH" in line and "Open MPI" in line and str(fake) in line
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main(["-n", "2", "--"]) == 2
+    assert "no command to run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, script", [
+    (["python", "train.py", "-m", "x"], "train.py"),
+    (["/usr/bin/python3.11", "-u", "-W", "ignore", "-X", "dev", "train.py"], "train.py"),
+    (["python3", "-Wignore", "-O", "--check-hash-based-pycs", "always", "train.py"], "train.py"),
+    (["python", "-m", "pkg.train"], None),
+    (["python", "-um", "pkg.train"], None),
+    (["python", "-c", "print(1)"], None),
+    (["python", "-"], None),
+    (["python"], None),
+    (["./train.py", "--lr", "1"], "./train.py"),
+    (["bash", "run.sh"], None),
+])
+def test_which_word_is_the_script(command, script):
+    assert launcher._script_of(command) == script
+
+
+@pytest.mark.parametrize("text, family", [
+    ("MPICH Version:      5.0.2\nMPICH Release date: ...", "MPICH"),
+    ("HYDRA build details:\n    Version: 4.2.0", "MPICH"),
+    ("MVAPICH2 Version     :\t2.3.7", "MPICH"),
+    ("Open MPI v5.0.3, package: Open MPI ...", "Open MPI"),
+    ("mpiexec (OpenRTE) 4.1.5", "Open MPI"),
+    ("Intel(R) MPI Library 2021.10 for Linux* OS", "Intel MPI"),
+    ("Microsoft MPI 10.1", None),
+])
+def test_mpi_family_from_version_text(text, family):
+    assert launcher._mpi_family(text) == family
+
+
+# --- the command and its environment -------------------------------------------------------------------
+
+def test_dry_run_prints_the_command_and_runs_nothing(capsys, script):
+    assert main(["-n", "4", "--topology", "2x2", "--timeout", "30", "--dry-run", "--",
+                 sys.executable, script, "--dry-run", "-n", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    line = err.strip()
+    assert line.startswith("ddlrun: ") and "\n" not in line
+    words = shlex.split(line.removeprefix("ddlrun: "))
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    # Options after the command (even ddlrun's own names) belong to the command.
+    assert words == ["DDL_TOPOLOGY=2x2", "DDL_TIMEOUT=30", mpiexec, "-n", "4", sys.executable, script,
+                     "--dry-run", "-n", "1"]
+
+
+def test_command_without_double_dash(capsys, script):
+    assert main(["-n", "2", "--dry-run", sys.executable, "-u", script, "--epochs", "3"]) == 0
+    words = shlex.split(capsys.readouterr().err.removeprefix("ddlrun: "))
+    assert words[1:] == ["-n", "2", sys.executable, "-u", script, "--epochs", "3"]
+
+
+def test_child_env_sets_ddl_variables_over_the_base():
+    args = Namespace(topology="2x2", timeout=2.5)
+    env = launcher._child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old"})
+    assert env == {"PATH": "/bin", "DDL_TOPOLOGY": "2x2", "DDL_TIMEOUT": "2.5"}
+    assert launcher._child_env(Namespace(topology=None, timeout=None), base={"A": "1"}) == {"A": "1"}
+
+
+def test_open_mpi_is_told_to_export_the_variables():
+    command = launcher._mpiexec_command("mpiexec", "Open MPI", 4, {"DDL_TOPOLOGY": "2x2"}, ["python", "t.py"])
+    assert command == ["mpiexec", "-n", "4", "-x", "DDL_TOPOLOGY", "python", "t.py"]
+
+
+def test_exit_status_of_a_job_killed_by_a_signal(capsys):
+    assert launcher._report(-signal.SIGKILL) == 128 + signal.SIGKILL
+    assert "job failed with exit code -9 (mpiexec was killed by SIGKILL)" in capsys.readouterr().err
+
+
+# --- real launches (mpiexec, 2 ranks) ------------------------------------------------------------------
+
+def test_real_launch_sets_topology_on_every_rank(tmp_path):
+    rank_report = write_script(tmp_path, "report.py", RANK_REPORT)
+    proc = run_ddlrun("-n", "2", "--topology", "2x1", "--", sys.executable, rank_report)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Lines from the two ranks may interleave mid-line (mpiexec merges their streams): match, don't split.
+    assert sorted(re.findall(r"rank \d of \d topology \S+?(?=rank|\n|$)", proc.stdout)) == \
+        ["rank 0 of 2 topology 2x1", "rank 1 of 2 topology 2x1"], proc.stdout
+    assert proc.stderr.startswith("ddlrun: DDL_TOPOLOGY=2x1 ")
+
+
+def test_real_launch_forwards_a_rank_failure(tmp_path):
+    failing = write_script(tmp_path, "fail.py", EXIT_3_ON_RANK_1)
+    proc = run_ddlrun("-n", "2", sys.executable, failing)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "ddlrun: job failed with exit code 3" in proc.stderr.splitlines()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_ddlrun_stops_the_job(tmp_path, signum):
+    waiting = write_script(tmp_path, "wait.py", WAIT_FOREVER)
+    proc = subprocess.Popen(ddlrun_without_torch("-n", "2", sys.executable, waiting, str(tmp_path)),
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert "ddlrun: job failed with exit code" in err
+    rank_pids = [int((tmp_path / f"ready-{rank}").read_text()) for rank in (0, 1)]
+    deadline = time.monotonic() + 10
+    while any(is_running(pid) for pid in rank_pids):
+        assert time.monotonic() < deadline, f"ranks {rank_pids} outlived ddlrun"
+        time.sleep(0.05)
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
