@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from mpi4py import MPI
 
-from . import kernels, schedules
+from . import calls, kernels, schedules
 from .schedules import grid as grid_mod
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .executor import CallContext, Executor
@@ -66,6 +66,12 @@ class Communicator:
         self._closed = False
         kernels.set_backend(options.kernels)
         self._transports, route = self._connect()
+        every_peer_on_shm = all(route[p] is not None and route[p].name == "shm"
+                                for p in range(self.size) if p != self.rank)
+        shm = next((t for t in self._transports if t.name == "shm"), None)
+        self._calls = calls.CallChecker(self._comm, self.rank, self.size,
+                                        shm if every_peer_on_shm else None, options.timeout) \
+            if options.check_calls else None
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
                                   depth=options.pipeline_depth)
         self._runner = OrderedRunner(f"ddl_triton-rank{self.rank}")
@@ -346,9 +352,28 @@ class Communicator:
             self._poison = e
             raise DDLError(f"rank {self.rank}: collective failed: {e!r}") from e
 
+    def _checked(self, collective: str, op, dtype, numel: int, root: int, run) -> None:
+        """Run ``run()`` between the call checker's begin and end (see calls.py)."""
+        if self._calls is None:
+            run()
+            return
+        fp = calls.encode(collective, op, dtype, numel, root)
+        try:
+            self._calls.begin(self._seq, fp)
+            run()
+            self._calls.end(self._seq, fp)
+        except PeerTimeout as e:
+            raise CollectiveTimeout(f"rank {self.rank}: {collective} #{self._seq} timed out: "
+                                    f"{'lost' if e.dead else 'not heard from'} rank {e.peer} ({e.what})") from None
+
     def _execute(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int,
                  op: str = "sum", root: int = 0) -> None:
         self._seq += 1
+        self._checked(collective, op if collective in ("allreduce", "reduce_scatter") else None, inbuf.dtype,
+                      inbuf.numel(), root, lambda: self._run(collective, inbuf, outbuf, count, op, root))
+
+    def _run(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int, op: str,
+             root: int) -> None:
         schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)
         if run_dtype is inbuf.dtype:
             self._executor.run(schedule, inbuf, outbuf, ctx, self._seq)
@@ -393,6 +418,9 @@ class Communicator:
 
     def _barrier(self) -> None:
         self._seq += 1
+        self._checked("barrier", None, None, 0, 0, self._mpi_barrier)
+
+    def _mpi_barrier(self) -> None:
         req = self._comm.Ibarrier()
         try:
             wait_until(req.Test, self.options.timeout, -1, "barrier")

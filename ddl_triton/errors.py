@@ -16,3 +16,8 @@ class CollectiveTimeout(DDLError):
 
 class CommunicatorPoisoned(DDLError):
     """A previous collective on this communicator failed; it cannot be used again."""
+
+
+class CollectiveMismatch(DDLError):
+    """Ranks called different collectives (or the same one with different arguments) as the
+    same call in sequence. Raised on every rank, with what each rank called."""

@@ -116,7 +116,8 @@ class Executor:
         except PeerTimeout as e:
             raise CollectiveTimeout(
                 f"rank {self.rank}: {ctx.collective} #{seq} (schedule {schedule.name}, step {label!r}) "
-                f"timed out after {self.timeout:g} s; not heard from rank {e.peer} ({e.what})") from None
+                + (f"failed: rank {e.peer} died ({e.what})" if e.dead else
+                   f"timed out after {self.timeout:g} s; not heard from rank {e.peer} ({e.what})")) from None
         for q in range(self.size):
             base[q] += sends[q]
 

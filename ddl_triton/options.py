@@ -20,6 +20,7 @@ class Options:
     topology (DDL_TOPOLOGY)               "XxY[xZ]" grid overriding the detected one (emulates nodes)
     transport (DDL_TRANSPORT)             "auto" (shm within a node, MPI between) or "mpi" (MPI everywhere)
     kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)
+    check_calls (DDL_CHECK_CALLS)         compare every call's fingerprint across ranks first (default 1)
     """
 
     timeout: float = 300.0
@@ -29,6 +30,7 @@ class Options:
     topology: str = ""
     transport: str = "auto"
     kernels: str = "auto"
+    check_calls: bool = True
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -65,6 +67,12 @@ class Options:
 
 def _parse(name: str, type_name, raw: str):
     kind = type_name if isinstance(type_name, str) else type_name.__name__
+    if kind == "bool":
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"DDL_{name.upper()}={raw!r} is not a valid bool (use 1 or 0)")
     try:
         if kind == "int":
             return int(raw, 0)

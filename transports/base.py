@@ -31,18 +31,24 @@ DEFAULT_SPIN_SECONDS = 50e-6
 _CHECKS_PER_CLOCK = 16
 
 
+# How often a long wait checks that the peer's process still exists.
+_LIVENESS_PERIOD = 0.25
+
+
 class PeerTimeout(Exception):
     """A wait on ``peer`` passed its deadline; the executor adds the collective's context."""
 
-    def __init__(self, peer: int, what: str):
-        super().__init__(f"waited too long for rank {peer}: {what}")
+    def __init__(self, peer: int, what: str, dead: bool = False):
+        super().__init__(f"{'lost' if dead else 'waited too long for'} rank {peer}: {what}")
         self.peer = peer
         self.what = what
+        self.dead = dead  # the peer's process is known to be gone, not merely slow
 
 
 def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
-               spin: float = DEFAULT_SPIN_SECONDS) -> None:
-    """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds.
+               spin: float = DEFAULT_SPIN_SECONDS, alive: Callable[[], bool] | None = None) -> None:
+    """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds, or as
+    soon as ``alive()`` (checked every quarter second) says the peer's process is gone.
 
     Spins for ``spin`` seconds, then yields the CPU between checks.
     """
@@ -52,14 +58,21 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     while time.perf_counter() - start < spin:
         if ready():
             return
-    deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    deadline = now + timeout
+    next_liveness = now + _LIVENESS_PERIOD
     while True:
         for _ in range(_CHECKS_PER_CLOCK):
             os.sched_yield()  # also releases the GIL, so a training thread keeps running
             if ready():
                 return
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise PeerTimeout(peer, what)
+        if alive is not None and now > next_liveness:
+            next_liveness = now + _LIVENESS_PERIOD
+            if not alive() and not ready():
+                raise PeerTimeout(peer, what + " (its process has exited)", dead=True)
 
 
 class Transport(Protocol):

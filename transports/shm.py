@@ -34,7 +34,10 @@ from .base import DEFAULT_SPIN_SECONDS, wait_until
 
 _SHM_DIR = "/dev/shm"
 _HEADER_BYTES = 4096
+_PID_OFFSET = 8           # int64: the owner's pid, so waiters can tell a dead peer from a slow one
 _CONSUMED_OFFSET = 64
+_FINGERPRINT_OFFSET = 2048  # ring of call fingerprints: slot i = [seq, f1..f6, unused] (8 int64)
+_FINGERPRINT_SLOTS = 4
 _MAX_CACHED_VIEWS = 4096
 
 
@@ -57,7 +60,7 @@ class ShmTransport:
         self.slot_bytes = slot_bytes
         self.depth = depth
         self.segment_bytes = _HEADER_BYTES + depth * slot_bytes
-        if _CONSUMED_OFFSET + 8 * self.local_size > _HEADER_BYTES:
+        if _CONSUMED_OFFSET + 8 * self.local_size > _FINGERPRINT_OFFSET:
             raise ValueError(f"shm: {self.local_size} ranks on one node exceed the header's capacity")
         self._local_of_world = {w: i for i, w in enumerate(world_of_local)}
         self.bytes_sent = 0
@@ -95,9 +98,13 @@ class ShmTransport:
         self._views: dict[tuple, torch.Tensor] = {}
         own_flags[0] = -1
         own_flags[_CONSUMED_OFFSET // 8:_CONSUMED_OFFSET // 8 + self.local_size] = -1
+        own_flags[_PID_OFFSET // 8] = os.getpid()
+        fp = _FINGERPRINT_OFFSET // 8
+        own_flags[fp:fp + 8 * _FINGERPRINT_SLOTS] = -1
         node_comm.Barrier()  # flags initialised before anyone reads them
         # slot -> (message id, local addressees) of the message that used it last
         self._slot_user: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * depth
+        self.wait_hook = None  # called during long waits; may raise (see ddl_triton/calls.py)
         self._pending: tuple[int, int, tuple[int, ...]] | None = None
 
     # -- helpers -------------------------------------------------------------------------
@@ -120,6 +127,45 @@ class ShmTransport:
             self._views[key] = view
         return view
 
+    def _alive(self, local: int):
+        """A check, run every quarter second of a long wait, that the process owning segment
+        ``local`` still exists; it also runs ``wait_hook`` (the call checker's), which may raise."""
+        pid = int(self._flags[local][_PID_OFFSET // 8])
+
+        def alive() -> bool:
+            if self.wait_hook is not None:
+                self.wait_hook()
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return True
+        return alive
+
+    # -- call fingerprints ---------------------------------------------------------------
+    def post_fingerprint(self, seq: int, values: tuple[int, ...]) -> None:
+        """Publish what this rank is about to call as collective number ``seq`` (6 ints)."""
+        base = _FINGERPRINT_OFFSET // 8 + 8 * (seq % _FINGERPRINT_SLOTS)
+        self._own_flags[base + 1:base + 1 + len(values)] = values
+        self._own_flags[base] = seq  # after the values: TSO keeps the order
+
+    def peer_fingerprint(self, peer: int, seq: int, timeout: float | None) -> tuple[int, ...] | None | bool:
+        """The fingerprint ``peer`` posted for ``seq``; None when it has already posted a later
+        one in that slot (it is ahead: it called more collectives than this rank). With
+        ``timeout=None`` it does not wait, and returns False when nothing is posted yet."""
+        local = self._local_of_world[peer]
+        flags = self._flags[local]
+        base = _FINGERPRINT_OFFSET // 8 + 8 * (seq % _FINGERPRINT_SLOTS)
+        if flags[base] < seq:
+            if timeout is None:
+                return False
+            wait_until(lambda: flags[base] >= seq, timeout, peer, f"its call #{seq}", spin=self.spin,
+                       alive=self._alive(local))
+        values = tuple(int(v) for v in flags[base:base + 7])
+        return values[1:] if values[0] == seq else None
+
     def _consumed(self, reader_local: int, sender_local: int) -> int:
         return int(self._flags[reader_local][_CONSUMED_OFFSET // 8 + sender_local])
 
@@ -132,7 +178,8 @@ class ShmTransport:
         for reader in old_readers:
             if self._consumed(reader, me) < old_id:
                 wait_until(lambda: self._consumed(reader, me) >= old_id, timeout, self._world_of(reader),
-                           f"to release shm slot {slot} (message {old_id})", spin=self.spin)
+                           f"to release shm slot {slot} (message {old_id})", spin=self.spin,
+                           alive=self._alive(reader))
         self._pending = (msg_id, count * dtype.itemsize, tuple(self._local(p) for p in peers))
         return self._slot_view(me, msg_id, count, dtype)
 
@@ -153,7 +200,8 @@ class ShmTransport:
         local = self._local_of_world[peer]
         flags = self._flags[local]
         if flags[0] < msg_id:
-            wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin)
+            wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin,
+                       alive=self._alive(local))
         self.bytes_received += count * dtype.itemsize
         return self._slot_view(local, msg_id, count, dtype, offset)
 
