@@ -19,6 +19,33 @@ __all__ = ["CollectiveTimeout", "Communicator", "CommunicatorPoisoned", "DDLErro
 __version__ = "0.1.0"
 
 _world: Communicator | None = None
+_exit_guard_installed = False
+
+
+def _install_exit_guard() -> None:
+    """At exit, skip MPI_Finalize when a peer was lost or timed out.
+
+    MPI_Finalize waits for every rank, so a survivor of a dead peer would hang there
+    after its CollectiveTimeout. The guard flushes output and ends the process with
+    exit code 1 without finalizing (MPI_Abort would also kill the other survivors
+    before they report). Registered after mpi4py's own exit handler, so it runs first.
+    """
+    global _exit_guard_installed
+    if _exit_guard_installed:
+        return
+    import atexit
+    import sys
+
+    def guard() -> None:
+        from .communicator import peers_lost
+        if peers_lost():
+            import os
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
+    atexit.register(guard)
+    _exit_guard_installed = True
 
 
 def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communicator:
@@ -35,6 +62,7 @@ def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communic
     if world and _world is not None:
         return _world
     opts = options.replace(**overrides) if options is not None else Options.from_env(**overrides)
+    _install_exit_guard()
     comm = Communicator(MPI.COMM_WORLD if mpi_comm is None else mpi_comm, opts)
     if world:
         _world = comm

@@ -345,6 +345,10 @@ class Communicator:
         self._check_usable()  # an earlier queued collective may have failed
         try:
             return job()
+        except CollectiveTimeout as e:
+            self._poison = e
+            _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: abort at exit
+            raise
         except DDLError as e:
             self._poison = e
             raise
@@ -418,7 +422,11 @@ class Communicator:
 
     def _barrier(self) -> None:
         self._seq += 1
-        self._checked("barrier", None, None, 0, 0, self._mpi_barrier)
+        if self._calls is not None:
+            # Comparing call fingerprints already waits for every rank to arrive: that is a barrier.
+            self._checked("barrier", None, None, 0, 0, lambda: None)
+        else:
+            self._mpi_barrier()
 
     def _mpi_barrier(self) -> None:
         req = self._comm.Ibarrier()
@@ -427,6 +435,14 @@ class Communicator:
         except PeerTimeout:
             raise CollectiveTimeout(f"rank {self.rank}: barrier #{self._seq} timed out after "
                                     f"{self.options.timeout:g} s") from None
+
+
+_LOST_PEERS: list[int] = []  # appended when any communicator of this process lost a peer
+
+
+def peers_lost() -> bool:
+    """True once a collective of this process timed out or lost a peer."""
+    return bool(_LOST_PEERS)
 
 
 def _flat_work(t: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ import secrets
 import numpy as np
 import torch
 
-from .base import DEFAULT_SPIN_SECONDS, wait_until
+from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 
 _SHM_DIR = "/dev/shm"
 _HEADER_BYTES = 4096
@@ -39,6 +39,24 @@ _CONSUMED_OFFSET = 64
 _FINGERPRINT_OFFSET = 2048  # ring of call fingerprints: slot i = [seq, f1..f6, unused] (8 int64)
 _FINGERPRINT_SLOTS = 4
 _MAX_CACHED_VIEWS = 4096
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie, killed but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
 
 
 def _segment_path(token: str, local_rank: int) -> str:
@@ -135,12 +153,14 @@ class ShmTransport:
         def alive() -> bool:
             if self.wait_hook is not None:
                 self.wait_hook()
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if not process_alive(pid):
                 return False
-            except PermissionError:
-                return True
+            # Any dead rank dooms the collective, even one this wait does not name: a chain
+            # of survivors waiting on each other would otherwise wait out the deadline.
+            for other in range(self.local_size):
+                if other != local and other != self.local_rank and \
+                        not process_alive(int(self._flags[other][_PID_OFFSET // 8])):
+                    raise PeerTimeout(self._world_of(other), "its process has exited", dead=True)
             return True
         return alive
 
