@@ -27,7 +27,9 @@ def run_ranks(n: int, script: str, *args: str, env: dict[str, str] | None = None
     full_env.update({"DDL_TIMEOUT": "60", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     full_env.update(env or {})
     cmd = [mpiexec(), "-n", str(n), *extra_mpiexec, sys.executable, str(TESTS / script), *args]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    # No stdin: mpiexec forwards it to rank 0, and a launcher outside the foreground can be stopped by it.
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
 
 
 def assert_clean_run(proc: subprocess.CompletedProcess, before: set[str]) -> None:
