@@ -230,6 +230,9 @@ class Communicator:
         if not t.is_cpu:
             raise ValueError(f"rank {self.rank}: {name} is on {t.device}, but this communicator has no "
                              "GPU path; move it to the CPU")
+        if writable and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"rank {self.rank}: {name} requires grad; collectives are not autograd operations "
+                             "and write in place: pass tensor.detach() or run under torch.no_grad()")
         # Only a non-contiguous tensor can have a stride of 0 over a dimension longer than 1.
         if writable and not t.is_contiguous() and any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
             raise ValueError(f"rank {self.rank}: {name} has overlapping elements (a stride of 0, e.g. "

@@ -243,6 +243,12 @@ def run_bad_input(ck: Checker, comm, tag: str) -> None:
     ck.raises(f"{tag} expanded tensor", ValueError, lambda: comm.allreduce(torch.ones(1).expand(8)))
     ck.raises(f"{tag} dtype pair mismatch", TypeError,
               lambda: comm.all_gather(torch.empty(2 * n, dtype=torch.float64), torch.empty(2)))
+    ck.raises(f"{tag} tensor on a non-CPU device", ValueError, lambda: comm.allreduce(torch.ones(4, device="meta")))
+    ck.raises(f"{tag} tensor that requires grad", ValueError,
+              lambda: comm.allreduce(torch.ones(4, requires_grad=True)))
+    ck.raises(f"{tag} not a tensor", TypeError, lambda: comm.allreduce([1.0, 2.0]))
+    ck.raises(f"{tag} reduce_scatter output dtype differs", TypeError,
+              lambda: comm.reduce_scatter(torch.empty(2, dtype=torch.int32), torch.empty(2 * n)))
     ck.raises(f"{tag} all_to_all size mismatch", ValueError,
               lambda: comm.all_to_all(torch.empty(3 * n), torch.empty(3 * n + 1)))
     ck.raises(f"{tag} overlapping out/inp", ValueError,

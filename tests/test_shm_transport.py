@@ -31,7 +31,8 @@ def test_segment_is_0600_and_unlinked_once_mapped(self_comm, monkeypatch):
         (path, mode), = seen.items()
         assert mode == 0o600
         name = os.path.basename(path)
-        assert name.startswith("ddl_triton-") and len(name.split("-")[1]) == 32  # 128 random bits
+        _, pid, token, local = name.split("-")
+        assert int(pid) == os.getpid() and len(token) == 32 and local == "0"  # 128 random bits per job
         assert not os.path.exists(path), "segment must be unlinked once every peer has mapped it"
         assert t.segment_bytes == shm_module._HEADER_BYTES + 2 * 4096
     finally:
@@ -62,3 +63,24 @@ def test_oversized_message_is_refused(self_comm):
             t.acquire(0, (), 4097, torch.uint8, timeout=1.0)
     finally:
         t.close()
+
+
+def test_start_up_sweeps_segments_of_dead_jobs_only(self_comm):
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = f"/dev/shm/ddl_triton-{dead}-{'ab' * 16}-0"
+    live = f"/dev/shm/ddl_triton-{os.getpid()}-{'cd' * 16}-1"
+    for path in (stale, live):
+        with open(path, "wb") as f:
+            f.write(b"x")
+    try:
+        t = shm_module.ShmTransport(self_comm, [0], slot_bytes=4096, depth=2)
+        t.close()
+        assert os.path.basename(stale) in t.swept and not os.path.exists(stale)
+        assert os.path.exists(live), "a live job's segment must never be swept"
+    finally:
+        for path in (stale, live):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -59,8 +59,36 @@ def process_alive(pid: int) -> bool:
         return True
 
 
-def _segment_path(token: str, local_rank: int) -> str:
-    return os.path.join(_SHM_DIR, f"ddl_triton-{token}-{local_rank}")
+def _segment_path(creator_pid: int, token: str, local_rank: int) -> str:
+    # The creator's pid in the name lets a later job tell a crashed job's segment from a live one.
+    return os.path.join(_SHM_DIR, f"ddl_triton-{creator_pid}-{token}-{local_rank}")
+
+
+def sweep_stale_segments() -> list[str]:
+    """Unlink this user's ddl_triton segments whose creating process is gone.
+
+    Segments are unlinked as soon as every peer has mapped them, so only a job killed
+    inside that window (during init) can leave one behind; this removes them at the
+    next start. Returns the names removed.
+    """
+    removed = []
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("-")
+        if parts[0] != "ddl_triton" or len(parts) != 4 or not parts[1].isdigit():
+            continue
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            if os.stat(path).st_uid != os.getuid() or process_alive(int(parts[1])):
+                continue
+            os.unlink(path)
+            removed.append(name)
+        except OSError:
+            continue  # another rank swept it first, or it is not ours to remove
+    return removed
 
 
 class ShmTransport:
@@ -85,10 +113,13 @@ class ShmTransport:
         self.bytes_received = 0
         self.spin = DEFAULT_SPIN_SECONDS
         self._maps: list[mmap.mmap] = []
+        self.swept: list[str] = []  # stale segments of crashed jobs removed at start-up
         self._closed = False
 
-        token = node_comm.bcast(secrets.token_hex(16) if self.local_rank == 0 else None, root=0)
-        path = _segment_path(token, self.local_rank)
+        if self.local_rank == 0:
+            self.swept = sweep_stale_segments()
+        leader = node_comm.bcast((os.getpid(), secrets.token_hex(16)) if self.local_rank == 0 else None, root=0)
+        path = _segment_path(leader[0], leader[1], self.local_rank)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, self.segment_bytes)
@@ -101,7 +132,7 @@ class ShmTransport:
                 if i == self.local_rank:
                     self._maps.append(own)
                     continue
-                pfd = os.open(_segment_path(token, i), os.O_RDWR)
+                pfd = os.open(_segment_path(leader[0], leader[1], i), os.O_RDWR)
                 try:
                     self._maps.append(mmap.mmap(pfd, self.segment_bytes))
                 finally:
