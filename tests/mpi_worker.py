@@ -280,6 +280,68 @@ def run_matrix(ck: Checker, world) -> None:
         check_hierarchical_bytes(ck, world)
 
 
+def run_fuzz(ck: Checker, world, seed: int, cases: int) -> None:
+    """Seeded random cases, identical on every rank: schedule x topology x dtype x op x size x
+    async mixing (up to 3 in flight), each result checked exactly against its reference."""
+    import random
+    from ddl_triton import schedules
+    n, r = world.Get_size(), world.Get_rank()
+    rng = random.Random(seed)
+    pool = {}
+    for _ in range(6):  # a few communicators, each with a forced schedule on an emulated topology
+        key = (rng.choice(schedules.names()), rng.choice(TOPOLOGIES[n]), rng.choice([256, 1024, 1 << 20]))
+        if key not in pool:
+            pool[key] = ddl.init(world.Dup(), schedule=key[0], topology=key[1], chunk_bytes=key[2])
+    keys = sorted(pool)
+    pending = []
+    for i in range(cases):
+        key = rng.choice(keys)
+        comm = pool[key]
+        dtype = rng.choice(DTYPES)
+        op = rng.choice([o for o in OPS if valid_op(o, dtype)])
+        count = rng.choice([0, 1, 2, 3, 5, 17, 129, 1000, 4099, 20011])
+        async_op = rng.random() < 0.4
+        kind = rng.choice(["allreduce", "allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"])
+        tag = f"fuzz#{i} {kind} {op} {dtype} n={count} on {key}"
+        if kind == "allreduce":
+            t = rank_data(count, r, n, dtype, op)
+            w = comm.allreduce(t, op=op, async_op=async_op)
+            pending.append((w, tag, t, expected_reduction(count, n, dtype, op)))
+        elif kind == "reduce_scatter":
+            out = torch.full((count,), 99, dtype=dtype)
+            w = comm.reduce_scatter(out, rank_data(n * count, r, n, dtype, op), op=op, async_op=async_op)
+            pending.append((w, tag, out, expected_reduction(n * count, n, dtype, op)[r * count:(r + 1) * count]))
+        elif kind == "all_gather":
+            out = torch.full((n * count,), 99, dtype=dtype)
+            w = comm.all_gather(out, rank_data(count, r, n, dtype, "sum"), async_op=async_op)
+            exp = torch.cat([rank_data(count, q, n, dtype, "sum") for q in range(n)]) if count else out.new_empty(0)
+            pending.append((w, tag, out, exp))
+        elif kind == "broadcast":
+            root = rng.randrange(n)
+            t = rank_data(count, r, n, dtype, "sum")
+            w = comm.broadcast(t, root=root, async_op=async_op)
+            pending.append((w, tag, t, rank_data(count, root, n, dtype, "sum")))
+        else:
+            inp = (torch.arange(n * count) % 101 + 3 * r).to(dtype)
+            out = torch.full((n * count,), 99, dtype=dtype)
+            w = comm.all_to_all(out, inp, async_op=async_op)
+            exp = torch.cat([(torch.arange(r * count, (r + 1) * count) % 101 + 3 * q) for q in range(n)]).to(dtype) \
+                if count else out.new_empty(0)
+            pending.append((w, tag, out, exp))
+        if not async_op or len(pending) >= 3:
+            for w_, tag_, got, exp in pending:
+                if w_ is not None and hasattr(w_, "wait"):
+                    w_.wait()
+                ck.equal(tag_, got, exp)
+            pending = []
+    for w_, tag_, got, exp in pending:
+        if hasattr(w_, "wait"):
+            w_.wait()
+        ck.equal(tag_, got, exp)
+    for comm in pool.values():
+        comm.close()
+
+
 def check_hierarchical_bytes(ck: Checker, world) -> None:
     """On 2x2, hierarchical sends 1/X of the intra-node volume over MPI, as its schedule says."""
     from ddl_triton import schedules
@@ -313,13 +375,17 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="fewer sizes (used for the extra transport/kernel runs)")
     p.add_argument("--matrix", action="store_true", help="every schedule on every topology of this world size")
+    p.add_argument("--fuzz", type=int, default=None, metavar="SEED", help="seeded random cases")
     args = p.parse_args()
     world = MPI.COMM_WORLD
     ck = Checker(world)
     n = world.Get_size()
-    if args.matrix:
+    if args.matrix or args.fuzz is not None:
         try:
-            run_matrix(ck, world)
+            if args.matrix:
+                run_matrix(ck, world)
+            else:
+                run_fuzz(ck, world, args.fuzz, 200)
             ddl.finalize()
         except Exception:  # noqa: BLE001
             ck.failures.append(f"rank {ck.rank}: exception\n{traceback.format_exc()}")

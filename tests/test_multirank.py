@@ -41,3 +41,8 @@ def test_exact_over_mpi_transport():
 def test_exact_with_triton_kernels():
     # The Triton kernels (under the interpreter) perform every reduction step.
     _run(2, "--quick", env={"DDL_KERNELS": "triton", "TRITON_INTERPRET": "1", "DDL_CHUNK_BYTES": "2048"})
+
+
+@pytest.mark.parametrize("n,seed", [(2, 11), (3, 12), (4, 13)])
+def test_seeded_random_mix_of_schedules_topologies_and_async(n, seed):
+    _run(n, "--fuzz", str(seed))
