@@ -331,7 +331,7 @@ class Communicator:
             schedule = schedules.build(plan.schedule, collective, self.size, count,
                                        chunk_elems=max(1, self.options.chunk_bytes // 4), root=root,
                                        grid=plan.grid, algos=plan.algos)
-        if len(self._prepared) > 4096:
+        if len(self._prepared) > 256:  # bounded: a training loop uses a few call shapes
             self._prepared.clear()
         prepared = (schedule, run_dtype, CallContext(collective, reduce_op, scale))
         self._prepared[key] = prepared

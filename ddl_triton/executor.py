@@ -88,7 +88,7 @@ class Executor:
     def _program(self, schedule: Schedule) -> tuple[list[_Compiled], tuple[int, ...]]:
         entry = self._programs.get(id(schedule))
         if entry is None or entry[0] is not schedule:
-            if len(self._programs) > 1024:
+            if len(self._programs) > 256:
                 self._programs.clear()
             steps = [_Compiled(s, self.route, schedule.in_count, schedule.out_count)
                      for s in schedule.steps[self.rank]]

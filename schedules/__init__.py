@@ -58,7 +58,7 @@ def _entry(name: str):
         raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(names())}") from None
 
 
-@functools.lru_cache(maxsize=512)  # schedules are immutable plain data: reuse them across calls
+@functools.lru_cache(maxsize=128)  # schedules are immutable plain data: reuse them across calls
 def build(name: str, collective: str, nranks: int, count: int, *, chunk_elems: int, root: int = 0,
           grid: tuple[int, ...] | None = None, algos: tuple[str, ...] | None = None) -> Schedule:
     """Build schedule ``name`` for ``collective``; unknown names list the valid ones.

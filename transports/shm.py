@@ -38,7 +38,7 @@ _PID_OFFSET = 8           # int64: the owner's pid, so waiters can tell a dead p
 _CONSUMED_OFFSET = 64
 _FINGERPRINT_OFFSET = 2048  # ring of call fingerprints: slot i = [seq, f1..f6, unused] (8 int64)
 _FINGERPRINT_SLOTS = 4
-_MAX_CACHED_VIEWS = 4096
+_MAX_CACHED_VIEWS = 1024
 
 
 def process_alive(pid: int) -> bool:
