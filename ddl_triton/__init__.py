@@ -40,6 +40,8 @@ def _install_exit_guard() -> None:
         from .communicator import peers_lost
         if peers_lost():
             import os
+            from . import status
+            status.exiting()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
@@ -66,6 +68,8 @@ def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communic
     comm = Communicator(MPI.COMM_WORLD if mpi_comm is None else mpi_comm, opts)
     if world:
         _world = comm
+        from . import status
+        status.start(opts.status_dir, comm.rank)
     return comm
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from mpi4py import MPI
 
-from . import calls, kernels, schedules
+from . import calls, kernels, schedules, status
 from .schedules import grid as grid_mod
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .executor import CallContext, Executor
@@ -350,10 +350,12 @@ class Communicator:
             return job()
         except CollectiveTimeout as e:
             self._poison = e
-            _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: abort at exit
+            _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: skip it at exit
+            status.error(str(e))
             raise
         except DDLError as e:
             self._poison = e
+            status.error(str(e))
             raise
         except Exception as e:
             self._poison = e

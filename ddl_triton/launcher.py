@@ -58,6 +58,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import sys
 import threading
 from dataclasses import dataclass
@@ -106,7 +107,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     _say(_command_line(job))
     if args.dry_run:
         return 0
-    return _report(_run(job.command, job.env))
+    with tempfile.TemporaryDirectory(prefix="ddlrun-status-") as folder:
+        env = dict(job.env, DDL_STATUS_DIR=folder)  # the ranks record start, errors and exit there
+        failed_pids: list[int] = []
+        returncode = _run(job.command, env, failed_pids)
+        if returncode != 0:
+            _report_ranks(folder, failed_pids)
+    return _report(returncode)
+
+
+def _read_status(folder: str) -> dict[int, dict[str, str]]:
+    """{rank: {event: text}} from the files ddl_triton/status.py writes (rank<r>.<event>)."""
+    out: dict[int, dict[str, str]] = {}
+    for name in os.listdir(folder):
+        stem, _, event = name.partition(".")
+        if stem.startswith("rank") and stem[4:].isdigit():
+            with open(os.path.join(folder, name)) as f:
+                out.setdefault(int(stem[4:]), {})[event] = f.read()
+    return out
+
+
+def _rank_and_pid(rank: int, ranks: dict[int, dict[str, str]]) -> str:
+    return f"rank {rank} (pid {ranks[rank]['start']})"
+
+
+def _report_ranks(folder: str, failed_pids: list[int]) -> None:
+    """Name the ranks that never exited (killed or crashed), the pid the launcher's banner
+    names, and what the ranks' collectives reported (a survivor names the rank it lost)."""
+    ranks = _read_status(folder)
+    rank_of_pid = {int(e["start"]): r for r, e in ranks.items() if e.get("start", "").isdigit()}
+    gone = [r for r in sorted(ranks) if "start" in ranks[r] and "exit" not in ranks[r]]
+    if gone:
+        _say(f"ranks that died without exiting (killed by a signal, crashed, or ended by the launcher's "
+             f"cleanup): {', '.join(_rank_and_pid(r, ranks) for r in gone)}")
+    for pid in failed_pids:
+        if pid in rank_of_pid:
+            _say(f"mpiexec reported rank {rank_of_pid[pid]} (pid {pid}) as failed")
+    for r in sorted(ranks):
+        if "error" in ranks[r]:
+            _say(f"rank {r} reported: {ranks[r]['error']}")
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -325,13 +364,24 @@ def _command_line(job: _Job) -> str:
     return shlex.join([f"{name}={value}" for name, value in job.env_vars.items()] + job.command)
 
 
-def _run(command: list[str], env: dict[str, str]) -> int:
+_FAILED_PID = re.compile(r"PID (\d+) RUNNING AT")  # MPICH hydra's "BAD TERMINATION" banner
+
+
+def _run(command: list[str], env: dict[str, str], failed_pids: list[int] | None = None) -> int:
     """Run the job to its end and return mpiexec's exit status (negative: killed by that signal).
 
-    The ranks' output goes straight to ddlrun's stdout and stderr.
+    The ranks' stderr goes straight to ddlrun's; their stdout (and mpiexec's) is relayed line
+    by line, noting the pids that MPICH's launcher names as the first to fail.
     """
-    process = subprocess.Popen(command, env=env)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
+                               errors="replace")
     with _signals_passed_to(process):
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            match = _FAILED_PID.search(line)
+            if match and failed_pids is not None:
+                failed_pids.append(int(match.group(1)))
         return process.wait()
 
 

@@ -21,6 +21,7 @@ class Options:
     transport (DDL_TRANSPORT)             "auto" (shm within a node, MPI between) or "mpi" (MPI everywhere)
     kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)
     check_calls (DDL_CHECK_CALLS)         compare every call's fingerprint across ranks first (default 1)
+    status_dir (DDL_STATUS_DIR)           folder for per-rank status files (set by ddlrun; see status.py)
     """
 
     timeout: float = 300.0
@@ -31,6 +32,7 @@ class Options:
     transport: str = "auto"
     kernels: str = "auto"
     check_calls: bool = True
+    status_dir: str = ""
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:

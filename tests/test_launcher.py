@@ -270,3 +270,23 @@ def is_running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_ddlrun_names_the_rank_that_was_killed(tmp_path):
+    script = tmp_path / "victim.py"
+    script.write_text(
+        "import os, signal, torch, ddl_triton as ddl\n"
+        "comm = ddl.init()\n"
+        "for i in range(50):\n"
+        "    if comm.rank == 1 and i == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    comm.allreduce(torch.ones(100))\n"
+        "ddl.finalize()\n")
+    ddlrun = Path(sys.executable).parent / "ddlrun"
+    proc = subprocess.run([str(ddlrun), "-n", "3", "--timeout", "20", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    # MPICH's cleanup may end the survivors before they report, so rank 1 is named among the ranks that
+    # never exited (the survivors can be listed there too, which is the weakness of this report).
+    died = re.search(r"ddlrun: ranks that died without exiting[^\n]*", proc.stderr)
+    assert died and re.search(r"rank 1 \(pid \d+\)", died.group(0)), proc.stderr
