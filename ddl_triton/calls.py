@@ -63,6 +63,7 @@ class CallChecker:
         self._mine = np.zeros(6, dtype=np.int64)
         self._all = np.zeros(6 * size, dtype=np.int64)
         self._current: tuple[int, tuple[int, ...]] | None = None
+        self._peers = [p for p in range(size) if p != rank]
         if shm is not None:
             shm.wait_hook = self._look_for_mismatch
 
@@ -85,6 +86,8 @@ class CallChecker:
         if self.shm is None or self.size == 1:
             return
         self._current = None
+        if self.shm.peers_posted_same(self._peers, seq, fp):
+            return  # the common case, in one load per peer; otherwise wait and list every call
         theirs = {p: self.shm.peer_fingerprint(p, seq, self.timeout) for p in range(self.size) if p != self.rank}
         theirs[self.rank] = fp
         self._compare(seq, fp, theirs)

@@ -62,6 +62,7 @@ class Communicator:
         self.size: int = self._comm.Get_size()
         self._seq = 0
         self._prepared: dict[tuple, tuple] = {}
+        self._fingerprints: dict[tuple, tuple[int, ...]] = {}
         self._poison: BaseException | None = None
         self._closed = False
         kernels.set_backend(options.kernels)
@@ -366,7 +367,12 @@ class Communicator:
         if self._calls is None:
             run()
             return
-        fp = calls.encode(collective, op, dtype, numel, root)
+        key = (collective, op, dtype, numel, root)
+        fp = self._fingerprints.get(key)
+        if fp is None:
+            if len(self._fingerprints) > 256:
+                self._fingerprints.clear()
+            fp = self._fingerprints[key] = calls.encode(collective, op, dtype, numel, root)
         try:
             self._calls.begin(self._seq, fp)
             run()

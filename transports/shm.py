@@ -197,10 +197,23 @@ class ShmTransport:
 
     # -- call fingerprints ---------------------------------------------------------------
     def post_fingerprint(self, seq: int, values: tuple[int, ...]) -> None:
-        """Publish what this rank is about to call as collective number ``seq`` (6 ints)."""
+        """Publish what this rank is about to call as collective number ``seq`` (6 ints, then
+        their hash in the 8th word, so that peers can compare with one load)."""
         base = _FINGERPRINT_OFFSET // 8 + 8 * (seq % _FINGERPRINT_SLOTS)
-        self._own_flags[base + 1:base + 1 + len(values)] = values
-        self._own_flags[base] = seq  # after the values: TSO keeps the order
+        flags = self._own_flags
+        flags[base + 1:base + 1 + len(values)] = values
+        flags[base + 7] = hash(values)
+        flags[base] = seq  # after the values: TSO keeps the order
+
+    def peers_posted_same(self, peers: list[int], seq: int, values: tuple[int, ...]) -> bool:
+        """Fast check: every peer has posted exactly ``values`` for ``seq`` (no waiting)."""
+        base = _FINGERPRINT_OFFSET // 8 + 8 * (seq % _FINGERPRINT_SLOTS)
+        digest = hash(values)
+        for peer in peers:
+            flags = self._flags[self._local_of_world[peer]]
+            if flags[base] != seq or flags[base + 7] != digest:
+                return False
+        return True
 
     def peer_fingerprint(self, peer: int, seq: int, timeout: float | None) -> tuple[int, ...] | None | bool:
         """The fingerprint ``peer`` posted for ``seq``; None when it has already posted a later
