@@ -57,6 +57,9 @@ class Communicator:
 
     def __init__(self, mpi_comm, options: Options):
         self.options = options
+        if options.schedule and options.schedule not in schedules.names():
+            raise ValueError(f"rank {mpi_comm.Get_rank()}: unknown schedule {options.schedule!r} (DDL_SCHEDULE); "
+                             f"valid: {', '.join(schedules.names())}")
         self._comm = mpi_comm.Dup()  # private: our messages never meet the application's
         self.rank: int = self._comm.Get_rank()
         self.size: int = self._comm.Get_size()
