@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(MPIEXEC) -n $(RANKS) $(PY) examples/demo.py
+	$(VENV)/bin/ddlrun -n $(RANKS) -- $(PY) examples/train_cnn.py --hook int8
 
 test: $(STAMP)
 	$(PY) -m pytest -q
