@@ -10,6 +10,7 @@ on every rank. Exits 1 (printing every failed case) if anything was wrong.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -380,65 +381,63 @@ def main() -> int:
     world = MPI.COMM_WORLD
     ck = Checker(world)
     n = world.Get_size()
-    if args.matrix or args.fuzz is not None:
-        try:
-            if args.matrix:
-                run_matrix(ck, world)
-            else:
-                run_fuzz(ck, world, args.fuzz, 200)
-            ddl.finalize()
-        except Exception:  # noqa: BLE001
-            ck.failures.append(f"rank {ck.rank}: exception\n{traceback.format_exc()}")
-            sys.stdout.write("\n".join(ck.failures) + "\n")
-            sys.stdout.flush()
-            world.Abort(1)
-        return report(ck, world)
-    sizes = [0, 1, 2, 3, 7, 13, 127, 1000, 4099, 65537] if not args.quick else [0, 1, 7, 131, 1031]
-    big = [300007]  # prime, larger than a chunk: many pipelined chunks, uneven blocks
+    if args.matrix:
+        body = lambda: run_matrix(ck, world)  # noqa: E731
+    elif args.fuzz is not None:
+        body = lambda: run_fuzz(ck, world, args.fuzz, 200)  # noqa: E731
+    else:
+        body = lambda: run_suite(ck, world, args.quick)  # noqa: E731
     try:
-        comm = ddl.init()
-        ck.cases += 2
-        if ddl.init() is not comm:
-            ck.failures.append("init() is not idempotent")
-        world.Barrier()
-        import os
-        left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
-        if left:  # segments are unlinked inside init, once every peer has mapped them
-            ck.failures.append(f"rank {ck.rank}: shared-memory segments visible after init: {left}")
-        run_allreduce(ck, comm, sizes + ([] if args.quick else big), "world")
-        run_reduce_scatter(ck, comm, sizes, "world")
-        run_all_gather(ck, comm, sizes, "world")
-        run_broadcast(ck, comm, [0, 1, 1000, 70001], "world")
-        run_all_to_all(ck, comm, [0, 1, 7, 3001], "world")
-        if not args.quick:
-            run_random_floats(ck, comm, "world")
-            run_noncontiguous(ck, comm, "world")
-            run_async(ck, comm, "world")
-            run_reduce_op_enum(ck, comm, "world")
-            run_bad_input(ck, comm, "world")
-            # Tiny chunks and the shallowest pipeline: many chunks, slots reused constantly.
-            tiny = ddl.init(world.Dup(), chunk_bytes=256, pipeline_depth=2)
-            run_allreduce(ck, tiny, [0, 1, 63, 64, 65, 1031], "tiny-chunks")
-            run_reduce_scatter(ck, tiny, [1, 97], "tiny-chunks")
-            run_all_gather(ck, tiny, [1, 97], "tiny-chunks")
-            run_broadcast(ck, tiny, [1, 97], "tiny-chunks")
-            run_all_to_all(ck, tiny, [1, 97], "tiny-chunks")
-            tiny.close()
-            # A sub-group: even and odd ranks form separate communicators.
-            sub_mpi = world.Split(world.Get_rank() % 2, world.Get_rank())
-            sub = ddl.init(sub_mpi)
-            ck.group = sub_mpi
-            run_allreduce(ck, sub, [0, 5, 1000, 70001], f"subgroup{world.Get_rank() % 2}")
-            ck.group = world
-            sub.close()
-            sub_mpi.Free()
+        body()
         ddl.finalize()
     except Exception:  # noqa: BLE001
+        # An exception would leave the other ranks waiting: report it and end the whole job.
         ck.failures.append(f"rank {ck.rank}: exception\n{traceback.format_exc()}")
         sys.stdout.write("\n".join(ck.failures) + "\n")
         sys.stdout.flush()
         world.Abort(1)
     return report(ck, world)
+
+
+def run_suite(ck: Checker, world, quick: bool) -> None:
+    """The exact cases on the world communicator, plus tiny chunks and a sub-group."""
+    sizes = [0, 1, 2, 3, 7, 13, 127, 1000, 4099, 65537] if not quick else [0, 1, 7, 131, 1031]
+    big = [300007]  # prime, larger than a chunk: many pipelined chunks, uneven blocks
+    comm = ddl.init()
+    ck.cases += 2
+    if ddl.init() is not comm:
+        ck.failures.append("init() is not idempotent")
+    world.Barrier()
+    left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
+    if left:  # segments are unlinked inside init, once every peer has mapped them
+        ck.failures.append(f"rank {ck.rank}: shared-memory segments visible after init: {left}")
+    run_allreduce(ck, comm, sizes + ([] if quick else big), "world")
+    run_reduce_scatter(ck, comm, sizes, "world")
+    run_all_gather(ck, comm, sizes, "world")
+    run_broadcast(ck, comm, [0, 1, 1000, 70001], "world")
+    run_all_to_all(ck, comm, [0, 1, 7, 3001], "world")
+    if not quick:
+        run_random_floats(ck, comm, "world")
+        run_noncontiguous(ck, comm, "world")
+        run_async(ck, comm, "world")
+        run_reduce_op_enum(ck, comm, "world")
+        run_bad_input(ck, comm, "world")
+        # Tiny chunks and the shallowest pipeline: many chunks, slots reused constantly.
+        tiny = ddl.init(world.Dup(), chunk_bytes=256, pipeline_depth=2)
+        run_allreduce(ck, tiny, [0, 1, 63, 64, 65, 1031], "tiny-chunks")
+        run_reduce_scatter(ck, tiny, [1, 97], "tiny-chunks")
+        run_all_gather(ck, tiny, [1, 97], "tiny-chunks")
+        run_broadcast(ck, tiny, [1, 97], "tiny-chunks")
+        run_all_to_all(ck, tiny, [1, 97], "tiny-chunks")
+        tiny.close()
+        # A sub-group: even and odd ranks form separate communicators.
+        sub_mpi = world.Split(world.Get_rank() % 2, world.Get_rank())
+        sub = ddl.init(sub_mpi)
+        ck.group = sub_mpi
+        run_allreduce(ck, sub, [0, 5, 1000, 70001], f"subgroup{world.Get_rank() % 2}")
+        ck.group = world
+        sub.close()
+        sub_mpi.Free()
 
 
 def report(ck: Checker, world) -> int:
