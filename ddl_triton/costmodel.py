@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .schedules import Schedule
+from .schedules.simulate import walk
 
 
 @dataclass(frozen=True)
@@ -40,38 +41,22 @@ class CostModel:
     def time(self, schedule: Schedule, link_of: Callable[[int, int], str], elem: int) -> float:
         """Modelled seconds for ``schedule`` with ``elem``-byte elements; ``link_of(a, b)`` is
         "shm" or "mpi" for the link between ranks a and b."""
-        n = schedule.nranks
-        steps = schedule.steps
-        clock = [0.0] * n
+        clock = [0.0] * schedule.nranks
         arrival: dict[tuple[int, int], float] = {}
-        pc = [0] * n
         links = {"shm": self.shm, "mpi": self.mpi}
-        remaining = sum(len(s) for s in steps)
-        while remaining:
-            progressed = False
-            for r in range(n):
-                while pc[r] < len(steps[r]):
-                    s = steps[r][pc[r]]
-                    if any((rv.peer, rv.msg) not in arrival for rv in s.recv):
-                        break
-                    start = max([clock[r]] + [arrival[(rv.peer, rv.msg)] for rv in s.recv])
-                    nbytes = s.count * elem
-                    cost = self.step_overhead
-                    for rv in s.recv:
-                        cost += nbytes * links[link_of(r, rv.peer)].beta
-                    if s.reduce:
-                        cost += nbytes * (len(s.recv) + 1) * self.gamma
-                    if s.send:
-                        cost += nbytes * self.beta_copy
-                    clock[r] = start + cost
-                    if s.send:
-                        worst = max(links[link_of(r, p)].alpha for p in s.send)
-                        arrival[(r, s.msg)] = clock[r] + worst
-                    pc[r] += 1
-                    remaining -= 1
-                    progressed = True
-            if not progressed:
-                raise RuntimeError(f"{schedule.name}: cannot be timed, its steps deadlock")
+        for r, s in walk(schedule):
+            start = max([clock[r]] + [arrival[(rv.peer, rv.msg)] for rv in s.recv])
+            nbytes = s.count * elem
+            cost = self.step_overhead
+            for rv in s.recv:
+                cost += nbytes * links[link_of(r, rv.peer)].beta
+            if s.reduce:
+                cost += nbytes * (len(s.recv) + 1) * self.gamma
+            if s.send:
+                cost += nbytes * self.beta_copy
+            clock[r] = start + cost
+            if s.send:
+                arrival[(r, s.msg)] = clock[r] + max(links[link_of(r, p)].alpha for p in s.send)
         return max(clock) if clock else 0.0
 
 

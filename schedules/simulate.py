@@ -13,9 +13,11 @@ and raises.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
-from .ir import IN, Schedule
+from .ir import IN, Schedule, Step
 
 
 def contributions(schedule: Schedule, depth: int | None = None) -> list[np.ndarray]:
@@ -39,12 +41,13 @@ def execute(schedule: Schedule, inputs: list[np.ndarray], op: str = "sum", depth
     return _walk(schedule, [np.array(x, copy=True) for x in inputs], combine, depth)
 
 
-def _walk(schedule: Schedule, ins: list[np.ndarray], combine, depth: int | None) -> list[np.ndarray]:
+def walk(schedule: Schedule, depth: int | None = None) -> Iterator[tuple[int, Step]]:
+    """Yield (rank, step) in an order a real run could take: a step comes after the steps
+    that send the messages it receives and, given ``depth``, after its sender's slot for
+    the message is free again. Raises RuntimeError naming the stuck steps on deadlock.
+    Shared by the numeric oracle below and the cost model (ddl_triton/costmodel.py)."""
     n = schedule.nranks
-    same_buffer = schedule.collective in ("allreduce", "broadcast")
-    outs = [ins[r] if same_buffer else np.zeros((schedule.out_count,) + ins[r].shape[1:], ins[r].dtype)
-            for r in range(n)]
-    mailbox: dict[tuple[int, int], np.ndarray] = {}
+    sent: set[tuple[int, int]] = set()
     unread: dict[tuple[int, int], set[int]] = {}  # (sender, msg) -> addressees yet to read it
     pc = [0] * n
     steps = schedule.steps
@@ -53,29 +56,14 @@ def _walk(schedule: Schedule, ins: list[np.ndarray], combine, depth: int | None)
         for r in range(n):
             while pc[r] < len(steps[r]):
                 s = steps[r][pc[r]]
-                if any((rv.peer, rv.msg) not in mailbox for rv in s.recv):
+                if any((rv.peer, rv.msg) not in sent for rv in s.recv):
                     break
                 # A transport with ``depth`` slots per sender reuses message m-depth's slot for m.
                 if depth is not None and s.send and unread.get((r, s.msg - depth)):
                     break
-                incoming = [mailbox[(rv.peer, rv.msg)][rv.offset:rv.offset + s.count] for rv in s.recv]
-
-                def view(span, r=r):
-                    buf = ins[r] if span.buffer == IN else outs[r]
-                    return buf[span.start:span.stop]
-
-                if s.reduce:
-                    operands = list(incoming)
-                    operands.insert(s.local_pos, view(s.src))
-                    result = operands[0].copy()
-                    for x in operands[1:]:
-                        result = combine(result, x)
-                else:
-                    result = (incoming[0] if incoming else view(s.src)).copy()
-                if s.dst is not None:
-                    view(s.dst)[...] = result
+                yield r, s
                 if s.send:
-                    mailbox[(r, s.msg)] = result.copy()
+                    sent.add((r, s.msg))
                     unread[(r, s.msg)] = set(s.send)
                 for rv in s.recv:
                     unread[(rv.peer, rv.msg)].discard(r)
@@ -84,4 +72,30 @@ def _walk(schedule: Schedule, ins: list[np.ndarray], combine, depth: int | None)
         if not progressed:
             stuck = {r: steps[r][pc[r]].label for r in range(n) if pc[r] < len(steps[r])}
             raise RuntimeError(f"{schedule.name}/{schedule.collective}: deadlock, ranks stuck at {stuck}")
+
+
+def _walk(schedule: Schedule, ins: list[np.ndarray], combine, depth: int | None) -> list[np.ndarray]:
+    same_buffer = schedule.collective in ("allreduce", "broadcast")
+    outs = [ins[r] if same_buffer else np.zeros((schedule.out_count,) + ins[r].shape[1:], ins[r].dtype)
+            for r in range(schedule.nranks)]
+    mailbox: dict[tuple[int, int], np.ndarray] = {}
+    for r, s in walk(schedule, depth):
+        incoming = [mailbox[(rv.peer, rv.msg)][rv.offset:rv.offset + s.count] for rv in s.recv]
+
+        def view(span, r=r):
+            buf = ins[r] if span.buffer == IN else outs[r]
+            return buf[span.start:span.stop]
+
+        if s.reduce:
+            operands = list(incoming)
+            operands.insert(s.local_pos, view(s.src))
+            result = operands[0].copy()
+            for x in operands[1:]:
+                result = combine(result, x)
+        else:
+            result = (incoming[0] if incoming else view(s.src)).copy()
+        if s.dst is not None:
+            view(s.dst)[...] = result
+        if s.send:
+            mailbox[(r, s.msg)] = result.copy()
     return outs
