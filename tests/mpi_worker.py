@@ -18,6 +18,7 @@ import torch
 from mpi4py import MPI
 
 import ddl_triton as ddl
+from _report import gather_and_report
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64]
 OPS = ["sum", "avg", "min", "max"]
@@ -441,16 +442,7 @@ def run_suite(ck: Checker, world, quick: bool) -> None:
 
 
 def report(ck: Checker, world) -> int:
-    n = world.Get_size()
-    failures = world.gather(ck.failures, root=0)
-    cases = world.reduce(ck.cases, op=MPI.SUM, root=0)
-    if world.Get_rank() == 0:
-        flat = [f for fs in failures for f in fs]
-        for f in flat[:50]:
-            print("FAIL", f)
-        print(f"mpi_worker: {n} ranks, {cases} checks, {len(flat)} failures")
-        return 1 if flat else 0
-    return 0
+    return gather_and_report(f"mpi_worker: {world.Get_size()} ranks", ck.failures, ck.cases, world)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import ddl_triton.torch  # noqa: E402  (registers the backend)
+from _report import gather_and_report  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor & co. are "deprecated" in 2.13
 
@@ -419,16 +420,7 @@ def run_train(ck: Checker) -> None:
 
 
 def report(ck: Checker, mode: str) -> int:
-    world = MPI.COMM_WORLD
-    failures = world.gather(ck.failures, root=0)
-    cases = world.reduce(ck.cases, op=MPI.SUM, root=0)
-    if world.Get_rank() == 0:
-        flat = [f for fs in failures for f in fs]
-        for f in flat[:50]:
-            print("FAIL", f)
-        print(f"torch_worker: {world.Get_size()} ranks, {mode}, {cases} checks, {len(flat)} failures")
-        return 1 if flat else 0
-    return 0
+    return gather_and_report(f"torch_worker: {MPI.COMM_WORLD.Get_size()} ranks, {mode}", ck.failures, ck.cases)
 
 
 def main() -> int:
