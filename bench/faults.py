@@ -2,11 +2,11 @@
 
 Run: python bench/faults.py [--ranks 3] [--runs 3] [--kill-all-runs 20]
 
-1. For each rank position v, ``--runs`` jobs of tests/fault_worker.py under
-   ``mpiexec -disable-auto-cleanup``: rank v SIGKILLs itself in the middle of a
-   stream of 4 MiB allreduces; each survivor records the error it raised and the
-   seconds from the kill to the error (in a file, since the launcher may stop
-   forwarding output once a rank has died).
+1. For each rank position v and each transport (shm, MPI), ``--runs`` jobs of
+   tests/fault_worker.py under ``ddlrun`` (``mpiexec -disable-auto-cleanup``, each rank
+   below its guard, so nobody kills the survivors for them): rank v SIGKILLs itself in
+   the middle of a stream of 4 MiB allreduces; each survivor records the error it raised
+   and the seconds from the kill to the error.
 2. ``--kill-all-runs`` jobs in which this script SIGKILLs every rank at a random
    moment of the run; the ddl_triton entries of /dev/shm are compared before and
    after each.
@@ -17,6 +17,7 @@ import argparse
 import glob
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -34,25 +35,31 @@ def _mpiexec() -> str:
     return str(here) if here.exists() else "mpiexec"
 
 
+def _ddlrun() -> str:
+    return str(Path(sys.executable).parent / "ddlrun")
+
+
 def _segments() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("ddl_triton-")}
 
 
-def kill_one(ranks: int, victim: int, timeout: float) -> list[tuple[int, str, float]]:
+def kill_one(ranks: int, victim: int, timeout: float, transport: str) -> tuple[list[tuple[int, str, float]], str]:
+    """One job under ddlrun in which rank ``victim`` SIGKILLs itself; returns the survivors'
+    (rank, error, seconds from the kill to the error) and ddlrun's line naming the killed rank."""
     stamp = tempfile.mktemp(prefix="ddl-kill-")
-    env = dict(os.environ, DDL_TIMEOUT=str(timeout), PYTHONUNBUFFERED="1")
-    subprocess.run([_mpiexec(), "-disable-auto-cleanup", "-n", str(ranks), sys.executable, str(WORKER), "kill",
-                    str(victim), "--stamp", stamp], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                   timeout=timeout + 120)
+    env = dict(os.environ, DDL_TRANSPORT=transport, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([_ddlrun(), "-n", str(ranks), "--timeout", str(timeout), "--", sys.executable, str(WORKER),
+                           "kill", str(victim), "--stamp", stamp], env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout + 120)
     out = []
     for path in glob.glob(stamp + ".rank*"):
         line = Path(path).read_text()
         fields = dict(p.split("=", 1) for p in line.split(" msg=")[0].split()[1:])
         out.append((int(fields["rank"]), fields["error"], float(fields["seconds"])))
+    for path in glob.glob(stamp + "*"):
         os.unlink(path)
-    if os.path.exists(stamp):
-        os.unlink(stamp)
-    return sorted(out)
+    named = next((ln.removeprefix("ddlrun: ") for ln in proc.stderr.splitlines() if "was killed by" in ln), "-")
+    return sorted(out), named
 
 
 def kill_all(ranks: int, rng: random.Random) -> int:
@@ -81,17 +88,23 @@ def main() -> int:
     p.add_argument("--kill-all-runs", type=int, default=20)
     p.add_argument("--timeout", type=float, default=10.0, help="DDL_TIMEOUT for the jobs")
     args = p.parse_args()
-    print(f"# kill one rank: {args.ranks} ranks, DDL_TIMEOUT={args.timeout:g} s, {args.runs} runs per position")
-    print(f"{'killed':>6} {'survivor reports':>16} {'errors':>28} {'time-to-error p50 (max) s':>26}")
-    for victim in range(args.ranks):
-        reports = []
-        for _ in range(args.runs):
-            reports += kill_one(args.ranks, victim, args.timeout)
-        errors = sorted({e for _, e, _ in reports})
-        times = [t for _, _, t in reports]
-        expected = args.runs * (args.ranks - 1)
-        span = f"{statistics.median(times):.2f} ({max(times):.2f})" if times else "-"
-        print(f"{victim:>6} {len(reports):>7} of {expected:<6} {','.join(errors) or '-':>28} {span:>26}")
+    print(f"# kill one rank: {args.ranks} ranks under ddlrun, DDL_TIMEOUT={args.timeout:g} s, "
+          f"{args.runs} runs per position and transport")
+    print(f"{'killed':>6} {'transport':>9} {'survivor reports':>16} {'errors':>18} "
+          f"{'time-to-error p50 (max) s':>26}  ddlrun says")
+    for transport in ("shm", "mpi"):
+        for victim in range(args.ranks):
+            reports, named = [], set()
+            for _ in range(args.runs):
+                rows, line = kill_one(args.ranks, victim, args.timeout, "auto" if transport == "shm" else "mpi")
+                reports += rows
+                named.add(re.sub(r"pid \d+", "pid …", line))
+            errors = sorted({e for _, e, _ in reports})
+            times = [t for _, _, t in reports]
+            expected = args.runs * (args.ranks - 1)
+            span = f"{statistics.median(times):.2f} ({max(times):.2f})" if times else "-"
+            print(f"{victim:>6} {transport:>9} {len(reports):>7} of {expected:<6} {','.join(errors) or '-':>18} "
+                  f"{span:>26}  {' | '.join(sorted(named))}")
     rng = random.Random(1)
     leaks = [kill_all(args.ranks, rng) for _ in range(args.kill_all_runs)]
     print(f"\n# SIGKILL every rank at a random moment: {args.kill_all_runs} runs, "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .communicator import Communicator, Plan
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .options import Options
+from .transports import failure_notice
 from .work import Work
 
 __all__ = ["CollectiveTimeout", "Communicator", "CommunicatorPoisoned", "DDLError", "Options", "Plan", "Work",
@@ -65,6 +66,7 @@ def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communic
         return _world
     opts = options.replace(**overrides) if options is not None else Options.from_env(**overrides)
     _install_exit_guard()
+    failure_notice.install()  # survive the launcher's "a rank died" signal, and act on it
     comm = Communicator(MPI.COMM_WORLD if mpi_comm is None else mpi_comm, opts)
     if world:
         _world = comm

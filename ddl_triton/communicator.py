@@ -26,6 +26,7 @@ from . import topology as topology_mod
 from .costmodel import DEFAULT as DEFAULT_COST_MODEL
 from .options import Options
 from .topology import Topology
+from .transports import failure_notice
 from .transports.base import PeerTimeout, wait_until
 from .transports.mpi import MpiTransport
 from .transports.self import SelfTransport
@@ -381,8 +382,10 @@ class Communicator:
             run()
             self._calls.end(self._seq, fp)
         except PeerTimeout as e:
+            # peer -1: a wait on all ranks at once (MPI's Iallgather), which cannot say which one
+            who = f"rank {e.peer}" if e.peer >= 0 else "a rank (which one, MPI's collective wait cannot tell)"
             raise CollectiveTimeout(f"rank {self.rank}: {collective} #{self._seq} timed out: "
-                                    f"{'lost' if e.dead else 'not heard from'} rank {e.peer} ({e.what})") from None
+                                    f"{'lost' if e.dead else 'not heard from'} {who} ({e.what})") from None
 
     def _execute(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int,
                  op: str = "sum", root: int = 0) -> None:
@@ -455,8 +458,9 @@ _LOST_PEERS: list[int] = []  # appended when any communicator of this process lo
 
 
 def peers_lost() -> bool:
-    """True once a collective of this process timed out or lost a peer."""
-    return bool(_LOST_PEERS)
+    """True once a collective of this process timed out or lost a peer, or the launcher
+    reported that a process of the job died (MPI_Finalize would wait for it forever)."""
+    return bool(_LOST_PEERS) or failure_notice.received_at() is not None
 
 
 def _flat_work(t: torch.Tensor) -> torch.Tensor:

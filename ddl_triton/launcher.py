@@ -61,6 +61,7 @@ import subprocess
 import tempfile
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -110,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ddlrun-status-") as folder:
         env = dict(job.env, DDL_STATUS_DIR=folder)  # the ranks record start, errors and exit there
         failed_pids: list[int] = []
-        returncode = _run(job.command, env, failed_pids)
+        grace = _survivor_grace(job.env)
+        returncode = _run(job.command, env, failed_pids, status_folder=folder, grace=grace)
         if returncode != 0:
             _report_ranks(folder, failed_pids)
     return _report(returncode)
@@ -136,7 +138,11 @@ def _report_ranks(folder: str, failed_pids: list[int]) -> None:
     names, and what the ranks' collectives reported (a survivor names the rank it lost)."""
     ranks = _read_status(folder)
     rank_of_pid = {int(e["start"]): r for r, e in ranks.items() if e.get("start", "").isdigit()}
-    gone = [r for r in sorted(ranks) if "start" in ranks[r] and "exit" not in ranks[r]]
+    for r in sorted(ranks):
+        if "killed" in ranks[r]:
+            pid, _, signame = ranks[r]["killed"].partition(" ")
+            _say(f"rank {r} (pid {pid}) was killed by {signame}")
+    gone = [r for r in sorted(ranks) if "start" in ranks[r] and "exit" not in ranks[r] and "killed" not in ranks[r]]
     if gone:
         _say(f"ranks that died without exiting (killed by a signal, crashed, or ended by the launcher's "
              f"cleanup): {', '.join(_rank_and_pid(r, ranks) for r in gone)}")
@@ -146,6 +152,9 @@ def _report_ranks(folder: str, failed_pids: list[int]) -> None:
     for r in sorted(ranks):
         if "error" in ranks[r]:
             _say(f"rank {r} reported: {ranks[r]['error']}")
+    codes = {r: e["returncode"] for r, e in ranks.items() if "returncode" in e}
+    if codes:
+        _say("exit status per rank: " + ", ".join(f"{r}: {codes[r]}" for r in sorted(codes)))
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -352,9 +361,20 @@ def _mpi_family(version_text: str) -> str | None:
     return None
 
 
+_RANK_GUARD = str(Path(__file__).with_name("_rank_guard.py"))  # run as a file: no torch import
+
+
 def _mpiexec_command(mpiexec: str, family: str, ranks: int, env_vars: dict[str, str],
                      command: list[str]) -> list[str]:
-    """``mpiexec -n N command``; Open MPI forwards variables to other nodes only when named with -x."""
+    """``mpiexec -n N command``; Open MPI forwards variables to other nodes only when named with -x.
+
+    Under MPICH each rank runs below a guard (``_rank_guard.py``) and hydra runs with
+    ``-disable-auto-cleanup``: a rank killed by a signal then ends its guard with an ordinary
+    exit status, so hydra does not SIGKILL the survivors, and they detect the loss, say
+    which rank they lost and exit non-zero by themselves (ddlrun ends any that do not).
+    """
+    if family == "MPICH":
+        return [mpiexec, "-disable-auto-cleanup", "-n", str(ranks), sys.executable, _RANK_GUARD, *command]
     exported = [word for name in env_vars for word in ("-x", name)] if family == "Open MPI" else []
     return [mpiexec, "-n", str(ranks), *exported, *command]
 
@@ -367,14 +387,53 @@ def _command_line(job: _Job) -> str:
 _FAILED_PID = re.compile(r"PID (\d+) RUNNING AT")  # MPICH hydra's "BAD TERMINATION" banner
 
 
-def _run(command: list[str], env: dict[str, str], failed_pids: list[int] | None = None) -> int:
+def _survivor_grace(env: dict[str, str]) -> float:
+    """Seconds the other ranks get, once one rank is lost, to notice and exit by themselves:
+    one collective deadline (DDL_TIMEOUT, else Options' default) plus time to report."""
+    try:
+        timeout = float(env.get("DDL_TIMEOUT", _DEFAULT_TIMEOUT))
+    except ValueError:
+        timeout = _DEFAULT_TIMEOUT
+    return timeout + _REPORT_SECONDS
+
+
+# launcher.py runs without importing the package (no torch), so it keeps its own copy of
+# Options.timeout's default; tests/test_launcher.py checks that the two agree.
+_DEFAULT_TIMEOUT = 300.0
+_REPORT_SECONDS = 15.0
+
+
+def _end_stragglers(process: subprocess.Popen, folder: str, grace: float) -> None:
+    """Once a rank's guard has recorded its death, give the others ``grace`` seconds to exit;
+    then SIGTERM mpiexec, which passes it to every rank (the last resort: a survivor that never
+    calls another collective, or that is stuck in MPI_Finalize, would otherwise run forever)."""
+    first_loss = None
+    while process.poll() is None:
+        if first_loss is None:
+            try:
+                if any(name.endswith(".killed") for name in os.listdir(folder)):
+                    first_loss = time.monotonic()
+            except OSError:
+                return
+        elif time.monotonic() - first_loss > grace:
+            _say(f"a rank was lost {grace:g} s ago and the job is still running: ending it")
+            process.send_signal(signal.SIGTERM)
+            return
+        time.sleep(0.2)
+
+
+def _run(command: list[str], env: dict[str, str], failed_pids: list[int] | None = None,
+         status_folder: str = "", grace: float = 0.0) -> int:
     """Run the job to its end and return mpiexec's exit status (negative: killed by that signal).
 
     The ranks' stderr goes straight to ddlrun's; their stdout (and mpiexec's) is relayed line
-    by line, noting the pids that MPICH's launcher names as the first to fail.
+    by line, noting the pids that MPICH's launcher names as the first to fail. With a
+    ``status_folder``, a watcher ends the job ``grace`` seconds after a rank was lost.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
                                errors="replace")
+    if status_folder:
+        threading.Thread(target=_end_stragglers, args=(process, status_folder, grace), daemon=True).start()
     with _signals_passed_to(process):
         for line in process.stdout:
             sys.stdout.write(line)

@@ -23,9 +23,10 @@ def report(case: str, rank: int, error: BaseException | None, seconds: float, to
     name = type(error).__name__ if error is not None else "none"
     msg = str(error).splitlines()[0] if error is not None else ""
     line = f"FAULT case={case} rank={rank} error={name} seconds={seconds:.2f} msg={msg}\n"
-    if to_file:  # the launcher may stop forwarding output once a rank has died: also keep a file
-        with open(f"{to_file}.rank{rank}", "w") as f:
+    if to_file:  # also keep a file, written whole (rename) so that a reader never sees half a line
+        with open(f"{to_file}.rank{rank}.tmp", "w") as f:
             f.write(line)
+        os.replace(f"{to_file}.rank{rank}.tmp", f"{to_file}.rank{rank}")
     sys.stdout.write(line)
     sys.stdout.flush()
 
@@ -79,12 +80,16 @@ def run_skip(world) -> int:
 
 
 def run_kill(world, victim: int, stamp: str) -> int:
-    """Rank ``victim`` SIGKILLs itself in the middle of a stream of large allreduces."""
+    """Rank ``victim`` SIGKILLs itself in the middle of a stream of large allreduces
+    (``victim`` = the world size: nobody does, and a test kills them all from outside)."""
     rank = world.Get_rank()
     comm = ddl.init()
     t = torch.ones(1 << 20)
     error = None
     for i in range(10_000):
+        if i == 5 and stamp:  # inside the stream: every segment is mapped (and already unlinked)
+            with open(f"{stamp}.started.rank{rank}", "w") as f:
+                f.write(str(os.getpid()))
         if rank == victim and i == 5:
             with open(stamp, "w") as f:
                 f.write(repr(time.time()))
@@ -97,10 +102,9 @@ def run_kill(world, victim: int, stamp: str) -> int:
     with open(stamp) as f:
         killed_at = float(f.read())
     report(f"kill{victim}", rank, error, time.time() - killed_at, to_file=stamp)
-    # The launcher ends every rank once one exits without MPI_Finalize: let all survivors report first.
-    time.sleep(2)
+    # A survivor's error propagates like any uncaught one: the exit guard ends it with status 1.
     if error is not None:
-        raise SystemExit(3)  # survivors exit non-zero (the exit handler aborts MPI)
+        raise error
     return 0
 
 

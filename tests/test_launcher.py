@@ -192,14 +192,16 @@ def test_dry_run_prints_the_command_and_runs_nothing(capsys, script):
     words = shlex.split(line.removeprefix("ddlrun: "))
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     # Options after the command (even ddlrun's own names) belong to the command.
-    assert words == ["DDL_TOPOLOGY=2x2", "DDL_TIMEOUT=30", mpiexec, "-n", "4", sys.executable, script,
-                     "--dry-run", "-n", "1"]
+    guard = [sys.executable, launcher._RANK_GUARD]  # MPICH: every rank below its guard (see _rank_guard.py)
+    assert words == ["DDL_TOPOLOGY=2x2", "DDL_TIMEOUT=30", mpiexec, "-disable-auto-cleanup", "-n", "4", *guard,
+                     sys.executable, script, "--dry-run", "-n", "1"]
 
 
 def test_command_without_double_dash(capsys, script):
     assert main(["-n", "2", "--dry-run", sys.executable, "-u", script, "--epochs", "3"]) == 0
     words = shlex.split(capsys.readouterr().err.removeprefix("ddlrun: "))
-    assert words[1:] == ["-n", "2", sys.executable, "-u", script, "--epochs", "3"]
+    assert words[1:] == ["-disable-auto-cleanup", "-n", "2", sys.executable, launcher._RANK_GUARD,
+                         sys.executable, "-u", script, "--epochs", "3"]
 
 
 def test_child_env_sets_ddl_variables_over_the_base():
@@ -207,6 +209,13 @@ def test_child_env_sets_ddl_variables_over_the_base():
     env = launcher._child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old"})
     assert env == {"PATH": "/bin", "DDL_TOPOLOGY": "2x2", "DDL_TIMEOUT": "2.5"}
     assert launcher._child_env(Namespace(topology=None, timeout=None), base={"A": "1"}) == {"A": "1"}
+
+
+def test_survivor_grace_is_one_deadline_plus_reporting_time():
+    from ddl_triton.options import Options
+    assert launcher._DEFAULT_TIMEOUT == Options.timeout
+    assert launcher._survivor_grace({}) == Options.timeout + launcher._REPORT_SECONDS
+    assert launcher._survivor_grace({"DDL_TIMEOUT": "7"}) == 7 + launcher._REPORT_SECONDS
 
 
 def test_open_mpi_is_told_to_export_the_variables():
@@ -272,7 +281,7 @@ def is_running(pid: int) -> bool:
     return True
 
 
-def test_ddlrun_names_the_rank_that_was_killed(tmp_path):
+def test_ddlrun_names_the_rank_that_was_killed_and_the_survivors_exit_by_themselves(tmp_path):
     script = tmp_path / "victim.py"
     script.write_text(
         "import os, signal, torch, ddl_triton as ddl\n"
@@ -285,8 +294,50 @@ def test_ddlrun_names_the_rank_that_was_killed(tmp_path):
     ddlrun = Path(sys.executable).parent / "ddlrun"
     proc = subprocess.run([str(ddlrun), "-n", "3", "--timeout", "20", "--", sys.executable, str(script)],
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert proc.returncode != 0
-    # MPICH's cleanup may end the survivors before they report, so rank 1 is named among the ranks that
-    # never exited (the survivors can be listed there too, which is the weakness of this report).
-    died = re.search(r"ddlrun: ranks that died without exiting[^\n]*", proc.stderr)
-    assert died and re.search(r"rank 1 \(pid \d+\)", died.group(0)), proc.stderr
+    assert proc.returncode == 128 + 9, proc.stderr
+    assert re.search(r"ddlrun: rank 1 \(pid \d+\) was killed by SIGKILL", proc.stderr), proc.stderr
+    # Each survivor raised on its own (not killed by the launcher), naming rank 1, and exited 1.
+    for survivor in (0, 2):
+        assert re.search(rf"ddlrun: rank {survivor} reported: rank {survivor}: allreduce #4 .*rank 1 died",
+                         proc.stderr), proc.stderr
+    assert "ddlrun: exit status per rank: 0: 1, 1: 137, 2: 1" in proc.stderr, proc.stderr
+    assert "died without exiting" not in proc.stderr, proc.stderr
+
+
+# --- the rank guard (ddl_triton/_rank_guard.py) -----------------------------------------------------------
+
+def run_guard(tmp_path, code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PMI_RANK="5", DDL_STATUS_DIR=str(tmp_path))
+    return subprocess.run([sys.executable, launcher._RANK_GUARD, sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_guard_turns_a_rank_killed_by_a_signal_into_exit_status_128_plus_n(tmp_path):
+    proc = run_guard(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert proc.returncode == 128 + 9
+    pid, signame = (tmp_path / "rank5.killed").read_text().split()
+    assert signame == "SIGKILL" and int(pid) > 0
+    assert f"ddlrun: rank 5 (pid {pid}) was killed by SIGKILL" in proc.stderr
+    assert (tmp_path / "rank5.returncode").read_text() == "137"
+
+
+def test_guard_passes_the_exit_status_and_default_signals_through(tmp_path):
+    proc = run_guard(tmp_path, "import signal, sys; print(signal.getsignal(signal.SIGINT), "
+                               "int(signal.getsignal(signal.SIGUSR1))); sys.exit(3)")
+    assert proc.returncode == 3
+    # The guard ignores SIGINT and SIGUSR1 itself; the rank must start with Python's defaults.
+    assert proc.stdout.split() == ["<built-in", "function", "default_int_handler>", "0"]  # 0: SIG_DFL
+    assert not (tmp_path / "rank5.killed").exists()
+    assert (tmp_path / "rank5.returncode").read_text() == "3"
+
+
+def test_stragglers_are_ended_a_grace_period_after_a_rank_was_lost(tmp_path):
+    straggler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "rank0.killed").write_text("1 SIGKILL")
+        t0 = time.monotonic()
+        launcher._end_stragglers(straggler, str(tmp_path), grace=0.5)
+        assert straggler.wait(timeout=10) == -signal.SIGTERM
+        assert 0.5 <= time.monotonic() - t0 < 5
+    finally:
+        straggler.kill()

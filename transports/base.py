@@ -23,6 +23,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from . import failure_notice
+
 # How long a wait spins before it starts yielding the CPU. Spinning catches a
 # peer running on another core within a microsecond; with more ranks than cores
 # the peer may need this very core, so transports set it to 0 there.
@@ -33,6 +35,9 @@ _CHECKS_PER_CLOCK = 16
 
 # How often a long wait checks that the peer's process still exists.
 _LIVENESS_PERIOD = 0.25
+# How long after the launcher's failure notice a wait still waits (failure_notice.py):
+# long enough for a same-node wait to find and name the dead rank by its pid first.
+_NOTICE_GRACE = 0.5
 
 
 class PeerTimeout(Exception):
@@ -47,8 +52,9 @@ class PeerTimeout(Exception):
 
 def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
                spin: float = DEFAULT_SPIN_SECONDS, alive: Callable[[], bool] | None = None) -> None:
-    """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds, or as
-    soon as ``alive()`` (checked every quarter second) says the peer's process is gone.
+    """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds, as
+    soon as ``alive()`` (checked every quarter second) says the peer's process is gone, or
+    half a second after the launcher's notice that a process of the job died.
 
     Spins for ``spin`` seconds, then yields the CPU between checks.
     """
@@ -69,10 +75,14 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
         now = time.monotonic()
         if now > deadline:
             raise PeerTimeout(peer, what)
-        if alive is not None and now > next_liveness:
+        if now > next_liveness:
             next_liveness = now + _LIVENESS_PERIOD
-            if not alive() and not ready():
+            if alive is not None and not alive() and not ready():
                 raise PeerTimeout(peer, what + " (its process has exited)", dead=True)
+            notice = failure_notice.received_at()
+            if notice is not None and now > notice + _NOTICE_GRACE and not ready():
+                raise PeerTimeout(peer, what + " (the launcher reported that a process of this job died)",
+                                  dead=True)
 
 
 class Transport(Protocol):
