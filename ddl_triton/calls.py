@@ -23,15 +23,18 @@ from .transports.base import PeerTimeout, wait_until
 CALLS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier")
 
 
-def encode(collective: str, op: str | None, dtype: torch.dtype | None, numel: int, root: int) -> tuple[int, ...]:
+def encode(collective: str, op: str | None, dtype: torch.dtype | None, numel: int, root: int,
+           on_gpu: bool = False) -> tuple[int, ...]:
+    """The 6 integers: collective, op, dtype, element count, root, and 1 for CUDA tensors
+    (a rank on the CPU path and one on the GPU path would wait on different transports)."""
     return (CALLS.index(collective), -1 if op is None else OPS.index(op),
-            -1 if dtype is None else DTYPES.index(dtype), numel, root, 0)
+            -1 if dtype is None else DTYPES.index(dtype), numel, root, int(on_gpu))
 
 
 def describe(fp) -> str:
     if fp is None:
         return "a later call (this rank issued more collectives)"
-    coll, op, dtype, numel, root = (int(v) for v in fp[:5])
+    coll, op, dtype, numel, root, on_gpu = (int(v) for v in fp[:6])
     name = CALLS[coll] if 0 <= coll < len(CALLS) else f"call#{coll}"
     args = []
     if op >= 0:
@@ -40,6 +43,8 @@ def describe(fp) -> str:
         args.append(f"{numel} x {str(DTYPES[dtype]).replace('torch.', '')}")
     if name == "broadcast":
         args.append(f"root {root}")
+    if on_gpu:
+        args.append("on CUDA")
     return f"{name}({', '.join(args)})"
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from mpi4py import MPI
 
-from . import calls, kernels, schedules, status
+from . import calls, gpu_path, kernels, schedules, status
 from .schedules import grid as grid_mod
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .executor import CallContext, Executor
@@ -79,6 +79,7 @@ class Communicator:
             if options.check_calls else None
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
                                   depth=options.pipeline_depth)
+        self._gpu = gpu_path.GpuPath(self)  # built on the first CUDA collective
         self._runner = OrderedRunner(f"ddl_triton-rank{self.rank}")
 
     def _connect(self):
@@ -86,6 +87,8 @@ class Communicator:
         node, MPI between nodes, or MPI everywhere when Options.transport is "mpi"."""
         if self.size == 1:
             self.topology = Topology((1,), "a single rank")
+            self._node_of_rank = (0,)
+            self._on_node = [0]
             loop = SelfTransport()
             return [loop], [loop]
         host = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -128,6 +131,7 @@ class Communicator:
                 route[p] = shm if use_shm and p in on_node else mpi
         self._link_names = tuple("self" if p == self.rank else route[p].name for p in range(self.size))
         self._node_of_rank = tuple(node_of_rank)
+        self._on_node = on_node  # the GPU path puts NVSHMEM over these ranks
         return transports, route
 
     # -- public collectives -----------------------------------------------------------
@@ -205,6 +209,7 @@ class Communicator:
             return
         self._runner.close()
         self._closed = True
+        self._gpu.close()
         for t in self._transports:
             t.close()
         if not MPI.Is_finalized():
@@ -213,7 +218,12 @@ class Communicator:
     @property
     def transport_bytes(self) -> dict[str, dict[str, int]]:
         """Bytes sent and received so far, per transport name (payload only)."""
-        return {t.name: {"sent": t.bytes_sent, "received": t.bytes_received} for t in self._transports}
+        out: dict[str, dict[str, int]] = {}
+        for t in self._transports + self._gpu.transports:
+            entry = out.setdefault(t.name, {"sent": 0, "received": 0})
+            entry["sent"] += t.bytes_sent
+            entry["received"] += t.bytes_received
+        return out
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, size={self.size})"
@@ -232,9 +242,9 @@ class Communicator:
         if t.dtype not in DTYPES:
             raise TypeError(f"rank {self.rank}: {name} has unsupported dtype {t.dtype}; "
                             f"supported: {', '.join(str(d).replace('torch.', '') for d in DTYPES)}")
-        if not t.is_cpu:
-            raise ValueError(f"rank {self.rank}: {name} is on {t.device}, but this communicator has no "
-                             "GPU path; move it to the CPU")
+        if not t.is_cpu and not (t.is_cuda and gpu_path.available()):
+            raise ValueError(f"rank {self.rank}: {name} is on {t.device}, but this process has no GPU path "
+                             f"({gpu_path.unavailable_reason(t)}); move it to the CPU")
         if writable and t.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"rank {self.rank}: {name} requires grad; collectives are not autograd operations "
                              "and write in place: pass tensor.detach() or run under torch.no_grad()")
@@ -246,6 +256,8 @@ class Communicator:
     def _check_pair(self, output: torch.Tensor, input: torch.Tensor) -> None:
         if output.dtype != input.dtype:
             raise TypeError(f"rank {self.rank}: output is {output.dtype} but input is {input.dtype}")
+        if output.device != input.device:
+            raise ValueError(f"rank {self.rank}: output is on {output.device} but input is on {input.device}")
         if output.numel() and input.numel():
             o0 = output.data_ptr()
             o1 = o0 + output.untyped_storage().nbytes()
@@ -366,17 +378,17 @@ class Communicator:
             self._poison = e
             raise DDLError(f"rank {self.rank}: collective failed: {e!r}") from e
 
-    def _checked(self, collective: str, op, dtype, numel: int, root: int, run) -> None:
+    def _checked(self, collective: str, op, dtype, numel: int, root: int, run, on_gpu: bool = False) -> None:
         """Run ``run()`` between the call checker's begin and end (see calls.py)."""
         if self._calls is None:
             run()
             return
-        key = (collective, op, dtype, numel, root)
+        key = (collective, op, dtype, numel, root, on_gpu)
         fp = self._fingerprints.get(key)
         if fp is None:
             if len(self._fingerprints) > 256:
                 self._fingerprints.clear()
-            fp = self._fingerprints[key] = calls.encode(collective, op, dtype, numel, root)
+            fp = self._fingerprints[key] = calls.encode(collective, op, dtype, numel, root, on_gpu)
         try:
             self._calls.begin(self._seq, fp)
             run()
@@ -391,17 +403,19 @@ class Communicator:
                  op: str = "sum", root: int = 0) -> None:
         self._seq += 1
         self._checked(collective, op if collective in ("allreduce", "reduce_scatter") else None, inbuf.dtype,
-                      inbuf.numel(), root, lambda: self._run(collective, inbuf, outbuf, count, op, root))
+                      inbuf.numel(), root, lambda: self._run(collective, inbuf, outbuf, count, op, root),
+                      on_gpu=inbuf.is_cuda)
 
     def _run(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int, op: str,
              root: int) -> None:
         schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)
+        executor = self._gpu.executor(inbuf.device) if inbuf.is_cuda else self._executor
         if run_dtype is inbuf.dtype:
-            self._executor.run(schedule, inbuf, outbuf, ctx, self._seq)
+            executor.run(schedule, inbuf, outbuf, ctx, self._seq)
             return
         wide_in = inbuf.to(run_dtype)
-        wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype)
-        self._executor.run(schedule, wide_in, wide_out, ctx, self._seq)
+        wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype, device=outbuf.device)
+        executor.run(schedule, wide_in, wide_out, ctx, self._seq)
         outbuf.copy_(wide_out)  # the one rounding back to 16 bits
 
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:

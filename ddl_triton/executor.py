@@ -68,19 +68,21 @@ class _Compiled:
 class Executor:
     """Owns the per-sender message counters and the routing of peers to transports."""
 
-    def __init__(self, rank: int, size: int, route: list[Transport | None], *, timeout: float, depth: int):
+    def __init__(self, rank: int, size: int, route: list[Transport | None], *, timeout: float, depth: int,
+                 transports: list[Transport] | None = None):
         self.rank = rank
         self.size = size
         self.route = route
         self.timeout = timeout
         self.depth = depth
         self.next_msg = [0] * size  # message id of every sender's next message
-        self._transports = []
+        self._transports = list(transports or [])
         for t in route:
             if t is not None and all(t is not s for s in self._transports):
                 self._transports.append(t)
-        # Only two-sided transports have sends to complete, or gain from receives posted ahead.
-        self._flushers = [t for t in self._transports if t.name == "mpi"]
+        # Two-sided transports have sends to complete; a GPU transport has its stream to see
+        # through under the deadline (its waits are on the device, where no deadline reaches).
+        self._flushers = [t for t in self._transports if t.name in ("mpi", "nvshmem")]
         self._has_lookahead = any(t.name == "mpi" for t in self._transports) and size > 1
         # Compiled step lists by schedule identity (schedules are cached, so they recur).
         self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}

@@ -18,7 +18,12 @@ class Options:
     pipeline_depth (DDL_PIPELINE_DEPTH)   chunks in flight per rank = shm slots per rank (>= 2, default 4)
     schedule (DDL_SCHEDULE)               force a schedule by registry name ("" = the cost model chooses)
     topology (DDL_TOPOLOGY)               "XxY[xZ]" grid overriding the detected one (emulates nodes)
-    transport (DDL_TRANSPORT)             "auto" (shm within a node, MPI between) or "mpi" (MPI everywhere)
+    transport (DDL_TRANSPORT)             "auto": within a node shm (CPU tensors) or NVSHMEM (CUDA tensors,
+                                          when nvshmem4py is installed), MPI between nodes; "mpi": MPI
+                                          everywhere; "nvshmem": like auto, but a CUDA collective fails
+                                          instead of falling back to MPI when NVSHMEM cannot be used
+    mpi_cuda_aware (DDL_MPI_CUDA_AWARE)   hand CUDA buffers to MPI directly (only for an MPI built with
+                                          CUDA support); default 0: stage them through pinned host memory
     kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)
     check_calls (DDL_CHECK_CALLS)         compare every call's fingerprint across ranks first (default 1)
     status_dir (DDL_STATUS_DIR)           folder for per-rank status files (set by ddlrun; see status.py)
@@ -30,6 +35,7 @@ class Options:
     schedule: str = ""
     topology: str = ""
     transport: str = "auto"
+    mpi_cuda_aware: bool = False
     kernels: str = "auto"
     check_calls: bool = True
     status_dir: str = ""
@@ -42,8 +48,8 @@ class Options:
         if self.pipeline_depth < 2:
             # depth 1 would make a step wait for its own slot's reader while holding its input.
             raise ValueError(f"Options.pipeline_depth must be >= 2, got {self.pipeline_depth}")
-        if self.transport not in ("auto", "mpi"):
-            raise ValueError(f"Options.transport must be 'auto' or 'mpi', got {self.transport!r}")
+        if self.transport not in ("auto", "mpi", "nvshmem"):
+            raise ValueError(f"Options.transport must be 'auto', 'mpi' or 'nvshmem', got {self.transport!r}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"Options.kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
 
