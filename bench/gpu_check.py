@@ -401,24 +401,33 @@ def _nvshmem_missing(report: Report) -> str | None:
     return f"skipped: nvshmem4py not importable ({install.get('nvshmem_error', 'install section did not run')})"
 
 
-def section_nvshmem_smoke(report: Report) -> None:
-    data = report.data("nvshmem smoke")
+def _run_nvshmem_child(report: Report, section: str, child_name: str, budget_s: float, item: str) -> dict | None:
+    """Run child ``child_name`` for ``section`` when nvshmem4py imports; returns its result, or
+    None after reporting why there is none (a SKIP row, or a FAIL row with the output's tail)."""
+    data = report.data(section)
     missing = _nvshmem_missing(report)
     if missing:
         print(missing, flush=True)
         data["skipped"] = missing
-        report.row("nvshmem smoke", "-", missing, "SKIP")
-        return
-    child = run_child("smoke", min(SMOKE_BUDGET_S, report.remaining() - FINISH_RESERVE_S))
+        report.row(section, "-", missing, "SKIP")
+        return None
+    child = run_child(child_name, min(budget_s, report.remaining() - FINISH_RESERVE_S))
     result = child["result"]
     data.update(rc=child["rc"], timed_out=child["timed_out"], result=result)
     if result is None:
         why = "timed out" if child["timed_out"] else f"exit status {child['rc']}, no result"
         print(_tail(child["stdout"] + child["stderr"]), flush=True)
         data["output_tail"] = _tail(child["stdout"] + child["stderr"], 40)
-        report.row("nvshmem smoke", "smoke_test()", f"{why}: {_one_line(child['stderr'])}", "FAIL", failure=True)
-        return
+        report.row(section, item, f"{why}: {_one_line(child['stderr'])}", "FAIL", failure=True)
+        return None
     data["output_tail"] = _tail(child["stderr"], 40)
+    return result
+
+
+def section_nvshmem_smoke(report: Report) -> None:
+    result = _run_nvshmem_child(report, "nvshmem smoke", "smoke", SMOKE_BUDGET_S, "smoke_test()")
+    if result is None:
+        return
     report.row("nvshmem smoke", "init status", result.get("init_status"), "info")
     checks = result.get("checks") or {}
     for name, ok in checks.items():
@@ -446,23 +455,9 @@ def child_smoke() -> int:
 # --------------------------------------------------------------------------------------------
 
 def section_collectives(report: Report) -> None:
-    data = report.data("collectives")
-    missing = _nvshmem_missing(report)
-    if missing:
-        print(missing, flush=True)
-        data["skipped"] = missing
-        report.row("collectives", "-", missing, "SKIP")
-        return
-    child = run_child("collectives", min(COLLECTIVES_BUDGET_S, report.remaining() - FINISH_RESERVE_S))
-    result = child["result"]
-    data.update(rc=child["rc"], timed_out=child["timed_out"], result=result)
+    result = _run_nvshmem_child(report, "collectives", "collectives", COLLECTIVES_BUDGET_S, "world size 1")
     if result is None:
-        why = "timed out" if child["timed_out"] else f"exit status {child['rc']}, no result"
-        print(_tail(child["stdout"] + child["stderr"]), flush=True)
-        data["output_tail"] = _tail(child["stdout"] + child["stderr"], 40)
-        report.row("collectives", "world size 1", f"{why}: {_one_line(child['stderr'])}", "FAIL", failure=True)
         return
-    data["output_tail"] = _tail(child["stderr"], 40)
     failures = result["failures"]
     value = f"{result['checks']} checks, {len(failures)} failures"
     if result.get("transport_bytes"):

@@ -84,6 +84,9 @@ class GpuPath:
             self.why = "Options.transport is 'mpi'"
         elif not nvshmem_importable():
             self.why = "nvshmem4py is not installed"
+        elif max(comm._node_of_rank.count(n) for n in set(comm._node_of_rank)) == 1 and opts.transport != "nvshmem":
+            # Decided from the whole layout, not this node alone: opening NVSHMEM is collective.
+            self.why = "no node holds more than one rank"
         else:
             nvshmem = self._open_nvshmem(on_node, device)
         if nvshmem is None and opts.transport == "nvshmem":

@@ -109,8 +109,7 @@ def main() -> int:
             failures.append(f"rank {rank}: CUDA-aware sends never synchronised the stream first")
         if mpi._copying or mpi._sending:
             failures.append(f"rank {rank} {label}: sends left outstanding after the collectives")
-        mpi.close()
-        comm.Free()
+        mpi.close()  # frees comm
     return gather_and_report(f"gpu transports on CPU stand-ins: {size} ranks", failures, cases)
 
 

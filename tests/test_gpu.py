@@ -22,6 +22,7 @@ import torch
 
 import ddl_triton.kernels as K
 from ddl_triton.kernels._dispatch import interpreting
+from _sentinels import real_empty, sentinel
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(),
@@ -54,29 +55,18 @@ def triton_backend():
     K.set_backend("auto")
 
 
-_real_empty = torch.empty
 
 
-def _poison(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype.is_floating_point:
-        return t.fill_(float("nan"))
-    if t.dtype == torch.int8:
-        return t.fill_(-128)  # never a valid q: the range is [-127, 127]
-    if t.dtype == torch.uint8:
-        return t.fill_(0xA5)
-    if t.dtype in (torch.int16, torch.int32, torch.int64):
-        return t.fill_(torch.iinfo(t.dtype).min)
-    return t
 
 
 @pytest.fixture(autouse=True)
 def poison_empty(monkeypatch):
     """The launchers allocate their outputs with torch.empty: make unwritten elements visible."""
-    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: _poison(_real_empty(*args, **kwargs)))
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: sentinel(real_empty(*args, **kwargs)))
 
 
 def poisoned(n: int, dtype: torch.dtype) -> torch.Tensor:
-    return _poison(_real_empty(n, dtype=dtype, device=DEVICE))
+    return sentinel(real_empty(n, dtype=dtype, device=DEVICE))
 
 
 def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
@@ -178,8 +168,8 @@ def test_reduce_beyond_int32_offsets(op):
     """
     n = _BEYOND_INT32
     g = torch.Generator(device=DEVICE).manual_seed(7)
-    a = _real_empty(n, dtype=torch.float16, device=DEVICE).random_(-512, 512, generator=g)
-    b = _real_empty(n, dtype=torch.float16, device=DEVICE).random_(-512, 512, generator=g)
+    a = real_empty(n, dtype=torch.float16, device=DEVICE).random_(-512, 512, generator=g)
+    b = real_empty(n, dtype=torch.float16, device=DEVICE).random_(-512, 512, generator=g)
     out = poisoned(n, torch.float16)
     K.reduce(out, [a, b], op=op)
     window = 2 ** 20

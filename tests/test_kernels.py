@@ -19,6 +19,7 @@ import torch
 import ddl_triton.kernels as K
 from ddl_triton.kernels import compress
 from ddl_triton.kernels._dispatch import interpreting
+from _sentinels import real_empty, sentinel
 
 pack_mod = importlib.import_module("ddl_triton.kernels.pack")  # K.pack is the function, not the module
 
@@ -44,31 +45,20 @@ def backend(request):
     K.set_backend("auto")
 
 
-_real_empty = torch.empty
 
 
-def _sentinel(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype.is_floating_point:
-        return t.fill_(float("nan"))
-    if t.dtype == torch.int8:
-        return t.fill_(-128)  # never a valid q (the range is [-127, 127])
-    if t.dtype == torch.uint8:
-        return t.fill_(0xA5)
-    if t.dtype in (torch.int16, torch.int32, torch.int64):
-        return t.fill_(torch.iinfo(t.dtype).min)
-    return t
 
 
 @pytest.fixture(autouse=True)
 def poison_empty(monkeypatch):
     """Launchers allocate outputs with torch.empty: make unwritten elements visible."""
     def empty(*args, **kwargs):
-        return _sentinel(_real_empty(*args, **kwargs))
+        return sentinel(real_empty(*args, **kwargs))
     monkeypatch.setattr(torch, "empty", empty)
 
 
 def poisoned(shape, dtype) -> torch.Tensor:
-    return _sentinel(_real_empty(shape, dtype=dtype))
+    return sentinel(real_empty(shape, dtype=dtype))
 
 
 def bits_of(t: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,8 @@ def _mpi_buffer(buf: torch.Tensor):
 
 
 class DeviceMpiTransport:
-    """Messages of CUDA tensors to any rank of ``comm`` (private to ddl_triton)."""
+    """Messages of CUDA tensors to any rank of ``comm``, a communicator private to this
+    transport (a Dup: its tags never meet the CPU path's); freed at close."""
 
     name = "mpi"
 
@@ -201,3 +202,5 @@ class DeviceMpiTransport:
         self._cooling.clear()
         self._device_pool.clear()
         self._host_pool.clear()
+        if not MPI.Is_finalized():
+            self.comm.Free()
