@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import torch
 
+from . import gpu_path
 from .kernels import dequantize_int8, quantize_int8, reduce_int8, sign_compress, sign_decompress
 from .work import Work
 
@@ -108,7 +109,7 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
                    residual: torch.Tensor | None = None, async_op: bool = False):
     """Allreduce ``tensor`` in place with int8 block quantization on the wire (see module doc).
 
-    tensor: fp32/fp16/bf16 on the CPU. op: "avg" or "sum". block: quantization block, a power of
+    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum". block: quantization block, a power of
     two in [4, 65536]. residual: fp32 with tensor.numel() elements, the error feedback, updated in
     place (None: no error feedback). Returns ``tensor``, or a Work resolving to it.
     Example (2 ranks, no residual): rank 0 x = [1, 2, 3, 4], rank 1 x = [3, 2, 1, 0], block 4
@@ -130,15 +131,15 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
         residual.sub_(dequantize_int8(q, s, block=block))  # what this call lost, sent next call
     else:
         q, s = quantize_int8(flat, block=block)
-    send = torch.zeros(size * words, dtype=torch.int32)
+    send = torch.zeros(size * words, dtype=torch.int32, device=flat.device)
     sb, sf = send.view(torch.int8), send.view(torch.float32)
     for p, (a, b) in enumerate(bounds):
         nb = -(-(b - a) // block)
         sb[p * words * 4: p * words * 4 + b - a].copy_(q[a:b])
         sf[p * words + sq: p * words + sq + nb].copy_(s[a // block: a // block + nb])
     recv = torch.empty_like(send)
-    gin = torch.zeros(words, dtype=torch.int32)
-    gout = torch.empty(size * words, dtype=torch.int32)
+    gin = torch.zeros(words, dtype=torch.int32, device=flat.device)
+    gout = torch.empty(size * words, dtype=torch.int32, device=flat.device)
     a, b = bounds[comm.rank]
     mine, nbm = b - a, -(-(b - a) // block)
     scale = 1.0 / size if op == "avg" else None
@@ -166,7 +167,7 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
                      server_residual: torch.Tensor | None = None, groups=None, async_op: bool = False):
     """Allreduce ``tensor`` in place with 1 bit per element on the wire (see module doc).
 
-    tensor: fp32/fp16/bf16 on the CPU. op: "avg" or "sum". residual: fp32, tensor.numel()
+    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum". residual: fp32, tensor.numel()
     elements, the worker error feedback. server_residual: fp32 with as many elements as this
     rank's chunk (``chunk_bounds(numel, size, 32)[rank]``), the server error feedback. Both are
     updated in place; None: no error feedback on that side. groups: element offsets where a new
@@ -184,15 +185,15 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
     a, b = bounds[comm.rank]
     mine = b - a
     if server_residual is not None:
-        _check_residual(comm, server_residual, mine, "allreduce_onebit: server_residual")
+        _check_residual(comm, server_residual, mine, "allreduce_onebit: server_residual", tensor.device)
     if n == 0:
         return _done(tensor, async_op)
     c = _chunk_elems(n, size, _ONEBIT_ALIGN)
     segs = _segments(bounds, groups)
     words = _slot_words("onebit", c, 0, max(len(g) for g in segs))
     ss = c // 32  # the word holding a slot's first scale
-    worker = residual if residual is not None else torch.zeros(n, dtype=torch.float32)
-    send = torch.zeros(size * words, dtype=torch.int32)
+    worker = residual if residual is not None else torch.zeros(n, dtype=torch.float32, device=flat.device)
+    send = torch.zeros(size * words, dtype=torch.int32, device=flat.device)
     su, sf = send.view(torch.uint8), send.view(torch.float32)
     for p, (a, _) in enumerate(bounds):
         for j, (s, e) in enumerate(segs[p]):
@@ -200,14 +201,14 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
             _, sc = sign_compress(flat[s:e], worker[s:e], out=su[bits: bits + _nbytes(e - s)])
             sf[p * words + ss + j].copy_(sc[0])
     recv = torch.empty_like(send)
-    gin = torch.zeros(words, dtype=torch.int32)
-    gout = torch.empty(size * words, dtype=torch.int32)
-    inv = torch.tensor(1.0 / size, dtype=torch.float32) if op == "avg" else None
+    gin = torch.zeros(words, dtype=torch.int32, device=flat.device)
+    gout = torch.empty(size * words, dtype=torch.int32, device=flat.device)
+    inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None
     a0, mysegs = bounds[comm.rank][0], segs[comm.rank]
 
     def server() -> None:
         ru, rf = recv.view(torch.uint8), recv.view(torch.float32)
-        acc = torch.zeros(mine, dtype=torch.float32)
+        acc = torch.zeros(mine, dtype=torch.float32, device=flat.device)
         for p in range(size):  # rank order: the same sum wherever it is computed
             for j, (s, e) in enumerate(mysegs):
                 bits = p * words * 4 + (s - a0) // 8
@@ -215,7 +216,8 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
                                                          rf[p * words + ss + j: p * words + ss + j + 1], e - s))
         if inv is not None:
             acc.mul_(inv)
-        srv = server_residual if server_residual is not None else torch.zeros(mine, dtype=torch.float32)
+        srv = server_residual if server_residual is not None else \
+            torch.zeros(mine, dtype=torch.float32, device=flat.device)
         gu, gf = gin.view(torch.uint8), gin.view(torch.float32)
         for j, (s, e) in enumerate(mysegs):
             bits = (s - a0) // 8
@@ -251,14 +253,14 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
     if n == 0:
         return _done(tensor, async_op)
     c = _chunk_elems(n, size, 1)
-    send = torch.zeros(size * c, dtype=wire_dtype)
+    send = torch.zeros(size * c, dtype=wire_dtype, device=flat.device)
     send[:n].copy_(flat)  # the one rounding of the inputs
     recv = torch.empty_like(send)
-    gin = torch.zeros(c, dtype=wire_dtype)
+    gin = torch.zeros(c, dtype=wire_dtype, device=flat.device)
     gout = torch.empty_like(send)
     a, b = chunk_bounds(n, size, 1)[comm.rank]
     mine = b - a
-    inv = torch.tensor(1.0 / size, dtype=torch.float32) if op == "avg" else None
+    inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None
 
     def server() -> None:
         acc = recv[:mine].to(torch.float32)
@@ -323,20 +325,21 @@ def _prepare(comm, tensor, op, name, residual):
         raise TypeError(f"rank {comm.rank}: {name}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in _FLOATS:
         raise TypeError(f"rank {comm.rank}: {name}: tensor must be float32, float16 or bfloat16, got {tensor.dtype}")
-    if not tensor.is_cpu:
-        raise ValueError(f"rank {comm.rank}: {name}: tensor is on {tensor.device}; only CPU tensors are supported")
+    if not tensor.is_cpu and not (tensor.is_cuda and gpu_path.available()):
+        raise ValueError(f"rank {comm.rank}: {name}: tensor is on {tensor.device}; only CPU and (with CUDA "
+                         "available) CUDA tensors are supported")
     if op not in ("avg", "sum"):
         raise ValueError(f"rank {comm.rank}: {name}: op must be 'avg' or 'sum', got {op!r}")
     n = tensor.numel()
     if residual is not None:
-        _check_residual(comm, residual, n, f"{name}: residual")
+        _check_residual(comm, residual, n, f"{name}: residual", tensor.device)
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     return flat, comm.size, n
 
 
-def _check_residual(comm, residual, n: int, what: str) -> None:
-    if not isinstance(residual, torch.Tensor) or residual.dtype != torch.float32 or not residual.is_cpu:
-        raise TypeError(f"rank {comm.rank}: {what} must be an fp32 CPU tensor")
+def _check_residual(comm, residual, n: int, what: str, device: torch.device) -> None:
+    if not isinstance(residual, torch.Tensor) or residual.dtype != torch.float32 or residual.device != device:
+        raise TypeError(f"rank {comm.rank}: {what} must be an fp32 tensor on {device}, like the tensor")
     if residual.numel() != n or not residual.is_contiguous():
         raise ValueError(f"rank {comm.rank}: {what} must be contiguous with {n} elements, "
                          f"has {residual.numel()}")

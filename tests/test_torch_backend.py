@@ -42,8 +42,9 @@ def test_registration_is_idempotent():
     ddl_triton.torch.register()
     assert "ddl" in dist.Backend.backend_list
     assert dist.Backend._plugins["DDL"].creator_fn is backend.create_process_group
-    assert dist.Backend.backend_capability["ddl"] == ["cpu"]
+    assert dist.Backend.backend_capability["ddl"] == ["cpu", "cuda"]
     assert dist.Backend.default_device_backend_map["cpu"] == "gloo"  # we never take over plain CPU
+    assert dist.Backend.default_device_backend_map.get("cuda") != "ddl"  # nor NCCL's place
     rdzv = __import__("torch.distributed.rendezvous", fromlist=["_rendezvous_handlers"])
     env = rdzv._rendezvous_handlers["env"]
     assert hasattr(env, "_ddl_wraps") and not hasattr(env._ddl_wraps, "_ddl_wraps")

@@ -1,7 +1,7 @@
 """torch.distributed on ddl_triton: ``import ddl_triton.torch`` registers the backend "ddl".
 
     import torch.distributed as dist
-    import ddl_triton.torch                     # registers backend "ddl" (CPU tensors)
+    import ddl_triton.torch                     # registers backend "ddl" (CPU and CUDA tensors)
     dist.init_process_group("ddl")              # under mpiexec/ddlrun: ranks and size come from MPI
     model = torch.nn.parallel.DistributedDataParallel(model)   # or fully_shard(model), unchanged
 

@@ -1,7 +1,9 @@
 """The "ddl" torch.distributed backend: a Python ProcessGroup whose collectives run on a ddl_triton Communicator.
 
 Semantics: every collective has torch.distributed's meaning (same arguments,
-same results, in place where torch's is), runs on CPU tensors only, and
+same results, in place where torch's is), runs on CPU tensors, or on CUDA
+tensors through the communicator's GPU path (ddl_triton/gpu_path.py; not
+send/recv or uneven all-to-all, which use MPI on host memory), and
 returns a ``Work`` whose ``get_future()`` resolves with the output tensors
 when the collective completes (or carries its error). Calls issued with
 ``async_op=False`` run inline; the others run on the communicator's
@@ -38,6 +40,7 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 from torch.distributed import ReduceOp
 
+from .. import gpu_path
 from ..errors import CollectiveTimeout
 from ..ops import DTYPES
 from ..work import OrderedRunner, Work
@@ -102,7 +105,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         """Reduce one tensor across ranks in place (``tensors`` is ``[tensor]``)."""
         opts = _reduce_opts(opts, _c10d.AllreduceOptions)
         tensor = _single(tensors, "allreduce")
-        _check_cpu("allreduce", tensor)
+        _check_device("allreduce", tensor)
         op, factor = _op(opts.reduceOp, "allreduce")
         wire, finish = _reduce_stage(tensor, op, "allreduce")
         _premultiply(wire, factor, "allreduce")
@@ -112,12 +115,12 @@ class DdlProcessGroup(dist.ProcessGroup):
         """Allreduce every tensor of ``tensors`` (one flat collective per dtype)."""
         opts = _reduce_opts(opts, _c10d.AllreduceCoalescedOptions)
         tensors = list(tensors)
-        _check_cpu("allreduce_coalesced", *tensors)
+        _check_device("allreduce_coalesced", *tensors)
         op, factor = _op(opts.reduceOp, "allreduce_coalesced")
         calls, finishes = [], []
         for dtype in dict.fromkeys(t.dtype for t in tensors):
             group = [t for t in tensors if t.dtype == dtype]
-            flat = torch.cat([t.reshape(-1) for t in group]) if group else torch.empty(0, dtype=dtype)
+            flat = torch.cat([t.reshape(-1) for t in group])
             wire, finish = _reduce_stage(flat, op, "allreduce_coalesced")
             _premultiply(wire, factor, "allreduce_coalesced")
             calls.append(lambda a, w=wire: self._comm.allreduce(w, op=op, async_op=a))
@@ -127,7 +130,7 @@ class DdlProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=None):
         """Rank r receives block r of the reduction of ``input`` (``size`` blocks of ``output``'s size)."""
         opts = _reduce_opts(opts, _c10d.ReduceScatterOptions)
-        _check_cpu("reduce_scatter_tensor", output, input)
+        _check_device("reduce_scatter_tensor", output, input)
         op, factor = _op(opts.reduceOp, "reduce_scatter_tensor")
         inp, _ = _reduce_stage(input, op, "reduce_scatter_tensor", copy=factor is not None or _shares(output, input))
         _premultiply(inp, factor, "reduce_scatter_tensor")
@@ -169,7 +172,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         """Copy rank ``opts.rootRank``'s tensor into every rank's, in place."""
         opts = _plain_opts(opts, _c10d.BroadcastOptions)
         tensor = _single(tensors, "broadcast")
-        _check_cpu("broadcast", tensor)
+        _check_device("broadcast", tensor)
         root = _root(opts.rootRank, self._comm.size, "broadcast")
         if opts.rootTensor != 0:
             raise ValueError(f"ddl backend: broadcast rootTensor must be 0, got {opts.rootTensor}")
@@ -179,7 +182,7 @@ class DdlProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=None):
         """Block r of ``output`` (``input.numel()`` elements) becomes rank r's ``input``."""
         opts = _plain_opts(opts, _c10d.AllgatherOptions)
-        _check_cpu("all_gather_into_tensor", output, input)
+        _check_device("all_gather_into_tensor", output, input)
         inp, _ = _copy_stage(input, copy=_shares(output, input))  # FSDP2 gathers in place
         out, finish = _copy_stage(output, fresh=True)
         return self._run(lambda a: self._comm.all_gather(out, inp, async_op=a), [output], opts, finish)
@@ -191,7 +194,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         input = _single(input_tensors, "allgather")
         outputs = _single_list(output_tensors, "allgather", self._comm.size)
         _check_same("allgather", input, outputs)
-        flat = torch.empty(self._comm.size * input.numel(), dtype=input.dtype)
+        flat = torch.empty(self._comm.size * input.numel(), dtype=input.dtype, device=input.device)
         work = self.all_gather_single(flat, input, opts)
         return _then(work, outputs, lambda: _unflatten_into(outputs, flat))
 
@@ -218,7 +221,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         root = _root(opts.rootRank, self._comm.size, "gather")
         outputs = _single_list(output_tensors, "gather", self._comm.size) if self._comm.rank == root else []
         _check_same("gather", input, outputs)
-        flat = torch.empty(self._comm.size * input.numel(), dtype=input.dtype)
+        flat = torch.empty(self._comm.size * input.numel(), dtype=input.dtype, device=input.device)
         work = self.all_gather_single(flat, input, _async(opts, _c10d.AllgatherOptions))
         return _then(work, outputs, lambda: _unflatten_into(outputs, flat))
 
@@ -232,7 +235,7 @@ class DdlProcessGroup(dist.ProcessGroup):
             _check_same("scatter", output, inputs)
             flat = torch.cat([t.reshape(-1) for t in inputs])
         else:
-            flat = torch.empty(self._comm.size * output.numel(), dtype=output.dtype)
+            flat = torch.empty(self._comm.size * output.numel(), dtype=output.dtype, device=output.device)
         bc = _c10d.BroadcastOptions()
         bc.rootRank, bc.asyncOp = root, getattr(opts, "asyncOp", True)
         n, r = output.numel(), self._comm.rank
@@ -245,7 +248,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         Empty split lists mean equal slices (one ddl_triton all_to_all); uneven splits run as an
         MPI all-to-all on the group's private MPI communicator."""
         opts = _plain_opts(opts, _c10d.AllToAllOptions)
-        _check_cpu("all_to_all_single", output, input)
+        _check_device("all_to_all_single", output, input)
         size = self._comm.size
         out_splits = _splits(output_split_sizes, output, size, "output")
         in_splits = _splits(input_split_sizes, input, size, "input")
@@ -253,6 +256,7 @@ class DdlProcessGroup(dist.ProcessGroup):
             inp, _ = _copy_stage(input, copy=_shares(output, input))
             out, finish = _copy_stage(output, fresh=True)
             return self._run(lambda a: self._comm.all_to_all(out, inp, async_op=a), [output], opts, finish)
+        _check_device("all_to_all_single with uneven splits", output, input, gpu=False)
         return self._alltoallv([output], [input], [out_splits], [in_splits], opts)
 
     alltoall_base = all_to_all_single
@@ -265,12 +269,13 @@ class DdlProcessGroup(dist.ProcessGroup):
         if len(outputs) != size or len(inputs) != size:
             raise ValueError(f"ddl backend: alltoall needs {size} input and {size} output tensors, "
                              f"got {len(inputs)} and {len(outputs)}")
-        _check_cpu("alltoall", *outputs, *inputs)
+        _check_device("alltoall", *outputs, *inputs)
         if len({t.numel() for t in outputs + inputs}) == 1 and len({t.dtype for t in outputs + inputs}) == 1:
             flat_in = torch.cat([t.reshape(-1) for t in inputs])
             flat_out = torch.empty_like(flat_in)
             work = self.all_to_all_single(flat_out, flat_in, [], [], opts)
             return _then(work, outputs, lambda: _unflatten_into(outputs, flat_out))
+        _check_device("alltoall of unequal tensors", *outputs, *inputs, gpu=False)
         return self._alltoallv(outputs, inputs, [[1] * size], [[1] * size], opts, per_tensor=True)
 
     # -- synchronisation and point to point ----------------------------------------------------
@@ -282,13 +287,13 @@ class DdlProcessGroup(dist.ProcessGroup):
     def send(self, tensors, dst_rank, tag=0):
         """Send ``tensors[0]`` to group rank ``dst_rank``; matched by the receiver's (source, tag)."""
         tensor = _single(tensors, "send")
-        _check_cpu("send", tensor)
+        _check_device("send", tensor, gpu=False)
         return _torch_work(self._p2p.send(tensor, _root(dst_rank, self._comm.size, "send"), tag), [tensor])
 
     def recv(self, tensors, src_rank, tag=0):
         """Receive into ``tensors[0]`` from group rank ``src_rank`` (the message must match in bytes)."""
         tensor = _single(tensors, "recv")
-        _check_cpu("recv", tensor)
+        _check_device("recv", tensor, gpu=False)
         return _torch_work(self._p2p.recv(tensor, _root(src_rank, self._comm.size, "recv"), tag), [tensor])
 
     def recv_anysource(self, tensors, tag=0):
@@ -641,13 +646,22 @@ def _check_same(what: str, ref: torch.Tensor, others) -> None:
                              f"got {t.numel()} x {t.dtype} (uneven sizes are not supported)")
 
 
-def _check_cpu(what: str, *tensors) -> None:
+def _check_device(what: str, *tensors, gpu: bool = True) -> None:
+    """Tensors on the CPU, or on CUDA when this process has the GPU path and ``what`` runs on it
+    (the collectives do; point-to-point and uneven all-to-all go through MPI on host memory)."""
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"ddl backend: {what} expects tensors, got {type(t).__name__}")
-        if t.device.type != "cpu":
-            raise ValueError(f"ddl backend: {what} got a tensor on {t.device}; the ddl backend moves CPU "
-                             "tensors only (it has no GPU path): move the tensor to the CPU")
+        if t.device.type == "cpu":
+            continue
+        if t.is_cuda and gpu and gpu_path.available():
+            continue
+        where = ("it runs on CPU tensors only" if t.is_cuda and not gpu else
+                 "this process has no GPU path" if t.is_cuda else "only CPU and CUDA tensors are supported")
+        raise ValueError(f"ddl backend: {what} got a tensor on {t.device}; {where}: move the tensor to the CPU")
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise ValueError(f"ddl backend: {what} got tensors on several devices: {sorted(map(str, devices))}")
 
 
 def _root(root: int, size: int, what: str) -> int:
@@ -687,7 +701,7 @@ def _copy_stage(t: torch.Tensor, fresh: bool = False, copy: bool = False):
     item = t.element_size()
     flat = t.detach().contiguous().reshape(-1)
     if fresh:
-        flat = torch.empty(flat.shape, dtype=t.dtype)
+        flat = torch.empty(flat.shape, dtype=t.dtype, device=t.device)
     raw = _as_bytes(flat)
     wire = raw.view(torch.int64) if item % 8 == 0 else raw.view(torch.int32) if item % 4 == 0 else raw.to(torch.int32)
 
@@ -706,7 +720,7 @@ def _reduce_stage(t: torch.Tensor, op: str, what: str, fresh: bool = False, copy
     if t.dtype not in _WIDENED:
         raise TypeError(f"ddl backend: {what} cannot reduce dtype {t.dtype}; supported: "
                         f"{', '.join(str(d).replace('torch.', '') for d in DTYPES + _WIDENED)}")
-    wire = torch.empty(t.shape, dtype=torch.int64) if fresh else t.to(torch.int64)
+    wire = torch.empty(t.shape, dtype=torch.int64, device=t.device) if fresh else t.to(torch.int64)
 
     def finish():
         t.copy_(wire)
@@ -722,7 +736,7 @@ def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of contiguous ``t``."""
     flat = t.reshape(-1)
-    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -879,12 +893,13 @@ def _env_or_mpi(original):
 
 
 def register() -> None:
-    """Register backend "ddl" (CPU) and the ``ddl://`` rendezvous, and let ``env://`` fall back to MPI.
+    """Register backend "ddl" (CPU and CUDA) and the ``ddl://`` rendezvous, and let ``env://`` fall back to MPI.
 
     Idempotent."""
     plugin = dist.Backend._plugins.get(BACKEND_NAME.upper())
     if plugin is None or plugin.creator_fn is not create_process_group:
-        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True,
+                                      devices=["cpu", "cuda"])
     rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (dist.rendezvous is a function)
     handlers = getattr(rdzv, "_rendezvous_handlers", None)
     if handlers is None:

@@ -120,13 +120,14 @@ class HookState:
         """(worker, server) residuals of this bucket, zeros when new, resized or of another kind."""
         key = bucket.index()
         held = self._residuals.get(key)
-        if held is not None and held[0] == kind and held[1].numel() == numel and (
+        device = bucket.buffer().device  # residuals live beside the gradients (CPU or GPU)
+        if held is not None and held[0] == kind and held[1].numel() == numel and held[1].device == device and (
                 server_numel is None or held[2].numel() == server_numel):
             return held[1], held[2]
         if held is not None:
             self.residual_resets += 1
-        worker = torch.zeros(numel, dtype=torch.float32)
-        server = None if server_numel is None else torch.zeros(server_numel, dtype=torch.float32)
+        worker = torch.zeros(numel, dtype=torch.float32, device=device)
+        server = None if server_numel is None else torch.zeros(server_numel, dtype=torch.float32, device=device)
         self._residuals[key] = (kind, worker, server)
         return worker, server
 
