@@ -67,7 +67,8 @@ class GpuPath:
     def _build(self, device: torch.device) -> None:
         comm = self._comm
         opts = comm.options
-        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         size, rank = comm.size, comm.rank
         route: list = [None] * size

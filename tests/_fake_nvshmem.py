@@ -61,8 +61,10 @@ _buffers: dict[int, Buffer] = {}  # data_ptr of a tensor handed out -> its Buffe
 
 def init(device=None, mpi_comm=None, initializer_method="", **_) -> None:
     assert initializer_method == "emulated_mpi" and mpi_comm is not None
-    _state.update(comm=mpi_comm, pe=mpi_comm.Get_rank(), n=mpi_comm.Get_size(), next=0, files=[],
-                  job=mpi_comm.bcast(f"{os.getpid()}", root=0))
+    # A private duplicate: like NVSHMEM's own bootstrap, it outlives the caller's communicator.
+    comm = mpi_comm.Dup()
+    _state.update(comm=comm, pe=comm.Get_rank(), n=comm.Get_size(), next=0, files=[],
+                  job=comm.bcast(f"{os.getpid()}", root=0))
 
 
 def my_pe() -> int:
@@ -129,6 +131,8 @@ def finalize() -> None:
         os.unlink(path)
     _state["files"] = []
     _buffers.clear()
+    _state["comm"].Free()
+    _state["comm"] = None
 
 
 class HostCudaOps:

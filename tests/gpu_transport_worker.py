@@ -5,12 +5,15 @@ tests/_fake_nvshmem.py (symmetric memory in shared files, signals on the host) a
 events by host stand-ins that report "done" only after a few queries. What runs for real:
 NvshmemTransport's slot/flag bookkeeping and DeviceMpiTransport's staging, ordering and
 posting logic, under the real Executor and real schedules, with exact integer checks and
-bitwise identity across ranks. What does not: kernels on a GPU, NVLink, stream timing.
+bitwise identity across ranks; then whole communicators whose collectives take the GPU path's
+executor (ddl_triton/gpu_path.py: lazy build, NVSHMEM within a node and MPI between the nodes
+of a 1xN or 2x2 grid, close). What does not: kernels on a GPU, NVLink, stream timing.
 
     mpiexec -n 3 python tests/gpu_transport_worker.py
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -22,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _fake_nvshmem  # noqa: E402
 from _report import gather_and_report  # noqa: E402
 
-from ddl_triton import schedules  # noqa: E402
+import ddl_triton as ddl  # noqa: E402
+from ddl_triton import gpu_path, schedules  # noqa: E402
 from ddl_triton.executor import CallContext, Executor  # noqa: E402
 from ddl_triton.transports import nvshmem as nvshmem_transport  # noqa: E402
 from ddl_triton.transports.mpi_device import DeviceMpiTransport  # noqa: E402
@@ -110,7 +114,48 @@ def main() -> int:
         if mpi._copying or mpi._sending:
             failures.append(f"rank {rank} {label}: sends left outstanding after the collectives")
         mpi.close()  # frees comm
+    cases += run_gpu_path(rank, size, failures)
     return gather_and_report(f"gpu transports on CPU stand-ins: {size} ranks", failures, cases)
+
+
+def run_gpu_path(rank: int, size: int, failures: list[str]) -> int:
+    """A Communicator whose collectives all take its GPU path's executor (ddl_triton/gpu_path.py:
+    routing, lazy build, close), over the stand-ins, through the public API."""
+    world = MPI.COMM_WORLD
+    gpu_path.DeviceMpiTransport = functools.partial(DeviceMpiTransport, _stream_ops=_fake_nvshmem.SlowEvents())
+    gpu_path.nvshmem_importable = lambda: True
+    cases = 0
+    topologies = {2: ["", "1x2"], 3: ["", "1x3"], 4: ["", "2x2"]}.get(size, [""])
+    for topo in topologies:
+        comm = ddl.init(world.Dup(), topology=topo, chunk_bytes=CHUNK_BYTES, pipeline_depth=DEPTH)
+        comm._executor = comm._gpu.executor(torch.device("cpu"))  # every collective through the GPU path
+        label = f"gpu path {topo or 'flat'}"
+        for count in SIZES:
+            t = data(count, rank, torch.float32)
+            comm.allreduce(t)
+            expect = sum(data(count, q, torch.int64) for q in range(size)).to(torch.float32)
+            out = torch.empty(size * count, dtype=torch.int64)
+            comm.all_gather(out, data(count, rank, torch.int64))
+            b = data(count, rank, torch.int32)
+            comm.broadcast(b, root=size - 1)
+            cases += 3
+            if not torch.equal(t, expect):
+                failures.append(f"rank {rank} {label} allreduce n={count}")
+            if not torch.equal(out, torch.cat([data(count, q, torch.int64) for q in range(size)])):
+                failures.append(f"rank {rank} {label} all_gather n={count}")
+            if not torch.equal(b, data(count, size - 1, torch.int32)):
+                failures.append(f"rank {rank} {label} broadcast n={count}")
+        moved = comm.transport_bytes
+        nodes = len(set(comm._node_of_rank))
+        on_node = comm._node_of_rank.count(comm._node_of_rank[rank])
+        cases += 1
+        if (on_node > 1) != (moved.get("nvshmem", {}).get("sent", 0) > 0) or comm._gpu.intra_node != (
+                "nvshmem" if on_node > 1 else ""):
+            failures.append(f"rank {rank} {label}: NVSHMEM use {moved} does not match {on_node} ranks on the node")
+        if nodes > 1 and not moved["mpi"]["sent"]:
+            failures.append(f"rank {rank} {label}: nothing crossed nodes over MPI: {moved}")
+        comm.close()
+    return cases
 
 
 if __name__ == "__main__":

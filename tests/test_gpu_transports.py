@@ -2,7 +2,8 @@
 
 - tests/gpu_transport_worker.py runs NvshmemTransport (over a host stand-in of nvshmem.core)
   and DeviceMpiTransport (host-staged and CUDA-aware, with events that lag) under the real
-  executor and schedules at 2 and 3 ranks, exactly.
+  executor and schedules at 2, 3 and 4 ranks, exactly; then communicators routed through
+  ddl_triton/gpu_path.py (NVSHMEM within a node, MPI between the nodes of a 2x2 grid).
 - The fingerprint names the path, so a rank on the GPU path and one on the CPU path get a
   CollectiveMismatch instead of waiting on different transports.
 - Options and the refusal of CUDA tensors where torch has no CUDA.
@@ -10,6 +11,8 @@ What needs a GPU (kernels on CUDA, NVSHMEM itself, stream timing) is tests/test_
 bench/gpu_check.py.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -19,11 +22,18 @@ from ddl_triton import calls, gpu_path
 from ddl_triton.options import Options
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
+def fake_symmetric_files() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("ddl-fake-nvshmem-")}
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_gpu_transports_protocols_on_cpu_stand_ins(ranks):
-    before = ddl_segments()
+    """Both transports alone, then whole communicators (flat, and 1xN or 2x2: NVSHMEM within
+    the node, device MPI between) whose every collective takes the GPU path's executor."""
+    before, fake_before = ddl_segments(), fake_symmetric_files()
     proc = run_ranks(ranks, "gpu_transport_worker.py")
     assert_clean_run(proc, before)
+    assert not fake_symmetric_files() - fake_before, "the NVSHMEM close did not free its symmetric memory"
     assert f"gpu transports on CPU stand-ins: {ranks} ranks" in proc.stdout and " 0 failures" in proc.stdout, \
         proc.stdout
 
