@@ -19,8 +19,9 @@ from mpi4py import MPI
 
 from . import calls, gpu_path, kernels, schedules, status
 from .schedules import grid as grid_mod
+from .small_allreduce import SmallAllreduce
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
-from .executor import CallContext, Executor
+from .executor import CallContext, Executor, step_error
 from .ops import DTYPES, SIXTEEN_BIT, check_op_dtype, normalize_op
 from . import topology as topology_mod
 from .costmodel import DEFAULT as DEFAULT_COST_MODEL
@@ -80,6 +81,8 @@ class Communicator:
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
                                   depth=options.pipeline_depth)
         self._gpu = gpu_path.GpuPath(self)  # built on the first CUDA collective
+        self._small = SmallAllreduce(shm, self._executor, self.rank, self.size, options.timeout) \
+            if every_peer_on_shm and shm is not None and options.schedule in ("", "one_shot") else None
         self._runner = OrderedRunner(f"ddl_triton-rank{self.rank}")
 
     def _connect(self):
@@ -201,7 +204,13 @@ class Communicator:
         """The schedule this communicator would run for ``collective`` on ``nbytes`` of ``dtype``, and why."""
         if collective not in schedules.COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(schedules.COLLECTIVES)}")
-        return self._plan(collective, nbytes, torch.empty(0, dtype=dtype).element_size())
+        elem = torch.empty(0, dtype=dtype).element_size()
+        if collective == "allreduce" and self._small is not None and self._small.takes(
+                torch.empty(nbytes // elem, dtype=dtype), "sum"):
+            return Plan("one_shot", max(1, self.options.chunk_bytes // elem),
+                        f"small-message path: every peer on shm and {nbytes} B <= {self._small.limit} B "
+                        "(ddl_triton/small_allreduce.py)")
+        return self._plan(collective, nbytes, elem)
 
     def close(self) -> None:
         """Finish queued work, then release the transports and the private MPI communicator."""
@@ -420,9 +429,20 @@ class Communicator:
 
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         flat = _flat_work(tensor)
-        self._execute("allreduce", flat, flat, flat.numel(), op)
+        if self._small is not None and flat.is_cpu and self._small.takes(flat, op):
+            self._seq += 1
+            self._checked("allreduce", op, flat.dtype, flat.numel(), 0, lambda: self._small_allreduce(flat, op))
+        else:
+            self._execute("allreduce", flat, flat, flat.numel(), op)
         _write_back(tensor, flat)
         return tensor
+
+    def _small_allreduce(self, flat: torch.Tensor, op: str) -> None:
+        try:
+            self._small.run(flat, op)  # type: ignore[union-attr]
+        except PeerTimeout as e:
+            raise step_error(self.rank, "allreduce", self._seq, "one_shot (small-message path)", "reduce", e,
+                             self.options.timeout) from None
 
     def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> torch.Tensor:
         inp = input.contiguous().view(-1)

@@ -32,6 +32,15 @@ class CallContext:
     scale: float | None = None  # applied on the final step (avg = sum * 1/size)
 
 
+def step_error(rank: int, collective: str, seq: int, schedule: str, label: str, e: PeerTimeout,
+               timeout: float) -> CollectiveTimeout:
+    """The error of a collective whose step ``label`` lost a peer or passed the deadline."""
+    return CollectiveTimeout(
+        f"rank {rank}: {collective} #{seq} (schedule {schedule}, step {label!r}) "
+        + (f"failed: rank {e.peer} died ({e.what})" if e.dead else
+           f"timed out after {timeout:g} s; not heard from rank {e.peer} ({e.what})"))
+
+
 class _Compiled:
     """One step with everything the hot loop needs resolved once per (schedule, rank)."""
 
@@ -116,10 +125,7 @@ class Executor:
             for t in self._flushers:
                 t.flush(self.timeout)
         except PeerTimeout as e:
-            raise CollectiveTimeout(
-                f"rank {self.rank}: {ctx.collective} #{seq} (schedule {schedule.name}, step {label!r}) "
-                + (f"failed: rank {e.peer} died ({e.what})" if e.dead else
-                   f"timed out after {self.timeout:g} s; not heard from rank {e.peer} ({e.what})")) from None
+            raise step_error(self.rank, ctx.collective, seq, schedule.name, label, e, self.timeout) from None
         for q in range(self.size):
             base[q] += sends[q]
 

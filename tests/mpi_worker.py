@@ -179,6 +179,36 @@ def run_random_floats(ck: Checker, comm, tag: str) -> None:
                                    f"over bound")
 
 
+def run_small_path_is_one_shot(ck: Checker, world, tag: str) -> None:
+    """The small-message path (ddl_triton/small_allreduce.py) gives the one_shot schedule's bits
+    on random (non-integer) data, for every dtype and op it serves, up to its size limit."""
+    from ddl_triton.small_allreduce import LIMIT_BYTES
+    fast = ddl.init(world.Dup())
+    general = ddl.init(world.Dup(), schedule="one_shot")
+    general._small = None  # the same schedule through the executor
+    if fast._small is None:  # not every peer on shm: nothing to compare
+        fast.close()
+        general.close()
+        return
+    r = fast.rank
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+        limit = LIMIT_BYTES // dtype.itemsize
+        for count in (1, 2, 3, 255, limit):
+            g = torch.Generator().manual_seed(7000 + 31 * r + count)
+            x = torch.randn(count, generator=g, dtype=torch.float64) * 1e3
+            x = x.to(dtype) if dtype.is_floating_point else x.round().to(dtype)
+            for op in ("sum", "min", "max") + (("avg",) if dtype.is_floating_point else ()):
+                a, b = x.clone(), x.clone()
+                fast.allreduce(a, op=op)
+                general.allreduce(b, op=op)
+                ck.cases += 1
+                if not torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)):
+                    ck.failures.append(f"rank {r}: {tag} small path {op} {dtype} n={count}: bits differ from one_shot")
+                ck.identical(f"{tag} small path {op} {dtype} n={count}", a)
+    fast.close()
+    general.close()
+
+
 def run_noncontiguous(ck: Checker, comm, tag: str) -> None:
     n, r = comm.size, comm.rank
     for dtype in (torch.float32, torch.bfloat16, torch.int32):
@@ -419,6 +449,7 @@ def run_suite(ck: Checker, world, quick: bool) -> None:
     run_all_to_all(ck, comm, [0, 1, 7, 3001], "world")
     if not quick:
         run_random_floats(ck, comm, "world")
+        run_small_path_is_one_shot(ck, world, "world")
         run_noncontiguous(ck, comm, "world")
         run_async(ck, comm, "world")
         run_reduce_op_enum(ck, comm, "world")

@@ -155,6 +155,7 @@ class ShmTransport:
         self._slot_user: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * depth
         self.wait_hook = None  # called during long waits; may raise (see ddl_triton/calls.py)
         self._pending: tuple[int, int, tuple[int, ...]] | None = None
+        self._readers: dict[tuple[int, ...], tuple[int, ...]] = {}  # peers -> their local ranks
 
     # -- helpers -------------------------------------------------------------------------
     def _local(self, peer: int) -> int:
@@ -175,6 +176,15 @@ class ShmTransport:
             view = self._bytes[local][start:start + count * dtype.itemsize].view(dtype)
             self._views[key] = view
         return view
+
+    def slot_array(self, local: int, msg_id: int, count: int, dtype: torch.dtype) -> np.ndarray:
+        """``_slot_view`` as a numpy array (cached too: ``Tensor.numpy()`` costs about a microsecond)."""
+        key = (local, msg_id % self.depth, count, dtype, "numpy")
+        array = self._views.get(key)
+        if array is None:
+            array = self._slot_view(local, msg_id, count, dtype).numpy()
+            self._views[key] = array
+        return array
 
     def _alive(self, local: int):
         """A check, run every quarter second of a long wait, that the process owning segment
@@ -244,7 +254,10 @@ class ShmTransport:
                 wait_until(lambda: self._consumed(reader, me) >= old_id, timeout, self._world_of(reader),
                            f"to release shm slot {slot} (message {old_id})", spin=self.spin,
                            alive=self._alive(reader))
-        self._pending = (msg_id, count * dtype.itemsize, tuple(self._local(p) for p in peers))
+        readers = self._readers.get(peers)
+        if readers is None:
+            readers = self._readers[peers] = tuple(self._local(p) for p in peers)
+        self._pending = (msg_id, count * dtype.itemsize, readers)
         return self._slot_view(me, msg_id, count, dtype)
 
     def publish(self, msg_id: int) -> None:
@@ -261,13 +274,24 @@ class ShmTransport:
 
     def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
              offset: int = 0, size: int = 0) -> torch.Tensor:
+        local = self._arrived(peer, msg_id, timeout)
+        self.bytes_received += count * dtype.itemsize
+        return self._slot_view(local, msg_id, count, dtype, offset)
+
+    def recv_array(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float) -> np.ndarray:
+        """``recv`` of a whole message as a numpy array (the small-message path's form)."""
+        local = self._arrived(peer, msg_id, timeout)
+        self.bytes_received += count * dtype.itemsize
+        return self.slot_array(local, msg_id, count, dtype)
+
+    def _arrived(self, peer: int, msg_id: int, timeout: float) -> int:
+        """Wait until ``peer`` has published ``msg_id``; returns the peer's local rank."""
         local = self._local_of_world[peer]
         flags = self._flags[local]
         if flags[0] < msg_id:
             wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin,
                        alive=self._alive(local))
-        self.bytes_received += count * dtype.itemsize
-        return self._slot_view(local, msg_id, count, dtype, offset)
+        return local
 
     def release(self, peer: int, msg_id: int) -> None:
         self._own_flags[_CONSUMED_OFFSET // 8 + self._local_of_world[peer]] = msg_id
