@@ -37,8 +37,8 @@ def step_error(rank: int, collective: str, seq: int, schedule: str, label: str, 
     """The error of a collective whose step ``label`` lost a peer or passed the deadline."""
     return CollectiveTimeout(
         f"rank {rank}: {collective} #{seq} (schedule {schedule}, step {label!r}) "
-        + (f"failed: rank {e.peer} died ({e.what})" if e.dead else
-           f"timed out after {timeout:g} s; not heard from rank {e.peer} ({e.what})"))
+        + (f"failed: {e.who} died ({e.what})" if e.dead else
+           f"timed out after {timeout:g} s; not heard from {e.who} ({e.what})"))
 
 
 class _Compiled:

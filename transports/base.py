@@ -44,10 +44,17 @@ class PeerTimeout(Exception):
     """A wait on ``peer`` passed its deadline; the executor adds the collective's context."""
 
     def __init__(self, peer: int, what: str, dead: bool = False):
-        super().__init__(f"{'lost' if dead else 'waited too long for'} rank {peer}: {what}")
-        self.peer = peer
+        self.peer = peer  # -1: a wait on every rank at once (an MPI collective, a GPU stream)
         self.what = what
         self.dead = dead  # the peer's process is known to be gone, not merely slow
+        super().__init__(f"{'lost' if dead else 'waited too long for'} {self.who}: {what}")
+
+    @property
+    def who(self) -> str:
+        """The rank waited for, or what can be said when the wait was on every rank at once."""
+        if self.peer >= 0:
+            return f"rank {self.peer}"
+        return "a rank (the wait was on all ranks at once: which one is unknown)"
 
 
 def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
