@@ -205,8 +205,7 @@ class Communicator:
         if collective not in schedules.COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(schedules.COLLECTIVES)}")
         elem = torch.empty(0, dtype=dtype).element_size()
-        if collective == "allreduce" and self._small is not None and self._small.takes(
-                torch.empty(nbytes // elem, dtype=dtype), "sum"):
+        if collective == "allreduce" and self._small is not None and self._small.serves(nbytes, dtype):
             return Plan("one_shot", max(1, self.options.chunk_bytes // elem),
                         f"small-message path: every peer on shm and {nbytes} B <= {self._small.limit} B "
                         "(ddl_triton/small_allreduce.py)")
@@ -403,10 +402,8 @@ class Communicator:
             run()
             self._calls.end(self._seq, fp)
         except PeerTimeout as e:
-            # peer -1: a wait on all ranks at once (MPI's Iallgather), which cannot say which one
-            who = f"rank {e.peer}" if e.peer >= 0 else "a rank (which one, MPI's collective wait cannot tell)"
             raise CollectiveTimeout(f"rank {self.rank}: {collective} #{self._seq} timed out: "
-                                    f"{'lost' if e.dead else 'not heard from'} {who} ({e.what})") from None
+                                    f"{'lost' if e.dead else 'not heard from'} {e.who} ({e.what})") from None
 
     def _execute(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int,
                  op: str = "sum", root: int = 0) -> None:
@@ -417,6 +414,10 @@ class Communicator:
 
     def _run(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int, op: str,
              root: int) -> None:
+        if collective == "allreduce" and self._small is not None and inbuf.is_cpu and \
+                self._small.serves(inbuf.numel() * inbuf.element_size(), inbuf.dtype):
+            self._small_allreduce(inbuf, op)
+            return
         schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)
         executor = self._gpu.executor(inbuf.device) if inbuf.is_cuda else self._executor
         if run_dtype is inbuf.dtype:
@@ -429,15 +430,12 @@ class Communicator:
 
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         flat = _flat_work(tensor)
-        if self._small is not None and flat.is_cpu and self._small.takes(flat, op):
-            self._seq += 1
-            self._checked("allreduce", op, flat.dtype, flat.numel(), 0, lambda: self._small_allreduce(flat, op))
-        else:
-            self._execute("allreduce", flat, flat, flat.numel(), op)
+        self._execute("allreduce", flat, flat, flat.numel(), op)
         _write_back(tensor, flat)
         return tensor
 
     def _small_allreduce(self, flat: torch.Tensor, op: str) -> None:
+        """The one_shot allreduce of a small tensor, without the schedule machinery (small_allreduce.py)."""
         try:
             self._small.run(flat, op)  # type: ignore[union-attr]
         except PeerTimeout as e:

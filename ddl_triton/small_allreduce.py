@@ -49,8 +49,10 @@ class SmallAllreduce:
         # Scales as numpy scalars of the tensor's dtype: one multiply in that dtype, as torch's mul_.
         self._scale = {torch.float32: np.float32(1.0 / size), torch.float64: np.float64(1.0 / size)}
 
-    def takes(self, flat: torch.Tensor, op: str) -> bool:
-        return flat.dtype in _DTYPES and 0 < flat.numel() * flat.element_size() <= self.limit
+    def serves(self, nbytes: int, dtype: torch.dtype) -> bool:
+        """Whether an allreduce of ``nbytes`` of ``dtype`` takes this path (any op: the op's
+        validity for the dtype is checked before any call gets here)."""
+        return dtype in _DTYPES and 0 < nbytes <= self.limit
 
     def run(self, flat: torch.Tensor, op: str) -> None:
         """Allreduce ``flat`` (contiguous, 1-D) in place. Raises PeerTimeout like a transport."""

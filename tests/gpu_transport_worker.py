@@ -128,7 +128,8 @@ def run_gpu_path(rank: int, size: int, failures: list[str]) -> int:
     topologies = {2: ["", "1x2"], 3: ["", "1x3"], 4: ["", "2x2"]}.get(size, [""])
     for topo in topologies:
         comm = ddl.init(world.Dup(), topology=topo, chunk_bytes=CHUNK_BYTES, pipeline_depth=DEPTH)
-        comm._executor = comm._gpu.executor(torch.device("cpu"))  # every collective through the GPU path
+        comm._executor = comm._gpu.executor(torch.device("cpu"))  # every collective through the GPU path,
+        comm._small = None  # small allreduces included (the CPU path's shortcut would bypass it)
         label = f"gpu path {topo or 'flat'}"
         for count in SIZES:
             t = data(count, rank, torch.float32)
