@@ -67,6 +67,13 @@ def time_gpu(fns: list[Callable[[], object]], reps: int, min_seconds: float) -> 
                                           quantiles=[0.2, 0.5, 0.8])) for fn in fns]
 
 
+def quantize_int8_torch_ops(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 block quantization written with plain torch ops: the comparison for quantize_int8."""
+    xb = x.view(-1, block)
+    sc = xb.abs().amax(dim=1, keepdim=True) / 127
+    return torch.round(xb / sc).to(torch.int8), sc
+
+
 def cases(n: int, device: torch.device) -> list[tuple[str, int, Callable[[], object], Callable[[], object]]]:
     """(name, bytes moved, our launcher, the plain torch ops) for n fp32 elements."""
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -95,11 +102,6 @@ def cases(n: int, device: torch.device) -> list[tuple[str, int, Callable[[], obj
             out.add_(y)
         out.mul_(0.25)
 
-    def quant_ops():
-        xb = x.view(-1, BLOCK)
-        sc = xb.abs().amax(dim=1, keepdim=True) / 127
-        return torch.round(xb / sc).to(torch.int8), sc
-
     def dequant_ops():
         return (q.view(-1, BLOCK).float() * s[:, None]).view(-1)
 
@@ -125,7 +127,8 @@ def cases(n: int, device: torch.device) -> list[tuple[str, int, Callable[[], obj
 
     return [
         ("reduce sum k=4 scale", 5 * 4 * n, reduce4, add_chain),
-        ("quantize_int8", 4 * n + n + 4 * nb, lambda: K.quantize_int8(x, block=BLOCK), quant_ops),
+        ("quantize_int8", 4 * n + n + 4 * nb, lambda: K.quantize_int8(x, block=BLOCK),
+         lambda: quantize_int8_torch_ops(x, BLOCK)),
         ("dequantize_int8", n + 4 * nb + 4 * n, lambda: K.dequantize_int8(q, s, out=out, block=BLOCK), dequant_ops),
         ("reduce_int8 k=2", 3 * (n + 4 * nb), lambda: K.reduce_int8([q, q2], [s, s2], block=BLOCK), reduce_int8_ops),
         ("sign_compress", 3 * 4 * n + n // 8, lambda: K.sign_compress(x, residual), sign_ops),

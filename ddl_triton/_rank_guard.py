@@ -3,7 +3,7 @@ ordinary non-zero exit, and records which rank died.
 
 Usage (``ddlrun`` writes this; nobody types it)::
 
-    mpiexec -disable-auto-cleanup -n N python -m ddl_triton._rank_guard COMMAND [ARGS...]
+    mpiexec -disable-auto-cleanup -n N python .../ddl_triton/_rank_guard.py COMMAND [ARGS...]
 
 Why it exists: MPICH's hydra proxy SIGKILLs every process of the job as soon as one of its
 children ends *by a signal*, whatever ``-disable-auto-cleanup`` says (``pmip.c``: the
@@ -28,6 +28,7 @@ Semantics:
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import signal
 import subprocess
@@ -57,14 +58,15 @@ def _prepare_child() -> None:
 
 
 def _record(rank: int, event: str, text: str) -> None:
-    """Write ``rank<r>.<event>`` into DDL_STATUS_DIR (the format ddl_triton/status.py uses)."""
+    """Write ``rank<r>.<event>`` into DDL_STATUS_DIR with ddl_triton/status.py's writer, loaded
+    from its file: importing the package would import torch in every guard."""
     folder = os.environ.get("DDL_STATUS_DIR", "")
     if folder:
-        try:
-            with open(os.path.join(folder, f"rank{rank}.{event}"), "w") as f:
-                f.write(text)
-        except OSError:
-            pass  # status is advisory: the exit status still says it
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "status.py")
+        spec = importlib.util.spec_from_file_location("_ddl_status", path)
+        status = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(status)
+        status.record(folder, rank, event, text)
 
 
 def _record_kill(rank: int, pid: int, signum: int) -> None:
@@ -75,7 +77,7 @@ def _record_kill(rank: int, pid: int, signum: int) -> None:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m ddl_triton._rank_guard COMMAND [ARGS...]", file=sys.stderr)
+        print(f"usage: python {__file__} COMMAND [ARGS...]", file=sys.stderr)
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the rank gets the group's Ctrl-C and decides
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's "a process died" notice is for the rank

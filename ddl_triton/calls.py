@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from .errors import CollectiveMismatch
 from .ops import DTYPES, OPS
-from .transports.base import PeerTimeout, wait_until
+from .transports.base import wait_until
 
 CALLS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier")
 

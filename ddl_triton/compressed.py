@@ -109,9 +109,10 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
                    residual: torch.Tensor | None = None, async_op: bool = False):
     """Allreduce ``tensor`` in place with int8 block quantization on the wire (see module doc).
 
-    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum". block: quantization block, a power of
-    two in [4, 65536]. residual: fp32 with tensor.numel() elements, the error feedback, updated in
-    place (None: no error feedback). Returns ``tensor``, or a Work resolving to it.
+    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum".
+    block: quantization block, a power of two in [4, 65536]. residual: fp32 with tensor.numel()
+    elements on the tensor's device, the error feedback, updated in place (None: no error
+    feedback). Returns ``tensor``, or a Work resolving to it.
     Example (2 ranks, no residual): rank 0 x = [1, 2, 3, 4], rank 1 x = [3, 2, 1, 0], block 4
              -> both [2.011811, 2.011811, 1.995970, 1.995970] (exact mean: 2, each within 4/127).
     """
@@ -167,13 +168,14 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
                      server_residual: torch.Tensor | None = None, groups=None, async_op: bool = False):
     """Allreduce ``tensor`` in place with 1 bit per element on the wire (see module doc).
 
-    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum". residual: fp32, tensor.numel()
-    elements, the worker error feedback. server_residual: fp32 with as many elements as this
-    rank's chunk (``chunk_bounds(numel, size, 32)[rank]``), the server error feedback. Both are
-    updated in place; None: no error feedback on that side. groups: element offsets where a new
-    scale starts (e.g. where each parameter of a DDP bucket starts), rounded down to a multiple
-    of 8; chunk boundaries always start one. Default: one scale per chunk. Each scale is 4 more
-    bytes on the wire. Returns ``tensor``, or a Work resolving to it.
+    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum".
+    residual: fp32, tensor.numel() elements on the tensor's device, the worker error feedback.
+    server_residual: fp32 with as many elements as this rank's chunk
+    (``chunk_bounds(numel, size, 32)[rank]``), the server error feedback. Both are updated in
+    place; None: no error feedback on that side. groups: element offsets where a new scale
+    starts (e.g. where each parameter of a DDP bucket starts), rounded down to a multiple of 8;
+    chunk boundaries always start one. Default: one scale per chunk. Each scale is 4 more bytes
+    on the wire. Returns ``tensor``, or a Work resolving to it.
     Example (2 ranks, no residuals, N = 4: rank 0 reduces all of it):
              rank 0 x = [0.5, -1.5, 2.0, 0.0] -> +-1.0 (scale mean|x| = 1.0), signs + - + +
              rank 1 x = [1.0,  1.0, 1.0, 1.0] -> +-1.0,                         signs + + + +

@@ -71,7 +71,6 @@ class GpuPath:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         size, rank = comm.size, comm.rank
-        route: list = [None] * size
         nvshmem = None
         if size == 1 and opts.transport != "nvshmem":
             loop = SelfTransport()
@@ -95,12 +94,9 @@ class GpuPath:
         if nvshmem is not None:
             self.transports.append(nvshmem)
         self.intra_node = "" if len(on_node) == 1 else ("nvshmem" if nvshmem is not None else "mpi")
-        for p in range(size):
-            if p == rank:
-                continue
-            route[p] = nvshmem if nvshmem is not None and p in on_node else mpi
-        if size == 1:
-            route = [SelfTransport()]
+        intra = nvshmem or mpi
+        route = [SelfTransport()] if size == 1 else \
+            [None if p == rank else intra if p in on_node else mpi for p in range(size)]
         self._executor = Executor(rank, size, route, timeout=opts.timeout, depth=opts.pipeline_depth,
                                   transports=self.transports)
 

@@ -138,10 +138,7 @@ def _report_ranks(folder: str, failed_pids: list[int]) -> None:
     names, and what the ranks' collectives reported (a survivor names the rank it lost)."""
     ranks = _read_status(folder)
     rank_of_pid = {int(e["start"]): r for r, e in ranks.items() if e.get("start", "").isdigit()}
-    for r in sorted(ranks):
-        if "killed" in ranks[r]:
-            pid, _, signame = ranks[r]["killed"].partition(" ")
-            _say(f"rank {r} (pid {pid}) was killed by {signame}")
+    # A rank whose guard recorded its death was named by the guard as it died (_rank_guard.py).
     gone = [r for r in sorted(ranks) if "start" in ranks[r] and "exit" not in ranks[r] and "killed" not in ranks[r]]
     if gone:
         _say(f"ranks that died without exiting (killed by a signal, crashed, or ended by the launcher's "

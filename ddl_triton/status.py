@@ -41,8 +41,13 @@ def exiting() -> None:
 
 
 def _write(event: str, text: str) -> None:
+    record(_folder, _rank, event, text)
+
+
+def record(folder: str, rank: int, event: str, text: str) -> None:
+    """Write ``rank<rank>.<event>`` in ``folder``; also used by the rank guard (_rank_guard.py)."""
     try:
-        with open(os.path.join(_folder, f"rank{_rank}.{event}"), "w") as f:
+        with open(os.path.join(folder, f"rank{rank}.{event}"), "w") as f:
             f.write(text)
     except OSError:
         pass  # status is advisory: never fail a job over it

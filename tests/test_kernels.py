@@ -7,7 +7,6 @@ including the ones launchers allocate themselves (``torch.empty`` is wrapped to 
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import math
 import os

@@ -45,8 +45,3 @@ def install() -> bool:
 def received_at() -> float | None:
     """``time.monotonic()`` of the first notice, or None."""
     return _received_at
-
-
-def _reset_for_tests() -> None:
-    global _received_at
-    _received_at = None

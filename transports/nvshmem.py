@@ -153,10 +153,8 @@ class NvshmemTransport:
         # ready[slot][sender] lives in the reader's memory; consumed[slot][reader] in the sender's.
         self._ready = [[nvshmem.buffer(8) for _ in range(n)] for _ in range(depth)]
         self._consumed = [[nvshmem.buffer(8) for _ in range(n)] for _ in range(depth)]
-        for flags in (self._ready, self._consumed):
-            for row in flags:
-                for buf in row:
-                    torch.utils.dlpack.from_dlpack(buf).view(torch.int64).zero_()
+        for buf in self._flags():
+            torch.utils.dlpack.from_dlpack(buf).view(torch.int64).zero_()
         _cuda.synchronize(device)
         nvshmem.barrier_all(stream=_current_stream())  # every PE's flags are zero before anyone signals
         _cuda.synchronize(device)
@@ -169,6 +167,16 @@ class NvshmemTransport:
 
     def _pe(self, peer: int) -> int:
         return self._local_of_world[peer]
+
+    def _flags(self):
+        """Every flag buffer, ready then consumed, in allocation order."""
+        return [buf for flags in (self._ready, self._consumed) for row in flags for buf in row]
+
+    @staticmethod
+    def _signal(msg_id: int) -> int:
+        """The flag value that says "message ``msg_id`` is there" (or "is read"): flags start at
+        0, so message 0 must not read as already signalled."""
+        return msg_id + 1
 
     def _view(self, pe: int, msg_id: int, offset_bytes: int, count: int, dtype: torch.dtype) -> torch.Tensor:
         start = (msg_id % self.depth) * self.slot_bytes + offset_bytes
@@ -185,7 +193,8 @@ class NvshmemTransport:
         old_id, old_readers = self._slot_user[slot]
         stream = _current_stream()
         for reader in old_readers:  # the slot is reused only once its last readers are done with it
-            nvshmem.signal_wait(self._consumed[slot][reader], old_id + 1, nvshmem.ComparisonType.CMP_GE, stream)
+            nvshmem.signal_wait(self._consumed[slot][reader], self._signal(old_id), nvshmem.ComparisonType.CMP_GE,
+                                stream)
         self._pending = (msg_id, tuple(self._pe(p) for p in peers), nbytes)
         return self._view(self.local_rank, msg_id, 0, count, dtype)
 
@@ -196,8 +205,8 @@ class NvshmemTransport:
         slot = msg_id % self.depth
         stream = _current_stream()
         for pe in readers:  # after the kernel that filled the slot, on the same stream
-            nvshmem.signal_op(self._ready[slot][self.local_rank], msg_id + 1, nvshmem.SignalOp.SIGNAL_SET, pe,
-                              stream)
+            nvshmem.signal_op(self._ready[slot][self.local_rank], self._signal(msg_id), nvshmem.SignalOp.SIGNAL_SET,
+                              pe, stream)
         self._slot_user[slot] = (msg_id, readers)
         self.bytes_sent += nbytes * len(readers)
         self._pending = None
@@ -210,14 +219,14 @@ class NvshmemTransport:
              offset: int = 0, size: int = 0) -> torch.Tensor:
         nvshmem = _core()
         pe = self._pe(peer)
-        nvshmem.signal_wait(self._ready[msg_id % self.depth][pe], msg_id + 1, nvshmem.ComparisonType.CMP_GE,
+        nvshmem.signal_wait(self._ready[msg_id % self.depth][pe], self._signal(msg_id), nvshmem.ComparisonType.CMP_GE,
                             _current_stream())
         self.bytes_received += count * dtype.itemsize
         return self._view(pe, msg_id, offset * dtype.itemsize, count, dtype)
 
     def release(self, peer: int, msg_id: int) -> None:
         nvshmem = _core()
-        nvshmem.signal_op(self._consumed[msg_id % self.depth][self.local_rank], msg_id + 1,
+        nvshmem.signal_op(self._consumed[msg_id % self.depth][self.local_rank], self._signal(msg_id),
                           nvshmem.SignalOp.SIGNAL_SET, self._pe(peer), _current_stream())
 
     def flush(self, timeout: float) -> None:
@@ -234,10 +243,8 @@ class NvshmemTransport:
         _cuda.synchronize(self.runtime.device)
         self._peer_slots = []
         nvshmem.free_tensor(self._slots)
-        for flags in (self._ready, self._consumed):
-            for row in flags:
-                for buf in row:
-                    nvshmem.free(buf)
+        for buf in self._flags():
+            nvshmem.free(buf)
         self._ready = self._consumed = []
         self.runtime.release()
 
