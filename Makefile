@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
+# tests/test_demo.py runs these two commands at a reduced size, so a broken demo cannot land.
 demo: $(STAMP)
-	$(MPIEXEC) -n $(RANKS) $(PY) examples/demo.py
+	$(VENV)/bin/ddlrun -n $(RANKS) -- $(PY) examples/demo.py
 	$(VENV)/bin/ddlrun -n $(RANKS) -- $(PY) examples/train_cnn.py --hook int8
 
 test: $(STAMP)

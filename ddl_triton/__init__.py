@@ -29,7 +29,9 @@ def _install_exit_guard() -> None:
     MPI_Finalize waits for every rank, so a survivor of a dead peer would hang there
     after its CollectiveTimeout. The guard flushes output and ends the process with
     exit code 1 without finalizing (MPI_Abort would also kill the other survivors
-    before they report). Registered after mpi4py's own exit handler, so it runs first.
+    before they report). mpi4py finalizes MPI in a C-level exit function, after every
+    atexit handler, so the guard always runs first. In every case the guard then
+    ignores the launcher's SIGUSR1 notice for the rest of the process's life.
     """
     global _exit_guard_installed
     if _exit_guard_installed:
@@ -39,7 +41,12 @@ def _install_exit_guard() -> None:
 
     def guard() -> None:
         from .communicator import peers_lost
-        if peers_lost():
+        lost = peers_lost()
+        # Decided: from here on the launcher's notice can change nothing, and the
+        # interpreter's teardown would put SIGUSR1 back to its default action (death)
+        # while a faster peer's clean exit is still being announced.
+        failure_notice.ignore_from_now_on()
+        if lost:
             import os
             from . import status
             status.exiting()

@@ -72,7 +72,11 @@ def _record(rank: int, event: str, text: str) -> None:
 def _record_kill(rank: int, pid: int, signum: int) -> None:
     name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
     _record(rank, "killed", f"{pid} {name}")
-    print(f"ddlrun: rank {rank} (pid {pid}) was killed by {name}", file=sys.stderr, flush=True)
+    # SIGUSR1 is hydra's notice that another process of the job ended; ddl_triton.init
+    # catches it and the exit guard ignores it, so only a rank outside that window dies of it.
+    why = (" (MPICH's notice that another process of the job ended; ranks survive it from ddl_triton.init on)"
+           if signum == signal.SIGUSR1 else "")
+    print(f"ddlrun: rank {rank} (pid {pid}) was killed by {name}{why}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:

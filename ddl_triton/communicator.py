@@ -491,8 +491,13 @@ _LOST_PEERS: list[int] = []  # appended when any communicator of this process lo
 
 def peers_lost() -> bool:
     """True once a collective of this process timed out or lost a peer, or the launcher
-    reported that a process of the job died (MPI_Finalize would wait for it forever)."""
-    return bool(_LOST_PEERS) or failure_notice.received_at() is not None
+    reported that a process of the job ended while this process had not finalized MPI.
+
+    Either way MPI_Finalize, which waits for every rank, would wait for the lost one
+    forever. A notice received after MPI_Finalize is not a loss: MPI_Finalize is
+    collective, and a peer that passed it and exited cleanly is announced too
+    (failure_notice explains hydra's behaviour)."""
+    return bool(_LOST_PEERS) or (failure_notice.received_at() is not None and not MPI.Is_finalized())
 
 
 def _flat_work(t: torch.Tensor) -> torch.Tensor:

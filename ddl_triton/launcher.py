@@ -40,9 +40,11 @@ status 2 (``--dry-run`` stops after the checks, exit status 0):
 
 Before running, ddlrun prints on stderr the exact command, prefixed "ddlrun: ", as one
 shell-quoted line whose ``VAR=value`` words are the variables it sets, so that the line
-can be pasted into a shell. A job that fails makes ddlrun print
-"ddlrun: job failed with exit code X" and exit with that code (128 + the signal when
-mpiexec itself was killed by a signal).
+can be pasted into a shell. A job that fails makes ddlrun print each rank's exit status,
+then "ddlrun: job failed with exit code X (why)", and exit with X: the first killed rank's
+128 + N when a rank was killed by signal N, else the lowest failing rank's own status
+(MPICH's mpiexec returns the bitwise OR of the ranks' statuses, which names nobody: a killed
+rank's 137 beside survivors' 3 makes 139); 128 + N when mpiexec itself was killed by signal N.
 
 Signals: Ctrl-C in a terminal reaches mpiexec directly (it runs in ddlrun's process group),
 so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and
@@ -114,7 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         grace = _survivor_grace(job.env)
         returncode = _run(job.command, env, failed_pids, status_folder=folder, grace=grace)
         if returncode != 0:
-            _report_ranks(folder, failed_pids)
+            ranks = _read_status(folder)
+            _report_ranks(ranks, failed_pids)
+            return _report(returncode, _job_status(ranks))
     return _report(returncode)
 
 
@@ -133,25 +137,60 @@ def _rank_and_pid(rank: int, ranks: dict[int, dict[str, str]]) -> str:
     return f"rank {rank} (pid {ranks[rank]['start']})"
 
 
-def _report_ranks(folder: str, failed_pids: list[int]) -> None:
-    """Name the ranks that never exited (killed or crashed), the pid the launcher's banner
-    names, and what the ranks' collectives reported (a survivor names the rank it lost)."""
-    ranks = _read_status(folder)
+def _report_ranks(ranks: dict[int, dict[str, str]], failed_pids: list[int]) -> None:
+    """Say how each rank that did not simply exit ended, the pid the launcher's banner names,
+    what the ranks' collectives reported (a survivor names the rank it lost), and every
+    recorded exit status. Each rank is described once, by the most certain record:
+
+    - ``killed``: the rank guard saw it die of a signal (and said so as it happened);
+    - ``returncode`` without ``exit``: it exited by itself, skipping its exit handlers
+      (``os._exit``, or the interpreter died of a fatal error);
+    - ``start`` alone: nothing saw it end (its guard was killed too, or there is no guard:
+      Open MPI's launcher runs the ranks directly).
+    """
     rank_of_pid = {int(e["start"]): r for r, e in ranks.items() if e.get("start", "").isdigit()}
-    # A rank whose guard recorded its death was named by the guard as it died (_rank_guard.py).
-    gone = [r for r in sorted(ranks) if "start" in ranks[r] and "exit" not in ranks[r] and "killed" not in ranks[r]]
-    if gone:
-        _say(f"ranks that died without exiting (killed by a signal, crashed, or ended by the launcher's "
-             f"cleanup): {', '.join(_rank_and_pid(r, ranks) for r in gone)}")
+    unseen = [r for r in sorted(ranks)
+              if "start" in ranks[r] and not {"exit", "killed", "returncode"} & ranks[r].keys()]
+    if unseen:
+        _say(f"ranks whose end nobody recorded (killed by a signal, crashed, or ended by the launcher's "
+             f"cleanup): {', '.join(_rank_and_pid(r, ranks) for r in unseen)}")
+    skipped = [r for r in sorted(ranks) if "start" in ranks[r] and "returncode" in ranks[r]
+               and not {"exit", "killed"} & ranks[r].keys()]
+    for r in skipped:
+        _say(f"{_rank_and_pid(r, ranks)} exited with status {ranks[r]['returncode']} without running its exit "
+             f"handlers (os._exit, or a fatal error in the interpreter)")
     for pid in failed_pids:
         if pid in rank_of_pid:
             _say(f"mpiexec reported rank {rank_of_pid[pid]} (pid {pid}) as failed")
     for r in sorted(ranks):
         if "error" in ranks[r]:
             _say(f"rank {r} reported: {ranks[r]['error']}")
-    codes = {r: e["returncode"] for r, e in ranks.items() if "returncode" in e}
+    codes = _exit_codes(ranks)
     if codes:
         _say("exit status per rank: " + ", ".join(f"{r}: {codes[r]}" for r in sorted(codes)))
+
+
+def _exit_codes(ranks: dict[int, dict[str, str]]) -> dict[int, int]:
+    """{rank: exit status} as the rank guards recorded them (128 + N: killed by signal N)."""
+    return {r: int(e["returncode"]) for r, e in ranks.items() if e.get("returncode", "").lstrip("-").isdigit()}
+
+
+def _job_status(ranks: dict[int, dict[str, str]]) -> tuple[int, str] | None:
+    """The job's exit status from the ranks' own, with the reason; None when none is known.
+
+    mpiexec's own status cannot serve: MPICH's hydra ORs the ranks' statuses bitwise, so a
+    rank killed by SIGKILL (137) beside survivors that exit 3 makes 139, which is neither.
+    The status is the first (lowest) killed rank's 128 + N, since a killed rank is the
+    cause the others report; else the lowest failing rank's own status.
+    """
+    codes = _exit_codes(ranks)
+    failing = [r for r in sorted(codes) if codes[r] != 0]
+    if not failing:
+        return None
+    killed = [r for r in failing if "killed" in ranks[r]]
+    rank = (killed or failing)[0]
+    how = f"was killed by {ranks[rank]['killed'].split()[-1]}" if killed else f"exited with status {codes[rank]}"
+    return codes[rank], f"rank {rank} {how}"
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
@@ -472,13 +511,21 @@ def _in_terminal_foreground() -> bool:
         return False
 
 
-def _report(returncode: int) -> int:
-    """Say how a failed job ended; returns ddlrun's exit status."""
+def _report(returncode: int, ranks_status: tuple[int, str] | None = None) -> int:
+    """Say how a failed job ended; returns ddlrun's exit status.
+
+    ``returncode`` is mpiexec's; ``ranks_status`` (from ``_job_status``) is the status the
+    ranks' own records give, with its reason, and wins when there is one."""
     if returncode == 0:
         return 0
     if returncode < 0:
-        _say(f"job failed with exit code {returncode} (mpiexec was killed by {_signal_name(-returncode)})")
+        _say(f"job failed with exit code {128 - returncode} (mpiexec was killed by {_signal_name(-returncode)})")
         return 128 - returncode
+    if ranks_status is not None:
+        status, reason = ranks_status
+        note = "" if status == returncode else f"; mpiexec's {returncode} is the bitwise OR of the ranks' statuses"
+        _say(f"job failed with exit code {status} ({reason}{note})")
+        return status
     _say(f"job failed with exit code {returncode}")
     return returncode
 

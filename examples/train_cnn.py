@@ -14,8 +14,9 @@ into train/test with a fixed seed; each step every rank takes its own slice of a
 (the ranks' gradients differ), DDP averages the gradients through the hook, and plain SGD
 updates every replica identically.
 
-Rank 0 prints, per step, the loss, samples/s of the global batch and the bytes this rank sent
-and received (measured: the change of ``state.comm.transport_bytes``, all transports); at the
+Rank 0 shows a progress bar with the loss and samples/s of the global batch (``--log-steps``
+prints a line per step instead, with the bytes this rank sent and received, measured as the
+change of ``state.comm.transport_bytes`` over all transports; ``--quiet`` shows neither); at the
 end the test accuracy, whether the replicas are bitwise identical, and one machine-readable line:
 
     RESULT hook=int8 backend=ddl ranks=4 accuracy=0.9667 loss=0.0867 bytes_per_step=212160 received_per_step=212160 ...
@@ -208,7 +209,8 @@ def main(argv=None) -> int:
                    help="SGD momentum; with the 1-bit hook it makes training unstable (see the module doc)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-error-feedback", action="store_true", help="int8/onebit without error feedback")
-    p.add_argument("--quiet", action="store_true", help="no per-step lines")
+    p.add_argument("--log-steps", action="store_true", help="a line per step (loss, samples/s, bytes) instead of a bar")
+    p.add_argument("--quiet", action="store_true", help="neither a progress bar nor per-step lines")
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)  # several ranks share a few cores
@@ -230,12 +232,21 @@ def main(argv=None) -> int:
               f"{len(data[1])} train / {len(data[3])} test digits, global batch {global_batch}", flush=True)
 
     step_sent, step_received, step_rates = [], [], []
+    bar = None
+    if rank == 0 and not (args.quiet or args.log_steps):
+        from tqdm import tqdm
+        # delay: the header above goes through the launcher's stdout relay; let it arrive first.
+        bar = tqdm(total=args.epochs * (len(data[1]) // global_batch), unit="step", mininterval=0.25, delay=0.3,
+                   dynamic_ncols=True, desc="training")
 
     def on_step(step, epoch, loss, seconds, sent, received):
         step_sent.append(sent)
         step_received.append(received)
         step_rates.append(global_batch / seconds)
-        if rank == 0 and not args.quiet:
+        if bar is not None:
+            bar.set_postfix_str(f"epoch {epoch}  loss {loss:.4f}  {global_batch / seconds:.0f} samples/s", refresh=False)
+            bar.update()
+        elif rank == 0 and args.log_steps:
             print(f"step {step:4d}  epoch {epoch}  loss {loss:.4f}  {global_batch / seconds:9.0f} samples/s  "
                   f"sent {sent} B  received {received} B", flush=True)
 
@@ -243,6 +254,8 @@ def main(argv=None) -> int:
     losses = train(model, data, rank=rank, size=size, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                    momentum=args.momentum, seed=args.seed, state=state, on_step=on_step)
     elapsed = time.perf_counter() - t0
+    if bar is not None:
+        bar.close()
     acc = accuracy(model.module, data[2], data[3])
 
     flat = torch.cat([q.detach().reshape(-1) for q in model.module.parameters()])

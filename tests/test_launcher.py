@@ -225,7 +225,45 @@ def test_open_mpi_is_told_to_export_the_variables():
 
 def test_exit_status_of_a_job_killed_by_a_signal(capsys):
     assert launcher._report(-signal.SIGKILL) == 128 + signal.SIGKILL
-    assert "job failed with exit code -9 (mpiexec was killed by SIGKILL)" in capsys.readouterr().err
+    assert "job failed with exit code 137 (mpiexec was killed by SIGKILL)" in capsys.readouterr().err
+
+
+def _records(**ranks: dict[str, str]) -> dict[int, dict[str, str]]:
+    return {int(name[1:]): events for name, events in ranks.items()}
+
+
+def test_job_status_is_the_killed_ranks_not_hydras_bitwise_or(capsys):
+    ranks = _records(r0={"start": "10", "returncode": "3"}, r1={"start": "11", "killed": "11 SIGKILL",
+                                                                "returncode": "137"},
+                     r2={"start": "12", "returncode": "3", "exit": ""})
+    assert launcher._job_status(ranks) == (137, "rank 1 was killed by SIGKILL")
+    assert launcher._report(139, launcher._job_status(ranks)) == 137
+    assert ("job failed with exit code 137 (rank 1 was killed by SIGKILL; mpiexec's 139 is the bitwise OR of the "
+            "ranks' statuses)") in capsys.readouterr().err
+
+
+def test_job_status_without_a_kill_is_the_lowest_failing_ranks():
+    ranks = _records(r0={"returncode": "0"}, r1={"returncode": "4"}, r2={"returncode": "2"})
+    assert launcher._job_status(ranks) == (4, "rank 1 exited with status 4")
+    assert launcher._job_status(_records(r0={"returncode": "0"}, r1={"start": "5"})) is None  # mpiexec's then
+
+
+def test_report_describes_each_rank_once_by_its_most_certain_record(capsys):
+    ranks = _records(r0={"start": "10", "returncode": "3"},                       # os._exit(3): no exit handlers
+                     r1={"start": "11", "killed": "11 SIGKILL", "returncode": "137"},  # named by its guard
+                     r2={"start": "12", "exit": "", "returncode": "1", "error": "rank 2: lost rank 1"},
+                     r3={"start": "13"})                                          # nothing saw it end
+    launcher._report_ranks(ranks, failed_pids=[11])
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "ddlrun: ranks whose end nobody recorded (killed by a signal, crashed, or ended by the launcher's cleanup): "
+        "rank 3 (pid 13)",
+        "ddlrun: rank 0 (pid 10) exited with status 3 without running its exit handlers (os._exit, or a fatal error "
+        "in the interpreter)",
+        "ddlrun: mpiexec reported rank 1 (pid 11) as failed",
+        "ddlrun: rank 2 reported: rank 2: lost rank 1",
+        "ddlrun: exit status per rank: 0: 3, 1: 137, 2: 1",
+    ]
 
 
 # --- real launches (mpiexec, 2 ranks) ------------------------------------------------------------------
@@ -244,7 +282,8 @@ def test_real_launch_forwards_a_rank_failure(tmp_path):
     failing = write_script(tmp_path, "fail.py", EXIT_3_ON_RANK_1)
     proc = run_ddlrun("-n", "2", sys.executable, failing)
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "ddlrun: job failed with exit code 3" in proc.stderr.splitlines()
+    assert "ddlrun: job failed with exit code 3 (rank 1 exited with status 3)" in proc.stderr.splitlines()
+    assert "ddlrun: exit status per rank: 0: 0, 1: 3" in proc.stderr.splitlines()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -301,7 +340,7 @@ def test_ddlrun_names_the_rank_that_was_killed_and_the_survivors_exit_by_themsel
         assert re.search(rf"ddlrun: rank {survivor} reported: rank {survivor}: allreduce #4 .*rank 1 died",
                          proc.stderr), proc.stderr
     assert "ddlrun: exit status per rank: 0: 1, 1: 137, 2: 1" in proc.stderr, proc.stderr
-    assert "died without exiting" not in proc.stderr, proc.stderr
+    assert "nobody recorded" not in proc.stderr, proc.stderr
 
 
 # --- the rank guard (ddl_triton/_rank_guard.py) -----------------------------------------------------------

@@ -12,6 +12,19 @@ This is the only fast signal of a death on another node (over shared memory the 
 rank is found by its pid first). The cost: a communicator whose ranks are all alive, in a
 job where some other process died, also stops waiting after half a second. Data-parallel
 training cannot go on without a rank, so that is the behaviour wanted there.
+
+What the notice does *not* mean: that a rank failed. Under ``-disable-auto-cleanup`` hydra
+keeps every rank's PMI socket registered after ``PMI_Finalize`` (it deregisters it only
+with auto-cleanup on), so a rank that exits cleanly closes a socket hydra still watches,
+and hydra sends SIGUSR1 to every other rank of its node then too. MPI_Finalize is
+collective (MPICH's waits for every rank), so such a notice can only reach a rank that has
+itself entered MPI_Finalize, or a rank of a job whose peer left without finalizing (a
+failure). Two consequences, both handled by ``ignore_from_now_on`` at exit:
+- a notice that arrives once MPI is finalized says nothing about this rank's collectives;
+- Python's interpreter teardown puts every signal it handles back to the default action
+  before mpi4py's MPI_Finalize runs, and SIGUSR1's default action ends the process: a rank
+  still tearing down when a faster rank exits would die of the notice (exit status 138
+  under ``ddlrun``). An *ignored* disposition is left alone by the teardown.
 """
 from __future__ import annotations
 
@@ -45,3 +58,16 @@ def install() -> bool:
 def received_at() -> float | None:
     """``time.monotonic()`` of the first notice, or None."""
     return _received_at
+
+
+def ignore_from_now_on() -> None:
+    """Ignore SIGUSR1 for the rest of the process's life, if this module handles it.
+
+    Called at interpreter exit (the exit guard in ``ddl_triton/__init__.py``), once the
+    decision to finalize MPI or not has been taken: from then on a notice can change
+    nothing, and under the default action it would kill a rank that exits cleanly while
+    a faster peer's exit is being announced. An application's own SIGUSR1 handler is left
+    in place. Only the main thread may set handlers (atexit runs there).
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGUSR1) is _record:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
