@@ -4,7 +4,11 @@ Each launcher takes keyword-only options, validates its tensors, and runs the
 private ``@triton.jit`` kernel on CUDA tensors (or on CPU tensors when
 ``DDL_KERNELS=triton`` under ``TRITON_INTERPRET=1``); CPU tensors otherwise run
 the torch reference that sits beside each kernel.
+
+Launch configurations (block sizes, warps, stages) are plain data in :mod:`.launch_configs`
+(read, edit, extend, pin a tuned winner); :mod:`.sweep` times them on a GPU.
 """
+from . import launch_configs, sweep
 from ._dispatch import get_backend, set_backend
 from .compress import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_reference,
                        reduce_int8, reduce_int8_reference, sign_compress, sign_compress_reference,
@@ -13,8 +17,8 @@ from .pack import pack, pack_reference, unpack, unpack_reference
 from .reduce import REDUCE_OPS, reduce, reduce_reference
 
 __all__ = [
-    "REDUCE_OPS", "dequantize_int8", "dequantize_int8_reference", "get_backend", "pack", "pack_reference",
-    "quantize_int8", "quantize_int8_reference", "reduce", "reduce_int8", "reduce_int8_reference",
+    "REDUCE_OPS", "dequantize_int8", "dequantize_int8_reference", "get_backend", "launch_configs", "pack",
+    "pack_reference", "quantize_int8", "quantize_int8_reference", "reduce", "reduce_int8", "reduce_int8_reference",
     "reduce_reference", "set_backend", "sign_compress", "sign_compress_reference", "sign_decompress",
-    "sign_decompress_reference", "unpack", "unpack_reference",
+    "sign_decompress_reference", "sweep", "unpack", "unpack_reference",
 ]

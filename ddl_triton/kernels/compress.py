@@ -86,6 +86,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import launch_configs
 from ._dispatch import interpreting, use_triton
 from ._rounding import round_to as _round_to
 
@@ -225,33 +226,36 @@ def _sign_unpack_kernel(bits_ptr, scale_ptr, out_ptr, n_elements, n_bytes, BYTES
     tl.store(out_ptr + offsets, _round_to(d, out_ptr.dtype.element_ty), mask=offsets < n_elements)
 
 
-_TILE_CONFIGS = [
-    triton.Config({"TILE": 2048}, num_warps=4),
-    triton.Config({"TILE": 4096}, num_warps=8),
-    triton.Config({"TILE": 8192}, num_warps=8),
-]
-_BYTES_CONFIGS = [
-    triton.Config({"BYTES": 256}, num_warps=4),
-    triton.Config({"BYTES": 512}, num_warps=4),
-    triton.Config({"BYTES": 1024}, num_warps=8),
-]
-_BLOCK_CONFIGS = [
-    triton.Config({"BLOCK": 1024}, num_warps=4),
-    triton.Config({"BLOCK": 4096}, num_warps=8),
-]
-_quantize_kernel_tuned = triton.autotune(configs=_TILE_CONFIGS, key=["n_elements", "QBLOCK"])(_quantize_kernel)
-_dequantize_kernel_tuned = triton.autotune(configs=_TILE_CONFIGS, key=["n_elements", "QBLOCK"])(_dequantize_kernel)
-# reset_to_zero is not needed: every output element is written by exactly one program.
-_reduce_int8_kernel_tuned = triton.autotune(configs=_TILE_CONFIGS, key=["n_elements", "QBLOCK"])(_reduce_int8_kernel)
-# Both 1-bit kernels rewrite an input in place, so autotuning must restore it between trials.
-_add_into_kernel_tuned = triton.autotune(configs=_BLOCK_CONFIGS, key=["n_elements"],
-                                         restore_value=["r_ptr"])(_add_into_kernel)
-_sign_pack_kernel_tuned = triton.autotune(configs=_BYTES_CONFIGS, key=["n_elements"],
-                                          restore_value=["v_ptr"])(_sign_pack_kernel)
-_sign_unpack_kernel_tuned = triton.autotune(configs=_BYTES_CONFIGS, key=["n_elements"])(_sign_unpack_kernel)
+# Launch configurations (TILE / BYTES / BLOCK, num_warps, num_stages) are data: launch_configs.py.
+# Here: each kernel's name there, and its autotuning arguments. reset_to_zero is not needed: every
+# output element is written by exactly one program. The add_into and sign_pack kernels rewrite an
+# input in place, so autotuning must restore it between trials.
+_AUTOTUNE = {
+    "quantize_int8": (_quantize_kernel, dict(key=["n_elements", "QBLOCK"])),
+    "dequantize_int8": (_dequantize_kernel, dict(key=["n_elements", "QBLOCK"])),
+    "reduce_int8": (_reduce_int8_kernel, dict(key=["n_elements", "QBLOCK"])),
+    "add_into": (_add_into_kernel, dict(key=["n_elements"], restore_value=["r_ptr"])),
+    "sign_pack": (_sign_pack_kernel, dict(key=["n_elements"], restore_value=["v_ptr"])),
+    "sign_unpack": (_sign_unpack_kernel, dict(key=["n_elements"])),
+}
+# The interpreter's fixed sizes, unless the kernel is pinned (launch_configs.interpreter_meta).
 _INTERPRETER_TILE = 4096
 _INTERPRETER_BYTES = 512
 _INTERPRETER_BLOCK = 4096
+
+
+def _tuned(kernel: str):
+    """The autotuned wrapper of ``kernel`` over its launch configurations as they are now."""
+    fn, autotune_args = _AUTOTUNE[kernel]
+    return launch_configs.autotuned(kernel, fn, **autotune_args)
+
+
+def _interpreted_tile(kernel: str) -> int:
+    return launch_configs.interpreter_meta(kernel, TILE=_INTERPRETER_TILE)["TILE"]
+
+
+def _interpreted_bytes(kernel: str) -> int:
+    return launch_configs.interpreter_meta(kernel, BYTES=_INTERPRETER_BYTES)["BYTES"]
 
 
 def _compiled(t: torch.Tensor) -> bool:
@@ -345,10 +349,11 @@ def quantize_int8(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, t
     if n == 0:
         return q, s
     if _compiled(x):
-        _quantize_kernel_tuned[_tile_grid(nb, block)](x, q, s, n, nb, QBLOCK=block)
+        _tuned("quantize_int8")[_tile_grid(nb, block)](x, q, s, n, nb, QBLOCK=block)
     else:
-        grid = (triton.cdiv(nb, max(1, _INTERPRETER_TILE // block)),)
-        _quantize_kernel[grid](x, q, s, n, nb, QBLOCK=block, TILE=_INTERPRETER_TILE)
+        tile = _interpreted_tile("quantize_int8")
+        grid = (triton.cdiv(nb, max(1, tile // block)),)
+        _quantize_kernel[grid](x, q, s, n, nb, QBLOCK=block, TILE=tile)
     return q, s
 
 
@@ -378,10 +383,11 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor 
         return out
     nb = scales.numel()
     if _compiled(q):
-        _dequantize_kernel_tuned[_tile_grid(nb, block)](q, scales, out, n, nb, QBLOCK=block)
+        _tuned("dequantize_int8")[_tile_grid(nb, block)](q, scales, out, n, nb, QBLOCK=block)
     else:
-        grid = (triton.cdiv(nb, max(1, _INTERPRETER_TILE // block)),)
-        _dequantize_kernel[grid](q, scales, out, n, nb, QBLOCK=block, TILE=_INTERPRETER_TILE)
+        tile = _interpreted_tile("dequantize_int8")
+        grid = (triton.cdiv(nb, max(1, tile // block)),)
+        _dequantize_kernel[grid](q, scales, out, n, nb, QBLOCK=block, TILE=tile)
     return out
 
 
@@ -423,11 +429,12 @@ def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor],
     args = (q_table, s_table, len(qs), q_out, s_out, n, nb, scale_value)
     if _compiled(qs[0]):
         # enable_fp_fusion=False: an fma of acc + q*s would round once where torch rounds twice.
-        _reduce_int8_kernel_tuned[_tile_grid(nb, block)](*args, HAS_SCALE=scale is not None, QBLOCK=block,
-                                                         enable_fp_fusion=False)
+        _tuned("reduce_int8")[_tile_grid(nb, block)](*args, HAS_SCALE=scale is not None, QBLOCK=block,
+                                                     enable_fp_fusion=False)
     else:
-        grid = (triton.cdiv(nb, max(1, _INTERPRETER_TILE // block)),)
-        _reduce_int8_kernel[grid](*args, HAS_SCALE=scale is not None, QBLOCK=block, TILE=_INTERPRETER_TILE)
+        tile = _interpreted_tile("reduce_int8")
+        grid = (triton.cdiv(nb, max(1, tile // block)),)
+        _reduce_int8_kernel[grid](*args, HAS_SCALE=scale is not None, QBLOCK=block, TILE=tile)
     return q_out, s_out
 
 
@@ -560,15 +567,16 @@ def sign_compress(x: torch.Tensor, residual: torch.Tensor, *,
         return out, torch.zeros(1, dtype=torch.float32, device=x.device)
     n_bytes = out.numel()
     if _compiled(x):
-        _add_into_kernel_tuned[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, residual, n)
+        _tuned("add_into")[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, residual, n)
         scale = _mean_abs(residual)
-        _sign_pack_kernel_tuned[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](
-            residual, out, scale, n, n_bytes)
+        _tuned("sign_pack")[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](residual, out, scale, n, n_bytes)
     else:
-        _add_into_kernel[(triton.cdiv(n, _INTERPRETER_BLOCK),)](x, residual, n, BLOCK=_INTERPRETER_BLOCK)
+        block = launch_configs.interpreter_meta("add_into", BLOCK=_INTERPRETER_BLOCK)["BLOCK"]
+        _add_into_kernel[(triton.cdiv(n, block),)](x, residual, n, BLOCK=block)
         scale = _mean_abs(residual)
-        _sign_pack_kernel[(triton.cdiv(n_bytes, _INTERPRETER_BYTES),)](
-            residual, out, scale, n, n_bytes, BYTES=_INTERPRETER_BYTES)
+        bytes_per_program = _interpreted_bytes("sign_pack")
+        _sign_pack_kernel[(triton.cdiv(n_bytes, bytes_per_program),)](
+            residual, out, scale, n, n_bytes, BYTES=bytes_per_program)
     return out, scale
 
 
@@ -603,10 +611,11 @@ def sign_decompress(bits: torch.Tensor, scale: torch.Tensor | float, n: int, *,
         return out
     n_bytes = bits.numel()
     if _compiled(bits):
-        _sign_unpack_kernel_tuned[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](bits, scale, out, n, n_bytes)
+        _tuned("sign_unpack")[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](bits, scale, out, n, n_bytes)
     else:
-        _sign_unpack_kernel[(triton.cdiv(n_bytes, _INTERPRETER_BYTES),)](
-            bits, scale, out, n, n_bytes, BYTES=_INTERPRETER_BYTES)
+        bytes_per_program = _interpreted_bytes("sign_unpack")
+        _sign_unpack_kernel[(triton.cdiv(n_bytes, bytes_per_program),)](
+            bits, scale, out, n, n_bytes, BYTES=bytes_per_program)
     return out
 
 

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_configs
 from ._dispatch import accumulator_dtype, get_backend, interpreting, use_triton
 from ._rounding import round_to
 
@@ -87,14 +88,9 @@ def _reduce_kernel(out_ptr, in0, in1, in2, in3, in4, in5, in6, in7, n_elements, 
     tl.store(out_ptr + offsets, round_to(acc, out_ptr.dtype.element_ty), mask=mask)
 
 
-_GPU_CONFIGS = [
-    triton.Config({"BLOCK": 1024}, num_warps=4),
-    triton.Config({"BLOCK": 2048}, num_warps=8),
-    triton.Config({"BLOCK": 4096}, num_warps=8),
-    triton.Config({"BLOCK": 8192}, num_warps=16),
-]
-_reduce_kernel_tuned = triton.autotune(configs=_GPU_CONFIGS, key=["n_elements", "NUM_INPUTS"])(_reduce_kernel)
-_INTERPRETER_BLOCK = 1024
+# Launch configurations (BLOCK, num_warps, num_stages) are data: launch_configs.py, kernel "reduce".
+_AUTOTUNE_KEY = ["n_elements", "NUM_INPUTS"]
+_INTERPRETER_BLOCK = 1024  # unless "reduce" is pinned: see launch_configs.interpreter_meta
 
 
 def reduce_reference(out: torch.Tensor, inputs: Sequence[torch.Tensor], *, op: str = "sum",
@@ -224,7 +220,8 @@ def _launch(out: torch.Tensor, inputs: list[torch.Tensor], op: str, scale: float
     scale_value = torch.full((1,), 1.0 if scale is None else float(scale), dtype=acc_dtype, device=out.device)
     if out.is_cuda and not interpreting():
         grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
-        _reduce_kernel_tuned[grid](out, *ptrs, n, scale_value, **args)
+        tuned = launch_configs.autotuned("reduce", _reduce_kernel, key=_AUTOTUNE_KEY)
+        tuned[grid](out, *ptrs, n, scale_value, **args)
     else:
-        grid = (triton.cdiv(n, _INTERPRETER_BLOCK),)
-        _reduce_kernel[grid](out, *ptrs, n, scale_value, BLOCK=_INTERPRETER_BLOCK, **args)
+        block = launch_configs.interpreter_meta("reduce", BLOCK=_INTERPRETER_BLOCK)["BLOCK"]
+        _reduce_kernel[(triton.cdiv(n, block),)](out, *ptrs, n, scale_value, BLOCK=block, **args)
