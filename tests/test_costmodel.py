@@ -53,3 +53,28 @@ def test_model_agrees_with_step_count_at_zero_bandwidth_cost(name):
     s = schedules.build(name, "allreduce", 2, 8, chunk_elems=100)
     # Two ranks run symmetric step lists in lockstep: the time is the per-rank step count.
     assert m.time(s, _flat(), 4) == pytest.approx(max(len(steps) for steps in s.steps))
+
+
+@pytest.mark.parametrize("name,grid", [("ring", None), ("one_shot", None), ("rhd", None), ("tree", None),
+                                       ("hierarchical", (2, 2)), ("multidim", (2, 2))])
+def test_terms_are_the_critical_paths_coefficients(name, grid):
+    """``terms`` gives the time and coefficients with time == coefficients . parameters, and the
+    same time as ``time``: the linearity a least-squares fit of the parameters relies on."""
+    m = CostModel(calls=(7e-6, 1e-6, 2e-6, 3e-6, 4e-6, 5e-6))
+    link = lambda a, b: "shm" if a // 2 == b // 2 else "mpi"  # noqa: E731
+    s = schedules.build(name, "allreduce", 4, 5000, chunk_elems=512, grid=grid)
+    t, coeffs = m.terms(s, link, 4)
+    assert t == pytest.approx(m.time(s, link, 4), rel=1e-12)
+    assert t == pytest.approx(sum(c * p for c, p in zip(coeffs, m.vector())), rel=1e-12)
+    assert coeffs[0] == 1 and sum(coeffs[:6]) == 1  # one allreduce call
+    assert coeffs[6] >= 1  # at least one step on the path
+
+
+def test_parameters_round_trip_through_plain_data():
+    m = CostModel(calls=(3e-6, 1e-6, 0.0, 0.0, 2e-6, 0.0), gamma=1e-10)
+    assert CostModel.from_dict(m.to_dict()) == m
+    assert CostModel.from_vector(m.vector()) == m
+    with pytest.raises(ValueError, match=">= 0"):
+        CostModel.from_dict(dict(m.to_dict(), gamma=-1.0))
+    with pytest.raises(ValueError, match="incomplete"):
+        CostModel.from_dict({"gamma": 1.0})
