@@ -9,7 +9,8 @@
 """
 from __future__ import annotations
 
-from .communicator import Communicator, Plan
+from .communicator import Communicator
+from .planner import Plan
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .options import Options
 from .transports import failure_notice
@@ -61,7 +62,11 @@ def _install_exit_guard() -> None:
 def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communicator:
     """Create a communicator over ``mpi_comm`` (default ``MPI.COMM_WORLD``).
 
-    The world communicator is created once: later ``init()`` calls return it.
+    The world communicator is created once: a later ``init()`` over the world returns it,
+    and raises ``ValueError`` when given options that differ from the ones it was created
+    with (they could not be honoured; a communicator's options never change). For other
+    options, make another communicator over a duplicate of the world:
+    ``ddl_triton.init(MPI.COMM_WORLD.Dup(), schedule="ring")``, or ``finalize()`` first.
     ``options`` defaults to ``Options.from_env()`` (the ``DDL_*`` variables, read
     here and only here); keyword ``overrides`` replace single fields.
     """
@@ -70,6 +75,7 @@ def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communic
 
     world = mpi_comm is None or mpi_comm == MPI.COMM_WORLD
     if world and _world is not None:
+        _check_same_options(_world, options, overrides)
         return _world
     opts = options.replace(**overrides) if options is not None else Options.from_env(**overrides)
     _install_exit_guard()
@@ -80,6 +86,19 @@ def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communic
         from . import status
         status.start(opts.status_dir, comm.rank)
     return comm
+
+
+def _check_same_options(world: Communicator, options: Options | None, overrides: dict) -> None:
+    """Refuse options the existing world communicator was not created with (see ``init``)."""
+    created = world._requested_options
+    asked = (options.replace(**overrides) if options is not None else created.replace(**overrides)) \
+        if (options is not None or overrides) else created
+    differ = [f"{name}={getattr(asked, name)!r} (it has {getattr(created, name)!r})"
+              for name in Options.__dataclass_fields__ if getattr(asked, name) != getattr(created, name)]
+    if differ:
+        raise ValueError(f"rank {world.rank}: ddl_triton.init: the world communicator already exists and cannot "
+                         f"take {', '.join(differ)}; create another with ddl_triton.init(MPI.COMM_WORLD.Dup(), ...) "
+                         "or call ddl_triton.finalize() first")
 
 
 def finalize() -> None:

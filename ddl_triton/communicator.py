@@ -3,7 +3,7 @@
 Every collective follows one path:
 
     validate (before any communication, errors name the rank and the problem)
-      -> plan    (schedule name + chunking, and the reason for the choice)
+      -> plan    (ddl_triton/planner.py: forced, else tuning table, else cost model)
       -> stage   (flatten; non-contiguous data goes through a contiguous copy;
                   sum/avg of 16-bit data on a multi-hop schedule runs in fp32)
       -> run     (executor, in issue order; async calls on a background thread)
@@ -12,19 +12,18 @@ Every collective follows one path:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import contextlib
 
 import torch
 from mpi4py import MPI
 
-from . import calls, gpu_path, kernels, schedules, status
-from .schedules import grid as grid_mod
+from . import calls, gpu_path, kernels, schedules, status, tuning
+from .planner import Plan, Planner
 from .small_allreduce import SmallAllreduce
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .executor import CallContext, Executor, step_error
 from .ops import DTYPES, SIXTEEN_BIT, check_op_dtype, normalize_op
 from . import topology as topology_mod
-from .costmodel import DEFAULT as DEFAULT_COST_MODEL
 from .options import Options
 from .topology import Topology
 from .transports import failure_notice
@@ -35,30 +34,12 @@ from .transports.shm import ShmTransport
 from .work import OrderedRunner
 
 
-@dataclass(frozen=True)
-class Plan:
-    """What ``explain`` reports: the schedule, its parameters and why it was chosen."""
-
-    schedule: str
-    chunk_elems: int
-    reason: str
-    grid: tuple[int, ...] | None = None        # for topology-aware schedules
-    algos: tuple[str, ...] | None = None       # per grid dimension (multidim / hierarchical)
-    estimates: tuple[tuple[str, float], ...] = ()  # modelled seconds of every candidate
-
-    def __str__(self) -> str:
-        extra = f", grid {'x'.join(map(str, self.grid))}" if self.grid else ""
-        extra += f", per-dimension {'/'.join(self.algos)}" if self.algos else ""
-        est = "; ".join(f"{n} {t * 1e6:.0f} us" for n, t in self.estimates)
-        return (f"{self.schedule} (chunk {self.chunk_elems} elements{extra}): {self.reason}"
-                + (f" [model: {est}]" if est else ""))
-
-
 class Communicator:
     """A group of ranks that run collectives together. Create it with ``ddl_triton.init``."""
 
     def __init__(self, mpi_comm, options: Options):
-        self.options = options
+        self.options = options              # in force (a tuning table may bring its slot layout)
+        self._requested_options = options   # as given (init compares later requests with these)
         if options.schedule and options.schedule not in schedules.names():
             raise ValueError(f"rank {mpi_comm.Get_rank()}: unknown schedule {options.schedule!r} (DDL_SCHEDULE); "
                              f"valid: {', '.join(schedules.names())}")
@@ -71,6 +52,8 @@ class Communicator:
         self._poison: BaseException | None = None
         self._closed = False
         kernels.set_backend(options.kernels)
+        self._detect_topology()
+        self._planner = self._make_planner()  # may adopt the table's slot layout into self.options
         self._transports, route = self._connect()
         every_peer_on_shm = all(route[p] is not None and route[p].name == "shm"
                                 for p in range(self.size) if p != self.rank)
@@ -82,18 +65,19 @@ class Communicator:
                                   depth=options.pipeline_depth)
         self._gpu = gpu_path.GpuPath(self)  # built on the first CUDA collective
         self._small = SmallAllreduce(shm, self._executor, self.rank, self.size, options.timeout) \
-            if every_peer_on_shm and shm is not None and options.schedule in ("", "one_shot") else None
+            if every_peer_on_shm and shm is not None else None
+        self._small_shapes: dict[tuple[int, torch.dtype], bool] = {}  # (numel, dtype) -> takes the small path
+        if self._small is not None:
+            self._planner.small_path = self._small.serves
         self._runner = OrderedRunner(f"ddl_triton-rank{self.rank}")
 
-    def _connect(self):
-        """Find the topology, then choose a transport per peer: shm inside a (possibly emulated)
-        node, MPI between nodes, or MPI everywhere when Options.transport is "mpi"."""
+    def _detect_topology(self) -> None:
+        """The grid of ranks (Options.topology, else detected hosts) and each rank's node."""
         if self.size == 1:
             self.topology = Topology((1,), "a single rank")
             self._node_of_rank = (0,)
-            self._on_node = [0]
-            loop = SelfTransport()
-            return [loop], [loop]
+            self._host_of_rank = [0]
+            return
         host = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
             host_of_rank = self._comm.allgather(host.allreduce(self.rank, op=MPI.MIN))  # control path
@@ -110,6 +94,57 @@ class Communicator:
         else:
             self.topology = topology_mod.detect(host_of_rank)
             node_of_rank = host_of_rank
+        self._node_of_rank = tuple(node_of_rank)
+        self._host_of_rank = host_of_rank
+
+    def _make_planner(self) -> Planner:
+        """The planner, with the tuning table this communicator uses (ddl_triton/tuning.py).
+
+        Every rank must plan alike, so the ranks compare their tables' digests and refuse
+        to start when they differ. A table measured with another shm slot layout brings its
+        own (chunk_bytes, pipeline_depth) unless the options set non-default ones."""
+        table, source = None, ""
+        if self.size > 1:
+            key = tuning.machine_key(world_size=self.size, topology=self.topology.signature,
+                                     transport=self.options.transport)
+            failure = ""
+            try:
+                resolved = tuning.resolve(self.options.tuning_file, key)
+                table, source = resolved.table, resolved.source
+                if self.rank == 0:
+                    tuning.warn_once(resolved.note)
+            except tuning.TuningTableError as e:
+                failure = str(e)  # raised below on every rank: a rank leaving alone would hang the others
+            digests = self._comm.allgather((table.digest() if table else "none", source or "no table", failure))
+            failed = [(r, f) for r, (_, _, f) in enumerate(digests) if f]
+            if failed:
+                raise tuning.TuningTableError(f"rank {self.rank}: cannot use the tuning table (DDL_TUNING_FILE): "
+                                              + "; ".join(f"rank {r}: {f}" for r, f in failed))
+            if len(set(d for d, _, _ in digests)) > 1:
+                listing = "; ".join(f"rank {r}: {src} ({d})" for r, (d, src, _) in enumerate(digests))
+                raise ValueError(f"rank {self.rank}: the ranks loaded different tuning tables, so they could "
+                                 f"choose different schedules for one call: {listing}. Give every rank the same "
+                                 "DDL_TUNING_FILE (or DDL_TUNING_FILE=off)")
+            defaults = Options()
+            if table is not None and (self.options.chunk_bytes, self.options.pipeline_depth) == \
+                    (defaults.chunk_bytes, defaults.pipeline_depth):
+                self.options = self.options.replace(chunk_bytes=table.options["chunk_bytes"],
+                                                    pipeline_depth=table.options["pipeline_depth"])
+        if table is not None and table.kernels:
+            from .kernels import launch_configs
+            launch_configs.apply(table.kernels)  # tuned Triton launch configurations (GPU path)
+        return Planner(rank=self.rank, size=self.size, topology=self.topology, link_of=self._link,
+                       forced=self.options.schedule, slot_bytes=self.options.chunk_bytes, table=table,
+                       table_source=source)
+
+    def _connect(self):
+        """Choose a transport per peer: shm inside a (possibly emulated) node, MPI between
+        nodes, or MPI everywhere when Options.transport is "mpi"."""
+        if self.size == 1:
+            self._on_node = [0]
+            loop = SelfTransport()
+            return [loop], [loop]
+        node_of_rank, host_of_rank = self._node_of_rank, self._host_of_rank
         mine = node_of_rank[self.rank]
         on_node = [r for r in range(self.size) if node_of_rank[r] == mine]
         node = self._comm.Split(mine, self.rank)
@@ -133,7 +168,6 @@ class Communicator:
             if p != self.rank:
                 route[p] = shm if use_shm and p in on_node else mpi
         self._link_names = tuple("self" if p == self.rank else route[p].name for p in range(self.size))
-        self._node_of_rank = tuple(node_of_rank)
         self._on_node = on_node  # the GPU path puts NVSHMEM over these ranks
         return transports, route
 
@@ -204,12 +238,12 @@ class Communicator:
         """The schedule this communicator would run for ``collective`` on ``nbytes`` of ``dtype``, and why."""
         if collective not in schedules.COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(schedules.COLLECTIVES)}")
-        elem = torch.empty(0, dtype=dtype).element_size()
-        if collective == "allreduce" and self._small is not None and self._small.serves(nbytes, dtype):
-            return Plan("one_shot", max(1, self.options.chunk_bytes // elem),
-                        f"small-message path: every peer on shm and {nbytes} B <= {self._small.limit} B "
-                        "(ddl_triton/small_allreduce.py)")
-        return self._plan(collective, nbytes, elem)
+        plan = self._planner.plan(collective, nbytes, dtype)
+        if collective == "allreduce" and self._takes_small_path(nbytes // dtype.itemsize, dtype):
+            return Plan(plan.schedule, plan.chunk_elems, plan.reason + f"; runs the small-message path (every peer "
+                        f"on shm and {nbytes} B <= {self._small.limit} B: ddl_triton/small_allreduce.py)",
+                        estimates=plan.estimates)
+        return plan
 
     def close(self) -> None:
         """Finish queued work, then release the transports and the private MPI communicator."""
@@ -275,66 +309,36 @@ class Communicator:
                 raise ValueError(f"rank {self.rank}: output and input share memory; pass separate tensors")
 
     # -- planning ------------------------------------------------------------------------
-    def _plan(self, collective: str, nbytes: int, elem: int) -> Plan:
-        """Choose a schedule: the forced one when it implements ``collective``, else the one the
-        alpha-beta-gamma cost model (ddl_triton/costmodel.py) times fastest on this topology."""
-        chunk_elems = max(1, self.options.chunk_bytes // elem)
-        count = nbytes // elem
-        forced = self.options.schedule
-        note = ""
-        if forced:
-            if forced not in schedules.names():
-                raise ValueError(f"rank {self.rank}: unknown schedule {forced!r} (DDL_SCHEDULE); "
-                                 f"valid: {', '.join(schedules.names())}")
-            if schedules.supports(forced, collective):
-                grid, algos = self._grid_params(forced, count, chunk_elems, elem)
-                return Plan(forced, chunk_elems, "forced by DDL_SCHEDULE / Options.schedule", grid, algos)
-            note = f"forced {forced} does not implement {collective}; "
-        candidates = [n for n in schedules.names() if schedules.supports(n, collective)
-                      and (not schedules.uses_grid(n) or len(self.topology.dims) > 1)]
-        estimates = []
-        for name in candidates:
-            grid, algos = self._grid_params(name, count, chunk_elems, elem)
-            estimates.append((self._model_time(name, collective, count, chunk_elems, elem, grid, algos), name, grid, algos))
-        best_time, best, grid, algos = min(estimates, key=lambda e: e[0])
-        return Plan(best, chunk_elems,
-                    note + f"fastest of {len(estimates)} candidates under the cost model for {nbytes} B on "
-                    f"topology {self.topology.signature}", grid, algos,
-                    tuple((n, t) for t, n, _, _ in sorted(estimates, key=lambda e: e[0])))
-
-    def _model_time(self, name, collective, count, chunk_elems, elem, grid=None, algos=None) -> float:
-        if count == 0 or self.size == 1:
-            return 0.0
-        # Cost a representative size: timing a 64 MiB schedule step by step would cost more than it saves.
-        model_count = min(count, 64 * chunk_elems)
-        sched = schedules.build(name, collective, self.size, model_count, chunk_elems=chunk_elems, grid=grid,
-                                algos=algos)
-        t = DEFAULT_COST_MODEL.time(sched, self._link, elem)
-        return t * count / model_count
-
     def _link(self, a: int, b: int) -> str:
         if self.options.transport == "mpi" or self._node_of_rank[a] != self._node_of_rank[b]:
             return "mpi"
         return "shm"
 
-    def _grid_params(self, name: str, count: int, chunk_elems: int, elem: int):
-        """(grid, per-dimension algorithms) for the topology-aware schedules; (None, None) otherwise."""
-        if not schedules.uses_grid(name):
-            return None, None
-        dims = self.topology.dims
-        if name == "hierarchical":
-            return dims, None
-        algos = list(grid_mod.default_algorithms(dims))
-        # Each dimension picks its own algorithm: try each in turn, the others held fixed.
-        for d in range(len(dims)):
-            if dims[d] == 1:
-                continue
-            timed = []
-            for algo in grid_mod.PHASE_ALGORITHMS:
-                trial = tuple(algos[:d] + [algo] + algos[d + 1:])
-                timed.append((self._model_time(name, "allreduce", count, chunk_elems, elem, dims, trial), algo))
-            algos[d] = min(timed)[1]
-        return dims, tuple(algos)
+    def _takes_small_path(self, numel: int, dtype: torch.dtype) -> bool:
+        """Whether an allreduce of ``numel`` x ``dtype`` runs small_allreduce.py: the planner
+        chose one_shot and the path serves the size. Cached per shape (the latency path)."""
+        key = (numel, dtype)
+        takes = self._small_shapes.get(key)
+        if takes is None:
+            nbytes = numel * dtype.itemsize
+            takes = (self._small is not None and self._small.serves(nbytes, dtype)
+                     and self._planner.plan("allreduce", nbytes, dtype).schedule == "one_shot")
+            if len(self._small_shapes) > 256:
+                self._small_shapes.clear()
+            self._small_shapes[key] = takes
+        return takes
+
+    @contextlib.contextmanager
+    def _with_plan(self, plan: Plan):
+        """Run every collective inside the block with ``plan`` (the tuner's way to time a candidate)."""
+        self._prepared.clear()
+        self._small_shapes.clear()
+        try:
+            with self._planner.overriding(plan):
+                yield
+        finally:
+            self._prepared.clear()
+            self._small_shapes.clear()
 
     def _prepare(self, collective: str, count: int, in_numel: int, dtype: torch.dtype, op: str, root: int):
         """(schedule, run dtype, op context) for a call shape, cached: the latency path is one dict lookup."""
@@ -343,7 +347,7 @@ class Communicator:
         if prepared is not None:
             return prepared
         elem = dtype.itemsize
-        plan = self._plan(collective, in_numel * elem, elem)
+        plan = self._planner.plan(collective, in_numel * elem, dtype)
         schedule = schedules.build(plan.schedule, collective, self.size, count, chunk_elems=plan.chunk_elems,
                                    root=root, grid=plan.grid, algos=plan.algos)
         scale = 1.0 / self.size if op == "avg" else None
@@ -354,7 +358,7 @@ class Communicator:
             # Partial sums travel between ranks: carry them in fp32 and round once at the end.
             run_dtype = torch.float32
             schedule = schedules.build(plan.schedule, collective, self.size, count,
-                                       chunk_elems=max(1, self.options.chunk_bytes // 4), root=root,
+                                       chunk_elems=max(1, plan.chunk_elems * elem // 4), root=root,
                                        grid=plan.grid, algos=plan.algos)
         if len(self._prepared) > 256:  # bounded: a training loop uses a few call shapes
             self._prepared.clear()
@@ -414,8 +418,7 @@ class Communicator:
 
     def _run(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int, op: str,
              root: int) -> None:
-        if collective == "allreduce" and self._small is not None and inbuf.is_cpu and \
-                self._small.serves(inbuf.numel() * inbuf.element_size(), inbuf.dtype):
+        if collective == "allreduce" and inbuf.is_cpu and self._takes_small_path(inbuf.numel(), inbuf.dtype):
             self._small_allreduce(inbuf, op)
             return
         schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)

@@ -27,6 +27,8 @@ class Options:
     kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)
     check_calls (DDL_CHECK_CALLS)         compare every call's fingerprint across ranks first (default 1)
     status_dir (DDL_STATUS_DIR)           folder for per-rank status files (set by ddlrun; see status.py)
+    tuning_file (DDL_TUNING_FILE)         a tuning table from ddl-tune; "" (default): the cached table whose
+                                          key matches this machine, if any; "off": none (ddl_triton/tuning.py)
     """
 
     timeout: float = 300.0
@@ -39,6 +41,7 @@ class Options:
     kernels: str = "auto"
     check_calls: bool = True
     status_dir: str = ""
+    tuning_file: str = ""
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:

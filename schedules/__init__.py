@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 from . import grid, one_shot, ring, two_shot
+from .check import check
 from .ir import IN, OUT, Recv, Schedule, Span, Step, assemble, validate
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
@@ -37,9 +38,55 @@ _REGISTRY = {
 }
 
 
+def count_for(collective: str, in_numel: int, nranks: int) -> int:
+    """The schedule ``count`` of a call whose input tensor has ``in_numel`` elements per rank
+    (see the module doc): the per-rank block for reduce_scatter and all_to_all."""
+    return in_numel // nranks if collective in ("reduce_scatter", "all_to_all") else in_numel
+
+
 def names() -> tuple[str, ...]:
     """Every registered schedule name."""
     return tuple(_REGISTRY)
+
+
+def register(name: str, builder, collectives, *, uses_grid: bool = False, replace: bool = False) -> None:
+    """Add a schedule: from now on ``build``, ``DDL_SCHEDULE``, the planner's cost model and
+    ``ddl-tune`` all know it by ``name``. Example (examples/custom_schedule.py)::
+
+        def build_star(collective, nranks, count, *, chunk_elems, root=0):
+            ...  # draft steps per rank, then return assemble("star", collective, ...)
+        schedules.register("star", build_star, ["allreduce"])
+
+    ``builder(collective, nranks, count, *, chunk_elems, root=0)`` returns a Schedule (built
+    with ``assemble``, which validates it); with ``uses_grid=True`` it also receives ``grid``
+    and ``algos`` keywords. Check a new schedule with ``schedules.check`` before forcing it.
+    An existing name is refused unless ``replace=True``; names are identifiers.
+    """
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"schedule name must be an identifier, got {name!r}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"schedule {name!r} is already registered (pass replace=True to replace it)")
+    if not callable(builder):
+        raise TypeError(f"schedule {name!r}: builder must be callable, got {type(builder).__name__}")
+    collectives = tuple(collectives)
+    unknown = [c for c in collectives if c not in COLLECTIVES]
+    if not collectives or unknown:
+        raise ValueError(f"schedule {name!r}: collectives must be a non-empty subset of {', '.join(COLLECTIVES)}; "
+                         f"got {list(collectives)}")
+    _REGISTRY[name] = (builder, collectives, bool(uses_grid))
+    build.cache_clear()
+
+
+def unregister(name: str) -> None:
+    """Remove a schedule added with ``register`` (the built-in ones stay)."""
+    if name in _BUILT_IN:
+        raise ValueError(f"schedule {name!r} is built in and cannot be removed")
+    _entry(name)
+    del _REGISTRY[name]
+    build.cache_clear()
+
+
+_BUILT_IN = frozenset(_REGISTRY)
 
 
 def supports(name: str, collective: str) -> bool:
@@ -76,5 +123,6 @@ def build(name: str, collective: str, nranks: int, count: int, *, chunk_elems: i
     return fn(collective, nranks, count, chunk_elems=chunk_elems, root=root)
 
 
-__all__ = ["COLLECTIVES", "IN", "OUT", "Recv", "Schedule", "Span", "Step", "assemble", "build", "names", "supports",
+__all__ = ["COLLECTIVES", "IN", "OUT", "Recv", "Schedule", "Span", "Step", "assemble", "build", "check", "count_for",
+           "names", "register", "supports", "unregister",
            "uses_grid", "validate"]
