@@ -225,7 +225,14 @@ class _Race:
             for c in alive:
                 times[c].append(self.measure(runners[c], iters[c]))
             ranked = sorted(alive, key=lambda c: statistics.median(times[c]))
-            alive = self.world.bcast(ranked[:max(self.finalists, math.ceil(len(alive) / 2))], root=0)
+            # The faster half goes on, and so does anything within 25% of the best: one noisy
+            # measurement must not drop a close contender.
+            best = statistics.median(times[ranked[0]])
+            keep = max(self.finalists, math.ceil(len(alive) / 2))
+            survivors = [c for i, c in enumerate(ranked) if i < keep or statistics.median(times[c]) <= 1.25 * best]
+            if len(survivors) == len(alive):
+                survivors = ranked[:keep]  # every candidate is close: halve anyway, or this never ends
+            alive = self.world.bcast(survivors, root=0)
         extra = dict(peers or {})
         for name, run in extra.items():
             iters[name] = self._iterations(self.measure(run, 1))
@@ -306,6 +313,7 @@ def sweep(args, world, comms: dict, progress) -> tuple[list[dict], bool]:
     tasks = [(c, d, n) for c in args.collectives for d in args.dtypes
              for n in geometric_sizes(args.min_bytes, args.max_bytes, args.factor)]
     stopped = False
+    _warm_up(comms.values(), size)
     with _Stop(args.budget) as stop:
         for collective, dtype_name, nbytes in tasks:
             if stop.wanted(world):
@@ -336,6 +344,25 @@ def sweep(args, world, comms: dict, progress) -> tuple[list[dict], bool]:
                 rows.append(row)
             progress(collective, nbytes)
     return rows, stopped
+
+
+def _warm_up(comms, size: int, seconds: float = 1.0) -> None:
+    """Run every collective on every communicator for about ``seconds``, untimed, so that the
+    first size measured is not the one that pays for cold caches, lazy imports and first
+    page faults."""
+    import torch
+
+    from . import schedules
+
+    calls = [_buffers(c, 4096 * size, size, torch.float32)[0] for c in schedules.COLLECTIVES]
+    for comm in comms:
+        deadline = time.monotonic() + seconds / max(1, len(comms))
+        while True:
+            for call in calls:
+                call(comm)
+            # Every rank must run the same number of rounds: rank 0's clock decides.
+            if comm._comm.bcast(time.monotonic() > deadline, root=0):
+                break
 
 
 def _peer_runners(args, world, numel: int, dtype) -> dict:

@@ -160,7 +160,8 @@ def load(path: str | os.PathLike) -> TuningTable:
     except (OSError, UnicodeDecodeError) as e:
         raise TuningTableError(f"tuning table {path}: cannot be read ({e})") from None
     except json.JSONDecodeError as e:
-        raise TuningTableError(f"tuning table {path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise TuningTableError(f"tuning table {path}: not valid JSON ({e.msg}: line {e.lineno} column {e.colno})") \
+            from None
     return from_json(data, path)
 
 

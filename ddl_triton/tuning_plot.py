@@ -57,7 +57,8 @@ def plot(table: TuningTable, path: str) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("bytes per rank")
         ax.set_ylabel("busbw GB/s")
-        where = "; ".join(f"{a}->{b} at {size} B" for size, a, b in marks) or "no crossover"
+        where = "; ".join(f"{a}->{b} at {size} B" for size, a, b in marks[:3]) or "no crossover"
+        where += f"; {len(marks) - 3} more" if len(marks) > 3 else ""
         ax.set_title(f"{collective} {dtype}, {n} ranks, topology {table.key.get('topology')}: {where}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, ncol=3)
