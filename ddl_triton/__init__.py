@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import sys
+
 from .communicator import Communicator
 from .planner import Plan
 from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
@@ -38,11 +40,10 @@ def _install_exit_guard() -> None:
     if _exit_guard_installed:
         return
     import atexit
-    import sys
 
     def guard() -> None:
         from .communicator import peers_lost
-        lost = peers_lost()
+        lost = peers_lost() or not _exit_rendezvous()
         # Decided: from here on the launcher's notice can change nothing, and the
         # interpreter's teardown would put SIGUSR1 back to its default action (death)
         # while a faster peer's clean exit is still being announced.
@@ -57,6 +58,35 @@ def _install_exit_guard() -> None:
 
     atexit.register(guard)
     _exit_guard_installed = True
+
+
+_world_created = False  # this process created a world communicator (every rank of the world did)
+
+
+def _exit_rendezvous() -> bool:
+    """Before MPI_Finalize, which waits for every rank with no way out: wait for every rank
+    in an ``Ibarrier`` that ends early when the launcher reports a process that ended
+    without finalizing (failure_notice.py). Returns False, after dumping the flight
+    recorder, when such a peer makes finalizing hopeless. A rank that is merely slow (still
+    writing a checkpoint, say) is waited for as long as it takes."""
+    from mpi4py import MPI
+
+    if not _world_created or not MPI.Is_initialized() or MPI.Is_finalized():
+        return True
+    from . import flight, status
+    from .transports.base import PeerTimeout, wait_until
+
+    request = MPI.COMM_WORLD.Ibarrier()
+    try:
+        wait_until(request.Test, float("inf"), -1, "every rank at exit")
+    except PeerTimeout as e:
+        message = (f"rank {MPI.COMM_WORLD.Get_rank()}: at exit, before MPI_Finalize: {e}; "
+                   "leaving without finalizing")
+        path = flight.RECORDER.dump(message)
+        status.error(message)
+        print(f"ddl_triton: {message}" + (f" [flight recorder: {path}]" if path else ""), file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communicator:
@@ -82,7 +112,9 @@ def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communic
     failure_notice.install()  # survive the launcher's "a rank died" signal, and act on it
     comm = Communicator(MPI.COMM_WORLD if mpi_comm is None else mpi_comm, opts)
     if world:
+        global _world_created
         _world = comm
+        _world_created = True
         from . import status
         status.start(opts.status_dir, comm.rank)
     return comm

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import os
 import contextlib
+import sys
+import time
 
 import torch
 from mpi4py import MPI
 
-from . import calls, gpu_path, kernels, schedules, status, tuning
+from . import calls, flight, gpu_path, kernels, schedules, status, tuning
+from . import tracer as tracer_mod
 from .planner import Plan, Planner
 from .small_allreduce import SmallAllreduce
-from .errors import CollectiveTimeout, CommunicatorPoisoned, DDLError
+from .errors import CollectiveMismatch, CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .executor import CallContext, Executor, step_error
 from .ops import DTYPES, SIXTEEN_BIT, check_op_dtype, normalize_op
 from . import topology as topology_mod
@@ -33,9 +36,13 @@ from .transports.self import SelfTransport
 from .transports.shm import ShmTransport
 from .work import OrderedRunner
 
+_PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
+
 
 class Communicator:
     """A group of ranks that run collectives together. Create it with ``ddl_triton.init``."""
+
+    _count = 0  # communicators created in this process
 
     def __init__(self, mpi_comm, options: Options):
         self.options = options              # in force (a tuning table may bring its slot layout)
@@ -47,6 +54,9 @@ class Communicator:
         self.rank: int = self._comm.Get_rank()
         self.size: int = self._comm.Get_size()
         self._seq = 0
+        self._issued = 0                       # collectives issued (the flight recorder's sequence numbers)
+        Communicator._count += 1
+        self._id = Communicator._count         # tells this communicator's records from others' in a dump
         self._prepared: dict[tuple, tuple] = {}
         self._fingerprints: dict[tuple, tuple[int, ...]] = {}
         self._poison: BaseException | None = None
@@ -70,6 +80,33 @@ class Communicator:
         if self._small is not None:
             self._planner.small_path = self._small.serves
         self._runner = OrderedRunner(f"ddl_triton-rank{self.rank}")
+        self._tracer = self._start_observing()
+        self._executor.tracer = self._tracer
+
+    def _start_observing(self):
+        """Configure the flight recorder (always on), the timeline (Options.trace) and debug
+        output (Options.debug) for this communicator; returns the tracer or None."""
+        world_rank, world_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        if flight.RECORDER.rank < 0 or self.size == world_size:
+            flight.RECORDER.configure(rank=world_rank, size=world_size, capacity=self.options.flight_entries,
+                                      dump_dir=self.options.dump_dir)
+            flight.RECORDER.install_sigusr2()
+        tracer = None
+        if self.options.trace:
+            tracer = tracer_mod.TRACERS.get(self.options.trace)
+            if tracer is None:
+                tracer = tracer_mod.Tracer(self.options.trace, world_rank, world_size)
+                tracer_mod.measure_clock_offset(self._comm, tracer)  # collective: every rank starts tracing here
+                tracer_mod.TRACERS[self.options.trace] = tracer
+        if self.options.debug:
+            peers = ", ".join(f"{p}: {name}" for p, name in enumerate(self._link_names)) if self.size > 1 else "0: self"
+            print(f"ddl_triton[rank {self.rank}]: communicator #{self._id} of {self.size} ranks, topology "
+                  f"{self.topology.signature}; transport per peer: {peers}", file=sys.stderr, flush=True)
+            if self.rank == 0:
+                table = self._planner.table
+                print(f"ddl_triton[rank 0]: tuning table: {self._planner.table_source if table else 'none'}; "
+                      f"planning with {self._planner.model_source}", file=sys.stderr, flush=True)
+        return tracer
 
     def _detect_topology(self) -> None:
         """The grid of ranks (Options.topology, else detected hosts) and each rank's node."""
@@ -179,7 +216,7 @@ class Communicator:
         self._check_tensor(tensor, "tensor", writable=True)
         check_op_dtype(op, tensor.dtype, self.rank)
         job = lambda: self._allreduce(tensor, op)  # noqa: E731
-        return self._issue(job, lambda: f"allreduce({op}, {tensor.numel()} x {tensor.dtype})", async_op)
+        return self._issue(job, async_op, ("allreduce", op, tensor.numel(), tensor.dtype, None))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", async_op: bool = False):
         """Rank r receives block r of the reduction of ``input`` (``size`` blocks of ``output.numel()``)."""
@@ -193,7 +230,7 @@ class Communicator:
                              f"({self.size} * {output.numel()}), got {input.numel()}")
         check_op_dtype(op, output.dtype, self.rank)
         job = lambda: self._reduce_scatter(output, input, op)  # noqa: E731
-        return self._issue(job, lambda: f"reduce_scatter({op}, {output.numel()} x {output.dtype})", async_op)
+        return self._issue(job, async_op, ("reduce_scatter", op, input.numel(), input.dtype, None))
 
     def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Block r of ``output`` (``input.numel()`` elements) is rank r's ``input``."""
@@ -205,7 +242,7 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: all_gather needs output.numel() == size * input.numel() "
                              f"({self.size} * {input.numel()}), got {output.numel()}")
         job = lambda: self._all_gather(output, input)  # noqa: E731
-        return self._issue(job, lambda: f"all_gather({input.numel()} x {input.dtype})", async_op)
+        return self._issue(job, async_op, ("all_gather", None, input.numel(), input.dtype, None))
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
         """Block q of ``input`` goes to rank q; block q of ``output`` comes from rank q (equal blocks)."""
@@ -217,7 +254,7 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: all_to_all needs output.numel() == input.numel(), divisible by "
                              f"size {self.size}; got {output.numel()} and {input.numel()}")
         job = lambda: self._all_to_all(output, input)  # noqa: E731
-        return self._issue(job, lambda: f"all_to_all({input.numel()} x {input.dtype})", async_op)
+        return self._issue(job, async_op, ("all_to_all", None, input.numel(), input.dtype, None))
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False):
         """Copy ``tensor`` from rank ``root`` to every rank, in place. Returns it."""
@@ -227,12 +264,12 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: broadcast root {root!r} is not a rank of this "
                              f"communicator (size {self.size})")
         job = lambda: self._broadcast(tensor, root)  # noqa: E731
-        return self._issue(job, lambda: f"broadcast(root {root}, {tensor.numel()} x {tensor.dtype})", async_op)
+        return self._issue(job, async_op, ("broadcast", None, tensor.numel(), tensor.dtype, root))
 
     def barrier(self, async_op: bool = False):
         """Return once every rank has entered the barrier (deadline-bounded)."""
         self._check_usable()
-        return self._issue(self._barrier, lambda: "barrier", async_op)
+        return self._issue(self._barrier, async_op, ("barrier", None, 0, None, None))
 
     def explain(self, collective: str, nbytes: int, dtype=torch.float32) -> Plan:
         """The schedule this communicator would run for ``collective`` on ``nbytes`` of ``dtype``, and why."""
@@ -251,6 +288,8 @@ class Communicator:
             return
         self._runner.close()
         self._closed = True
+        if self._tracer is not None:
+            self._tracer.flush()
         self._gpu.close()
         for t in self._transports:
             t.close()
@@ -321,8 +360,11 @@ class Communicator:
         takes = self._small_shapes.get(key)
         if takes is None:
             nbytes = numel * dtype.itemsize
-            takes = (self._small is not None and self._small.serves(nbytes, dtype)
-                     and self._planner.plan("allreduce", nbytes, dtype).schedule == "one_shot")
+            plan = self._planner.plan("allreduce", nbytes, dtype)
+            takes = self._small is not None and self._small.serves(nbytes, dtype) and plan.schedule == "one_shot"
+            if takes and self.options.debug and self.rank == 0:
+                print(f"ddl_triton[rank 0]: allreduce of {numel} x {str(dtype).replace('torch.', '')}: {plan}; "
+                      "runs the small-message path", file=sys.stderr, flush=True)
             if len(self._small_shapes) > 256:
                 self._small_shapes.clear()
             self._small_shapes[key] = takes
@@ -360,6 +402,9 @@ class Communicator:
             schedule = schedules.build(plan.schedule, collective, self.size, count,
                                        chunk_elems=max(1, plan.chunk_elems * elem // 4), root=root,
                                        grid=plan.grid, algos=plan.algos)
+        if self.options.debug and self.rank == 0:
+            print(f"ddl_triton[rank 0]: {collective} of {in_numel} x {str(dtype).replace('torch.', '')}: {plan}",
+                  file=sys.stderr, flush=True)
         if len(self._prepared) > 256:  # bounded: a training loop uses a few call shapes
             self._prepared.clear()
         prepared = (schedule, run_dtype, CallContext(collective, reduce_op, scale))
@@ -367,28 +412,74 @@ class Communicator:
         return prepared
 
     # -- execution -----------------------------------------------------------------------
-    def _issue(self, job, describe, async_op: bool):
-        """Run ``job`` in issue order; ``describe()`` names it for Work handles (built only when needed)."""
+    def _issue(self, job, async_op: bool, call: tuple):
+        """Run ``job`` in issue order. ``call`` = (collective, op, input numel, dtype, root): what
+        the flight recorder keeps (never the tensors: 2,000 records must not hold 2,000
+        buckets alive), and what names the Work handle (ddl_triton/flight.py formats it)."""
+        self._issued += 1
+        record = flight.RECORDER.issue(self._id, self._issued, call)
         if async_op:
-            return self._runner.submit(lambda: self._guarded(job), describe())
-        return self._runner.run_sync(lambda: self._guarded(job), describe)
+            tracer = self._tracer
+            flow = tracer.async_issue(f"{call[0]} #{record.seq}", id(record), self._id) if tracer is not None else 0
+            return self._runner.submit(lambda: self._guarded(job, record, flow), flight.describe(call))
+        return self._runner.run_sync(lambda: self._guarded(job, record, 0), lambda: flight.describe(call))
 
-    def _guarded(self, job):
-        self._check_usable()  # an earlier queued collective may have failed
+    def _guarded(self, job, record, flow: int = 0):
+        """Run one collective with its record kept current; errors poison the communicator
+        (timeouts and mismatches also dump the flight recorder)."""
+        record.state = "started"
+        record.t_start = time.time()
+        self._executor.record = record
+        tracer = self._tracer
+        t0 = 0.0 if tracer is None else time.perf_counter()
         try:
-            return job()
-        except CollectiveTimeout as e:
-            self._poison = e
-            _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: skip it at exit
+            self._check_usable()  # an earlier queued collective may have failed
+            if tracer is not None and flow:
+                tracer.async_start(flow)
+            if _PROFILER.profiler._is_profiler_enabled:  # torch.profiler is recording: appear in its trace
+                with torch.autograd.profiler.record_function(f"ddl:{flight.describe(record.call)} #{record.seq}"):
+                    result = job()
+            else:
+                result = job()
+        except (CollectiveTimeout, CollectiveMismatch) as e:
+            self._fail(record, e)
+            if isinstance(e, CollectiveTimeout):
+                record.waiting = flight.stuck_wait()
+            if isinstance(e, CollectiveTimeout):
+                _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: skip it at exit
+            path = flight.RECORDER.dump(f"{type(e).__name__}: {e}")
+            if path:
+                e.args = (f"{e.args[0]} [flight recorder: {path}]",) + e.args[1:]
             status.error(str(e))
             raise
         except DDLError as e:
-            self._poison = e
+            self._fail(record, e)
             status.error(str(e))
             raise
         except Exception as e:
-            self._poison = e
+            self._fail(record, e)
             raise DDLError(f"rank {self.rank}: collective failed: {e!r}") from e
+        else:
+            record.state = "done"
+            return result
+        finally:
+            record.t_end = time.time()
+            self._executor.record = None
+            if tracer is not None:
+                self._trace_call(tracer, record, t0, flow)
+
+    def _fail(self, record, error: BaseException) -> None:
+        self._poison = error
+        record.state = "failed"
+        record.error = str(error)
+
+    def _trace_call(self, tracer, record, t0: float, flow: int) -> None:
+        info = record.to_json()
+        tracer.span(f"{info['collective']} #{record.seq}", tracer.us(t0), tracer.now(), "ddl.collective",
+                    {"seq": record.seq, "bytes": info["bytes"], "schedule": record.schedule, "call": info["call"],
+                     "dtype": info["dtype"], "site": info["site"], "state": record.state, "comm": self._id})
+        if flow:
+            tracer.async_done(f"{info['collective']} #{record.seq}", id(record))
 
     def _checked(self, collective: str, op, dtype, numel: int, root: int, run, on_gpu: bool = False) -> None:
         """Run ``run()`` between the call checker's begin and end (see calls.py)."""
@@ -418,11 +509,23 @@ class Communicator:
 
     def _run(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int, op: str,
              root: int) -> None:
+        record = self._executor.record
         if collective == "allreduce" and inbuf.is_cpu and self._takes_small_path(inbuf.numel(), inbuf.dtype):
+            if record is not None:
+                record.schedule = "one_shot (small-message path)"
             self._small_allreduce(inbuf, op)
             return
         schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)
-        executor = self._gpu.executor(inbuf.device) if inbuf.is_cuda else self._executor
+        if record is not None:
+            record.schedule = schedule.name
+        if inbuf.is_cuda:
+            executor = self._gpu.executor(inbuf.device)
+            executor.record, executor.tracer = record, self._tracer
+            if self._tracer is not None:
+                self._run_cuda_traced(executor, schedule, inbuf, outbuf, run_dtype, ctx, record)
+                return
+        else:
+            executor = self._executor
         if run_dtype is inbuf.dtype:
             executor.run(schedule, inbuf, outbuf, ctx, self._seq)
             return
@@ -430,6 +533,23 @@ class Communicator:
         wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype, device=outbuf.device)
         executor.run(schedule, wide_in, wide_out, ctx, self._seq)
         outbuf.copy_(wide_out)  # the one rounding back to 16 bits
+
+    def _run_cuda_traced(self, executor, schedule, inbuf, outbuf, run_dtype, ctx, record) -> None:
+        """The GPU path with a span timed by CUDA events around it (resolved when the trace is
+        written, so no host synchronisation is added). Not yet run on a GPU."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        if run_dtype is inbuf.dtype:
+            executor.run(schedule, inbuf, outbuf, ctx, self._seq)
+        else:
+            wide_in = inbuf.to(run_dtype)
+            wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype, device=outbuf.device)
+            executor.run(schedule, wide_in, wide_out, ctx, self._seq)
+            outbuf.copy_(wide_out)
+        end.record()
+        info = record.to_json()
+        self._tracer.cuda_span(f"{info['collective']} #{record.seq} (GPU)", start, end,
+                               {"schedule": schedule.name, "bytes": info["bytes"]})
 
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         flat = _flat_work(tensor)
@@ -516,4 +636,5 @@ def _write_back(t: torch.Tensor, flat: torch.Tensor) -> None:
     if t.is_contiguous():
         return  # flat is a view of t: the result is already in place
     t.copy_(flat.view(t.shape))
+
 

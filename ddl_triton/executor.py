@@ -13,6 +13,7 @@ reduction of the previous chunk.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,8 @@ class Executor:
         self._has_lookahead = any(t.name == "mpi" for t in self._transports) and size > 1
         # Compiled step lists by schedule identity (schedules are cached, so they recur).
         self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}
+        self.record = None   # the flight recorder's record of the running call (its step label is kept up to date)
+        self.tracer = None   # ddl_triton/tracer.py: when set, every step is a span with its phases
 
     def _program(self, schedule: Schedule) -> tuple[list[_Compiled], tuple[int, ...]]:
         entry = self._programs.get(id(schedule))
@@ -115,13 +118,21 @@ class Executor:
         base = self.next_msg
         dtype = inbuf.dtype
         label = "start"
+        record, tracer = self.record, self.tracer
         try:
             for i, c in enumerate(program):
                 label = c.step.label
+                if record is not None:
+                    record.step = label
                 if self._has_lookahead:
                     self._prefetch(program, i, base, dtype)
-                self._run_step(c, inbuf, outbuf, base, dtype, ctx)
+                if tracer is None:
+                    self._run_step(c, inbuf, outbuf, base, dtype, ctx)
+                else:
+                    self._run_step_traced(c, inbuf, outbuf, base, dtype, ctx)
             label = "flush"
+            if record is not None:
+                record.step = label
             for t in self._flushers:
                 t.flush(self.timeout)
         except PeerTimeout as e:
@@ -162,6 +173,30 @@ class Executor:
             for peer, msg, transport, _, _ in c.recvs:
                 transport.release(peer, base[peer] + msg)
             return
+        self._run_general(c, inbuf, outbuf, base, dtype, ctx, None)
+
+    def _run_step_traced(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int],
+                         dtype: torch.dtype, ctx: CallContext) -> None:
+        """The general path with its phases timed: a span per step, and one per phase."""
+        marks: list = []
+        t0 = time.perf_counter()
+        self._run_general(c, inbuf, outbuf, base, dtype, ctx, marks)
+        t3 = time.perf_counter()
+        s, us = c.step, self.tracer.us
+        peers = sorted({peer for peer, *_ in c.recvs} | {p for _, ps in c.sends for p in ps})
+        self.tracer.span(s.label or "step", us(t0), us(t3), "ddl.step",
+                         {"peers": peers, "bytes": s.count * dtype.itemsize, "msg": s.msg if s.send else None})
+        start = t0
+        for phase, t in marks:
+            if t > start:
+                self.tracer.span(phase, us(start), us(t), "ddl.phase")
+            start = t
+
+    def _run_general(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int],
+                     dtype: torch.dtype, ctx: CallContext, marks: list | None) -> None:
+        """Any step: acquire send slots, receive, reduce or copy, publish, release. With
+        ``marks``, appends (phase, perf_counter at its end) for wait, reduce/copy and send."""
+        s = c.step
         count = s.count
         # Acquire send slots first: waiting for a slot while holding a peer's message could deadlock.
         send_bufs = []
@@ -172,6 +207,8 @@ class Executor:
         incoming = [transport.recv(peer, base[peer] + msg, count, dtype, self.timeout, offset, size)
                     for peer, msg, transport, offset, size in c.recvs]
         scale = ctx.scale if s.final else None
+        if marks is not None:
+            marks.append(("wait", time.perf_counter()))
 
         if c.dst is not None:
             is_in, start, stop = c.dst
@@ -201,9 +238,13 @@ class Executor:
                 result = target
             else:
                 result = source
+        if marks is not None:
+            marks.append(("reduce" if s.reduce or scale is not None else "copy", time.perf_counter()))
         for transport, msg_id, buf in send_bufs:
             if buf.data_ptr() != result.data_ptr():
                 buf.copy_(result)
             transport.publish(msg_id)
         for peer, msg, transport, _, _ in c.recvs:
             transport.release(peer, base[peer] + msg)
+        if marks is not None:
+            marks.append(("send", time.perf_counter()))

@@ -48,7 +48,9 @@ rank's 137 beside survivors' 3 makes 139); 128 + N when mpiexec itself was kille
 
 Signals: Ctrl-C in a terminal reaches mpiexec directly (it runs in ddlrun's process group),
 so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and
-SIGTERM, are passed on to mpiexec.
+SIGTERM, are passed on to mpiexec. SIGUSR2 sent to ddlrun goes to every rank, which dumps
+its flight recorder (ddl_triton/flight.py); ddlrun sends it itself before ending a job
+whose ranks are still running long after one was lost.
 """
 from __future__ import annotations
 
@@ -440,22 +442,50 @@ _REPORT_SECONDS = 15.0
 
 
 def _end_stragglers(process: subprocess.Popen, folder: str, grace: float) -> None:
-    """Once a rank's guard has recorded its death, give the others ``grace`` seconds to exit;
-    then SIGTERM mpiexec, which passes it to every rank (the last resort: a survivor that never
-    calls another collective, or that is stuck in MPI_Finalize, would otherwise run forever)."""
+    """Once a rank was lost (its guard recorded its death, or it exited non-zero), give the
+    others ``grace`` seconds to exit; then ask every rank still running to dump its flight
+    recorder (SIGUSR2), and SIGTERM mpiexec, which passes it to every rank (the last resort:
+    a survivor that never calls another collective, or that is stuck in MPI_Finalize,
+    would otherwise run forever)."""
     first_loss = None
     while process.poll() is None:
         if first_loss is None:
             try:
-                if any(name.endswith(".killed") for name in os.listdir(folder)):
+                if _a_rank_was_lost(folder):
                     first_loss = time.monotonic()
             except OSError:
                 return
         elif time.monotonic() - first_loss > grace:
-            _say(f"a rank was lost {grace:g} s ago and the job is still running: ending it")
-            process.send_signal(signal.SIGTERM)
+            _say(f"a rank was lost {grace:g} s ago and the job is still running: asking the ranks left for their "
+                 "flight recorders (SIGUSR2), then ending the job")
+            _signal_ranks(folder, signal.SIGUSR2)
+            time.sleep(_DUMP_SECONDS)
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
             return
         time.sleep(0.2)
+
+
+_DUMP_SECONDS = 2.0
+
+
+def _a_rank_was_lost(folder: str) -> bool:
+    for name in os.listdir(folder):
+        if name.endswith(".killed"):
+            return True
+        if name.endswith(".returncode"):
+            with open(os.path.join(folder, name)) as f:
+                if f.read().strip() not in ("", "0"):
+                    return True
+    return False
+
+
+def _signal_ranks(folder: str, signum: int) -> None:
+    """Send ``signum`` to every rank that recorded its start and no end (same host only)."""
+    for rank, events in _read_status(folder).items():
+        if "start" in events and "returncode" not in events and events["start"].isdigit():
+            with contextlib.suppress(OSError):
+                os.kill(int(events["start"]), signum)
 
 
 def _run(command: list[str], env: dict[str, str], failed_pids: list[int] | None = None,
@@ -470,7 +500,7 @@ def _run(command: list[str], env: dict[str, str], failed_pids: list[int] | None 
                                errors="replace")
     if status_folder:
         threading.Thread(target=_end_stragglers, args=(process, status_folder, grace), daemon=True).start()
-    with _signals_passed_to(process):
+    with _signals_passed_to(process, status_folder):
         for line in process.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -481,8 +511,9 @@ def _run(command: list[str], env: dict[str, str], failed_pids: list[int] | None 
 
 
 @contextlib.contextmanager
-def _signals_passed_to(process: subprocess.Popen) -> Iterator[None]:
-    """While the job runs, pass SIGTERM and (unless the terminal delivered it to mpiexec too) SIGINT on.
+def _signals_passed_to(process: subprocess.Popen, status_folder: str = "") -> Iterator[None]:
+    """While the job runs, pass SIGTERM and (unless the terminal delivered it to mpiexec too) SIGINT on;
+    pass SIGUSR2 (dump the flight recorders) straight to every rank.
 
     A second Ctrl-C makes MPICH's mpiexec abort at once instead of letting the ranks wind
     down, so a Ctrl-C that the terminal sent to the whole process group is not repeated.
@@ -492,10 +523,14 @@ def _signals_passed_to(process: subprocess.Popen) -> Iterator[None]:
         return
 
     def pass_on(signum, _frame) -> None:
+        if signum == signal.SIGUSR2:
+            if status_folder:
+                _signal_ranks(status_folder, signum)
+            return
         if process.poll() is None and not (signum == signal.SIGINT and _in_terminal_foreground()):
             process.send_signal(signum)
 
-    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
     try:
         yield
     finally:

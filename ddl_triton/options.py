@@ -29,6 +29,12 @@ class Options:
     status_dir (DDL_STATUS_DIR)           folder for per-rank status files (set by ddlrun; see status.py)
     tuning_file (DDL_TUNING_FILE)         a tuning table from ddl-tune; "" (default): the cached table whose
                                           key matches this machine, if any; "off": none (ddl_triton/tuning.py)
+    trace (DDL_TRACE)                     folder for a Chrome-trace timeline per rank (ddl_triton/tracer.py);
+                                          "" (default): no timeline
+    flight_entries (DDL_FLIGHT_ENTRIES)   collectives the flight recorder keeps (ddl_triton/flight.py; 2000)
+    dump_dir (DDL_DUMP_DIR)               where flight-recorder dumps go ("": $TMPDIR/ddl_triton-flight-<uid>)
+    debug (DDL_DEBUG)                     print each call shape's plan and why, the transports per peer and the
+                                          tuning table in use, on stderr (default 0)
     """
 
     timeout: float = 300.0
@@ -42,6 +48,10 @@ class Options:
     check_calls: bool = True
     status_dir: str = ""
     tuning_file: str = ""
+    trace: str = ""
+    flight_entries: int = 2000
+    dump_dir: str = ""
+    debug: bool = False
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -53,6 +63,8 @@ class Options:
             raise ValueError(f"Options.pipeline_depth must be >= 2, got {self.pipeline_depth}")
         if self.transport not in ("auto", "mpi", "nvshmem"):
             raise ValueError(f"Options.transport must be 'auto', 'mpi' or 'nvshmem', got {self.transport!r}")
+        if self.flight_entries < 1:
+            raise ValueError(f"Options.flight_entries must be >= 1, got {self.flight_entries}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"Options.kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
 

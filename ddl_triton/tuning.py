@@ -279,7 +279,7 @@ class Resolved:
     """The outcome of ``resolve``: a table (or None), and what to say about it."""
 
     table: TuningTable | None
-    source: str                 # "t.json", "cache (path)", "" when none
+    source: str                 # "t.json", "<path>, from the cache", "" when none
     note: str                   # why there is no table, or what was dropped ("" when nothing to say)
 
 
@@ -298,7 +298,7 @@ def resolve(setting: str, key: dict) -> Resolved:
         if explicit:
             raise
         return Resolved(None, "", f"ignoring cached {e}")
-    where = str(path) if explicit else f"cache ({path})"
+    where = str(path) if explicit else f"{path}, from the cache"
     diffs = key_differences(table.key, key)
     if diffs:
         return Resolved(None, "", f"ignoring tuning table {path}: it was measured elsewhere ({'; '.join(diffs)})")

@@ -208,6 +208,8 @@ def main(argv=None) -> int:
     p.add_argument("--momentum", type=float, default=0.0,
                    help="SGD momentum; with the 1-bit hook it makes training unstable (see the module doc)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                   help="DDP's gradient bucket size; smaller buckets start allreducing earlier in backward")
     p.add_argument("--no-error-feedback", action="store_true", help="int8/onebit without error feedback")
     p.add_argument("--log-steps", action="store_true", help="a line per step (loss, samples/s, bytes) instead of a bar")
     p.add_argument("--quiet", action="store_true", help="neither a progress bar nor per-step lines")
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     comm = ddl.init()
     rank, size = comm.rank, comm.size
     data = load_data(args.seed, mpi_comm=MPI.COMM_WORLD)
-    model = DDP(build_model(args.seed))
+    model = DDP(build_model(args.seed), bucket_cap_mb=args.bucket_cap_mb)
     hook, state = make_hook(args.hook, comm, error_feedback=not args.no_error_feedback)
     if hook is not None:
         model.register_comm_hook(state, hook)

@@ -119,7 +119,7 @@ def test_the_cache_finds_a_table_by_its_key_and_off_uses_none(tmp_path, monkeypa
     assert tuning.resolve("", KEY).table is None  # nothing cached yet: silent
     tuning.from_json(_table_json()).save(tuning.cache_path(KEY))
     found = tuning.resolve("", KEY)
-    assert found.table is not None and found.source.startswith("cache (")
+    assert found.table is not None and found.source.endswith(", from the cache")
     assert tuning.resolve("off", KEY).table is None
 
 

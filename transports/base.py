@@ -39,6 +39,12 @@ _LIVENESS_PERIOD = 0.25
 # long enough for a same-node wait to find and name the dead rank by its pid first.
 _NOTICE_GRACE = 0.5
 
+# The wait that has outlasted its spin, for the flight recorder (ddl_triton/flight.py):
+# (peer, what, since) or None. Only set on the slow path, so it costs the fast path nothing.
+current_wait: tuple[int, str, float] | None = None
+# The last wait that gave up (same shape): what a timed-out collective was waiting for.
+last_stuck: tuple[int, str, float] | None = None
+
 
 class PeerTimeout(Exception):
     """A wait on ``peer`` passed its deadline; the executor adds the collective's context."""
@@ -71,9 +77,19 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     while time.perf_counter() - start < spin:
         if ready():
             return
+    global current_wait, last_stuck
     now = time.monotonic()
-    deadline = now + timeout
-    next_liveness = now + _LIVENESS_PERIOD
+    current_wait = (peer, what, time.time())
+    try:
+        _wait_slowly(ready, now + timeout, now + _LIVENESS_PERIOD, peer, what, alive)
+    except PeerTimeout:
+        last_stuck = current_wait
+        raise
+    finally:
+        current_wait = None
+
+
+def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive) -> None:
     while True:
         for _ in range(_CHECKS_PER_CLOCK):
             os.sched_yield()  # also releases the GIL, so a training thread keeps running
