@@ -31,6 +31,7 @@ from .options import Options
 from .topology import Topology
 from .transports import failure_notice
 from .transports.base import PeerTimeout, wait_until
+from .transports import link_emulation
 from .transports.mpi import MpiTransport
 from .transports.self import SelfTransport
 from .transports.shm import ShmTransport
@@ -187,7 +188,7 @@ class Communicator:
         node = self._comm.Split(mine, self.rank)
         transports: list = []
         route: list = [None] * self.size
-        mpi = MpiTransport(self._comm)
+        mpi = MpiTransport(self._comm, link_emulation.parse(self.options.link_emulation))
         transports.append(mpi)
         use_shm = self.options.transport == "auto" and len(on_node) > 1
         try:

@@ -6,7 +6,8 @@ its steps in order; a step starts when the rank is free and every
 message it receives has arrived, and lasts
 
     step_overhead                                  (the executor's per-step Python cost)
-    + sum over received messages: bytes * beta[link]        (reading them)
+    + sum over received messages: bytes * beta[link]        (reading them; over MPI the whole
+                                                             message, over shm the slice read)
     + bytes_reduced * gamma                                 (the reduction, per operand)
     + bytes sent * beta_copy                                (filling the send slot)
 
@@ -88,8 +89,10 @@ class CostModel:
             cost = self.step_overhead
             moved = 0
             for rv in s.recv:
-                cost += nbytes * links[link_of(r, rv.peer)].beta
-                moved += nbytes
+                link = link_of(r, rv.peer)
+                got = _received_bytes(link, nbytes, rv, elem)
+                cost += got * links[link].beta
+                moved += got
             if s.reduce:
                 cost += nbytes * (len(s.recv) + 1) * self.gamma
                 moved += nbytes * (len(s.recv) + 1)
@@ -129,8 +132,10 @@ class CostModel:
             c = list(start[1])
             c[_INDEX["step_overhead"]] += 1
             for rv in s.recv:
-                c[_INDEX[link_of(r, rv.peer) + "_beta"]] += nbytes
-                c[_INDEX["mem_beta"]] += nbytes * miss
+                link = link_of(r, rv.peer)
+                got = _received_bytes(link, nbytes, rv, elem)
+                c[_INDEX[link + "_beta"]] += got
+                c[_INDEX["mem_beta"]] += got * miss
             if s.reduce:
                 c[_INDEX["gamma"]] += nbytes * (len(s.recv) + 1)
                 c[_INDEX["mem_beta"]] += nbytes * (len(s.recv) + 1) * miss
@@ -197,6 +202,12 @@ class CostModel:
 
 
 DEFAULT = CostModel()
+
+
+def _received_bytes(link: str, step_bytes: int, recv, elem: int) -> int:
+    """Bytes a receive moves: a one-sided link (shm) reads just the step's slice in place; a
+    two-sided one (MPI) receives the whole message (``Recv.size`` elements) to read any of it."""
+    return max(step_bytes, recv.size * elem) if link == "mpi" else step_bytes
 
 
 def tensor_bytes(schedule: Schedule, elem: int) -> int:

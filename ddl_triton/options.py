@@ -35,6 +35,8 @@ class Options:
     dump_dir (DDL_DUMP_DIR)               where flight-recorder dumps go ("": $TMPDIR/ddl_triton-flight-<uid>)
     debug (DDL_DEBUG)                     print each call shape's plan and why, the transports per peer and the
                                           tuning table in use, on stderr (default 0)
+    link_emulation (DDL_LINK_EMULATION)   a testing tool: "mpi:bw=1GB/s,lat=50us" makes MPI messages behave like
+                                          a slower link (transports/link_emulation.py); "" (default): off
     """
 
     timeout: float = 300.0
@@ -52,6 +54,7 @@ class Options:
     flight_entries: int = 2000
     dump_dir: str = ""
     debug: bool = False
+    link_emulation: str = ""
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -63,6 +66,8 @@ class Options:
             raise ValueError(f"Options.pipeline_depth must be >= 2, got {self.pipeline_depth}")
         if self.transport not in ("auto", "mpi", "nvshmem"):
             raise ValueError(f"Options.transport must be 'auto', 'mpi' or 'nvshmem', got {self.transport!r}")
+        from .transports import link_emulation
+        link_emulation.parse(self.link_emulation)  # a bad spec is refused here, at init, on every rank
         if self.flight_entries < 1:
             raise ValueError(f"Options.flight_entries must be >= 1, got {self.flight_entries}")
         if self.kernels not in ("auto", "torch", "triton"):

@@ -93,7 +93,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--min-bytes", type=parse_bytes, default=8)
     p.add_argument("--max-bytes", type=parse_bytes, default=None, help="default 256M (16M with --quick)")
     p.add_argument("--factor", type=int, default=4, help="ratio of successive sizes")
-    p.add_argument("--chunks", type=_csv(parse_bytes), default=None, help="pipeline chunks (default 256K,1M,4M)")
+    p.add_argument("--chunks", type=_csv(parse_bytes), default=None, help="pipeline chunks (default 256K,1M,2M,4M)")
     p.add_argument("--depths", type=_csv(int), default=None, help="shm slots per rank (default 2,4,8)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved final rounds (default 7)")
     p.add_argument("--finalists", type=int, default=3, help="candidates left for the final rounds")
@@ -110,7 +110,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown collective(s) {', '.join(unknown)}; valid: {', '.join(schedules.COLLECTIVES)}")
     args.max_bytes = args.max_bytes if args.max_bytes is not None else (16 << 20 if args.quick else 256 << 20)
-    args.chunks = args.chunks or [256 << 10, 1 << 20, 4 << 20]
+    args.chunks = args.chunks or [256 << 10, 1 << 20, 2 << 20, 4 << 20]  # 2 MiB: Options' default
     args.depths = args.depths or ([4] if args.quick else [2, 4, 8])
     args.rounds = args.rounds or 7
     args.target_ms = args.target_ms or 10.0
@@ -450,7 +450,9 @@ def entries(rows: list[dict], depth: int) -> dict:
 
 
 def fit_model(rows: list[dict], comm) -> tuple:
-    """Least-squares cost model from every finalist's median (ddl_triton/model_fit.py)."""
+    """Least-squares cost model from every timed candidate's median (ddl_triton/model_fit.py):
+    finalists and pruned candidates alike, so that the model has seen every schedule and
+    chunking, not only the winners (the simulator predicts forced, untuned choices too)."""
     import torch
 
     from . import schedules
@@ -459,7 +461,7 @@ def fit_model(rows: list[dict], comm) -> tuple:
     planner = comm._planner
     samples = []
     for r in rows:
-        if not r.get("finalist") or r["bytes"] == 0:
+        if "depth" not in r or r["bytes"] == 0:
             continue
         elem = getattr(torch, r["dtype"]).itemsize
         count = schedules.count_for(r["collective"], r["bytes"] // elem, comm.size)
@@ -555,7 +557,7 @@ def _build_table(args, rows: list[dict], comm, size: int):
     table = tuning.TuningTable(key=key, options={"chunk_bytes": max(args.chunks), "pipeline_depth": depth},
                                entries=entries(rows, depth), measurements=rows)
     table.peers = _peer_times(rows)
-    if any(r.get("finalist") for r in rows):
+    if any("depth" in r for r in rows):
         report = fit_model(rows, comm)
         table.model = report.model
         table.model_info = {"fit": {"samples": report.samples, "median_abs_rel_error": round(report.median_abs_rel_error, 4),

@@ -44,6 +44,9 @@ _NOTICE_GRACE = 0.5
 current_wait: tuple[int, str, float] | None = None
 # The last wait that gave up (same shape): what a timed-out collective was waiting for.
 last_stuck: tuple[int, str, float] | None = None
+# Called before every readiness check of every wait (see wait_until); empty unless a
+# transport needs progress outside its own waits (transports/link_emulation.py).
+progress_hooks: list[Callable[[], object]] = []
 
 
 class PeerTimeout(Exception):
@@ -69,8 +72,12 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     soon as ``alive()`` (checked every quarter second) says the peer's process is gone, or
     half a second after the launcher's notice that a process of the job died.
 
-    Spins for ``spin`` seconds, then yields the CPU between checks.
+    Spins for ``spin`` seconds, then yields the CPU between checks. Every function in
+    ``progress_hooks`` runs before each check (link emulation hands over due messages
+    there, whatever transport the wait is on).
     """
+    if progress_hooks:
+        ready = _with_progress(ready)
     if ready():
         return
     start = time.perf_counter()
@@ -87,6 +94,16 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
         raise
     finally:
         current_wait = None
+
+
+def _with_progress(ready: Callable[[], bool]) -> Callable[[], bool]:
+    hooks = tuple(progress_hooks)
+
+    def check() -> bool:
+        for hook in hooks:
+            hook()
+        return ready()
+    return check
 
 
 def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive) -> None:

@@ -17,9 +17,28 @@ from collections import defaultdict
 import torch
 from mpi4py import MPI
 
+from . import base
 from .base import DEFAULT_SPIN_SECONDS, wait_until
+from .link_emulation import Pacer
 
 _TAG_RANGE = 32767  # MPI guarantees MPI_TAG_UB >= 32767
+
+
+class _Joined:
+    """The requests of one message's emulated sends (posted later, one per addressee)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        self.parts = [p[0] for p in parts]
+
+
+def _complete(reqs) -> bool:
+    """Whether every send of a message is done: a list of requests, or (emulated links) a
+    _Joined whose lists stay empty until the pacer posts them."""
+    if isinstance(reqs, _Joined):
+        return all(part and MPI.Request.Testall(part) for part in reqs.parts)
+    return MPI.Request.Testall(reqs)
 
 
 def _size_class(nbytes: int) -> int:
@@ -31,8 +50,13 @@ class MpiTransport:
 
     name = "mpi"
 
-    def __init__(self, comm):
+    def __init__(self, comm, emulate=None):
         self.comm = comm
+        # transports/link_emulation.py: a slower link for tests and simulator validation (None: off).
+        self._pacer = Pacer(emulate) if emulate is not None else None
+        if self._pacer is not None:
+            # Queued sends must go out while this rank waits on any transport (a shm wait too).
+            base.progress_hooks.append(self._pacer.pump)
         self.bytes_sent = 0
         self.bytes_received = 0
         self.spin = DEFAULT_SPIN_SECONDS
@@ -50,9 +74,11 @@ class MpiTransport:
         self._free[buf.numel()].append(buf)
 
     def _reap_sends(self) -> None:
+        if self._pacer is not None:
+            self._pacer.pump()
         still = []
         for reqs, buf, dest in self._sending:
-            if MPI.Request.Testall(reqs):
+            if _complete(reqs):
                 self._give(buf)
             else:
                 still.append((reqs, buf, dest))
@@ -71,10 +97,19 @@ class MpiTransport:
         staged_id, peers, nbytes, buf = self._staged  # type: ignore[misc]
         assert staged_id == msg_id, "publish without a matching acquire"
         mem = buf.numpy()
-        reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE) for p in peers]
-        self._sending.append((reqs, buf, peers[0]))
         self.bytes_sent += nbytes * len(peers)
         self._staged = None
+        if self._pacer is None:
+            reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE) for p in peers]
+            self._sending.append((reqs, buf, peers[0]))
+            return
+        for p in peers:  # one emulated wire transfer per addressee
+            entry: tuple[list, torch.Tensor, int] = ([], buf, p)
+            self._sending.append(entry)
+            self._pacer.submit(nbytes, lambda p=p, entry=entry: entry[0].append(
+                self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE)))
+        # The staging buffer is shared by the addressees: keep one entry holding it.
+        self._sending[-len(peers):] = [(_Joined(self._sending[-len(peers):]), buf, peers[0])]
 
     # -- receiver ------------------------------------------------------------------------
     def prefetch(self, peer: int, msg_id: int, size: int, dtype: torch.dtype) -> None:
@@ -93,6 +128,7 @@ class MpiTransport:
         size = max(size, offset + count)
         self.prefetch(peer, msg_id, size, dtype)
         req, buf = self._posted[(peer, msg_id)]
+        pacer = self._pacer
         wait_until(req.Test, timeout, peer, f"MPI message {msg_id}", spin=self.spin)
         self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
         item = dtype.itemsize
@@ -105,11 +141,13 @@ class MpiTransport:
     def flush(self, timeout: float) -> None:
         """Complete every outstanding send (its receiver may be the last to arrive)."""
         for reqs, buf, dest in self._sending:
-            wait_until(lambda: MPI.Request.Testall(reqs), timeout, dest, "MPI send completion", spin=self.spin)
+            wait_until(lambda: _complete(reqs), timeout, dest, "MPI send completion", spin=self.spin)
             self._give(buf)
         self._sending = []
 
     def close(self) -> None:
+        if self._pacer is not None and self._pacer.pump in base.progress_hooks:
+            base.progress_hooks.remove(self._pacer.pump)
         for req, _ in self._posted.values():
             req.Cancel()
         self._posted.clear()

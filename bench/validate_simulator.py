@@ -1,0 +1,234 @@
+"""Validate the simulator where we can measure: predicted against measured, per case.
+
+Run (no launcher: it starts its own jobs):  python bench/validate_simulator.py [--quick] [--json out.json]
+
+Part 1, allreduce per schedule (fp32, 4 KiB to 64 MiB) at 2 ranks, 4 ranks, 4 ranks as 2x2
+emulated nodes, and 2x2 with the inter-node link emulated slower (``DDL_LINK_EMULATION``,
+default ``mpi:bw=1GB/s,lat=50us``). Measured: each schedule forced (default options, no
+tuning table), interleaved rounds after a barrier, the slowest rank's time per call, the
+median. Predicted: ``python -m ddl_triton.simulate allreduce --cluster local`` (the cost
+model ddl-tune fitted on this host for those ranks and topology, probed if missing, with
+the emulated link added), i.e. ``simulate.local_allreduce``.
+
+Part 2, a training iteration at 2 ranks as two emulated nodes (``DDL_TOPOLOGY=1x2``, so the
+gradients cross the MPI link), with and without emulation: examples/train_cnn.py's CNN
+under DDP through the ``allreduce`` comm hook (0.1 MB buckets: several allreduces overlap
+backward). Measured: the median step of the slowest rank. Predicted: ddl_triton/scale.py's
+iteration model with the compute time measured in the same job (DDP's ``no_sync`` steps:
+both ranks computing, no allreduce), the layers traced from the model on the meta device,
+and each bucket's allreduce from the fitted model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+EMULATION = "mpi:bw=1GB/s,lat=50us"
+
+
+# -- workers (run under ddlrun) ---------------------------------------------------------------------
+def _time(world, run, target_s: float, rounds: int) -> float:
+    from mpi4py import MPI
+    run()
+    world.Barrier()
+    t0 = time.perf_counter()
+    run()
+    once = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    iters = max(1, min(500, int(target_s / max(once, 1e-7))))
+    out = []
+    for _ in range(rounds):
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            run()
+        out.append(world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX))
+    return statistics.median(out)
+
+
+def worker_allreduce(schedules: list[str], sizes: list[int], rounds: int) -> None:
+    import torch
+    from mpi4py import MPI
+
+    import ddl_triton as ddl
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    comms = {s: ddl.init(world.Dup(), schedule=s, tuning_file="off") for s in schedules}
+    rows = []
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4)
+        for s, comm in comms.items():
+            rows.append({"schedule": s, "bytes": nbytes, "measured_us": 1e6 * _time(world, lambda: comm.allreduce(x),
+                                                                                    0.01, rounds)})
+    if world.rank == 0:
+        print("ROWS " + json.dumps(rows), flush=True)
+    for comm in comms.values():
+        comm.close()
+
+
+def worker_train(steps: int, blocks: int) -> None:
+    import importlib.util
+
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ddl_triton as ddl
+    from ddl_triton.torch import hooks
+    from ddl_triton.workload import layers_from_module
+    torch.set_num_threads(1)
+    world = MPI.COMM_WORLD
+    spec = importlib.util.spec_from_file_location("train_cnn", ROOT / "examples" / "train_cnn.py")
+    cnn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cnn)
+    comm = ddl.init(world.Dup(), tuning_file="off")
+    folder = world.bcast(os.path.join("/tmp", f"ddl_val_{os.getpid()}") if world.rank == 0 else None, root=0)
+    os.makedirs(folder, exist_ok=True)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=world.rank, world_size=world.size)
+    x_train, y_train, _, _ = cnn.load_data(0, mpi_comm=world)
+    net = cnn.build_model(0)
+    layers = layers_from_module(net, (1, 8, 8))
+    model = DDP(net, bucket_cap_mb=0.1)
+    model.register_comm_hook(hooks.HookState(comm), hooks.allreduce_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+
+    def step(sync: bool):
+        idx = torch.randint(0, len(y_train), (32,), generator=g)
+        ctx = model.no_sync() if not sync else _null()
+        with ctx:
+            loss = torch.nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+        opt.step()
+
+    times = {True: [], False: []}
+    for _ in range(5):
+        step(True)
+    for b in range(2 * blocks):
+        sync = b % 2 == 0
+        for _ in range(steps):
+            world.Barrier()
+            t0 = time.perf_counter()
+            step(sync)
+            times[sync].append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    grads = [p.numel() * 4 for p in net.parameters()]
+    plans = {}
+    if world.rank == 0:
+        print("TRAIN " + json.dumps({"step_s": statistics.median(times[True]),
+                                     "compute_s": statistics.median(times[False]),
+                                     "layers": [[l.name, l.params, l.fwd_macs] for l in layers],
+                                     "grad_bytes": sum(grads), "plans": plans}), flush=True)
+    dist.destroy_process_group()
+    comm.close()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+# -- the driver ---------------------------------------------------------------------------------------
+def _launch(ranks: int, topology: str, emulation: str, *args: str) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DDL_LINK_EMULATION=emulation, DDL_TUNING_FILE="off")
+    command = [str(BIN / "ddlrun"), "-n", str(ranks)] + (["--topology", topology] if topology else []) + \
+        ["--", sys.executable, __file__, *args]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worker", choices=("allreduce", "train"))
+    p.add_argument("--schedules", default="")
+    p.add_argument("--sizes", default="")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--blocks", type=int, default=6)
+    p.add_argument("--quick", action="store_true", help="fewer sizes and rounds")
+    p.add_argument("--emulation", default=EMULATION)
+    p.add_argument("--json")
+    args = p.parse_args()
+    if args.worker == "allreduce":
+        worker_allreduce(args.schedules.split(","), [int(s) for s in args.sizes.split(",")], args.rounds)
+        return 0
+    if args.worker == "train":
+        worker_train(args.steps, args.blocks)
+        return 0
+
+    from ddl_triton import scale, simulate
+    from ddl_triton.cluster import load
+    from ddl_triton.workload import Layer
+
+    sizes = SIZES[:4] if args.quick else SIZES
+    rounds = 5 if args.quick else args.rounds
+    flat = ["ring", "one_shot", "two_shot", "rhd", "tree"]
+    configs = [(2, "", ""), (4, "", ""), (4, "2x2", ""), (4, "2x2", args.emulation)]
+    results = {"allreduce": [], "training": []}
+    print("# allreduce: predicted (fitted model of this host) against measured (forced schedule), fp32")
+    print(f"{'ranks':>5} {'topology':>8} {'link':>22} {'schedule':>13} {'bytes':>10} {'measured us':>12} "
+          f"{'predicted us':>13} {'error':>7}")
+    for ranks, topology, emulation in configs:
+        names = flat + (["hierarchical", "multidim"] if topology else [])
+        out = _launch(ranks, topology, emulation, "--worker", "allreduce", "--schedules", ",".join(names),
+                      "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds))
+        rows = json.loads(next(line[5:] for line in out.splitlines() if line.startswith("ROWS ")))
+        for row in rows:
+            predicted, _ = simulate.local_allreduce(ranks, topology, row["bytes"], row["schedule"],
+                                                    link_emulation=emulation)
+            row.update(ranks=ranks, topology=topology or str(ranks), link=emulation or "-",
+                       predicted_us=predicted * 1e6, error=(predicted * 1e6 - row["measured_us"]) / row["measured_us"])
+            results["allreduce"].append(row)
+            print(f"{ranks:>5} {row['topology']:>8} {row['link']:>22} {row['schedule']:>13} {row['bytes']:>10} "
+                  f"{row['measured_us']:>12.1f} {row['predicted_us']:>13.1f} {row['error']:>+7.1%}", flush=True)
+    errs = sorted(abs(r["error"]) for r in results["allreduce"])
+    print(f"# allreduce cases: {len(errs)}; median |error| {statistics.median(errs):.1%}; within 20%: "
+          f"{sum(e <= 0.2 for e in errs)}/{len(errs)}")
+
+    print("\n# training iteration at 2 ranks as two emulated nodes (1x2), train_cnn's CNN, 0.1 MB buckets")
+    cluster = load("local")
+    for emulation in ("", args.emulation):
+        out = _launch(2, "1x2", emulation, "--worker", "train", "--steps", str(args.steps), "--blocks", str(args.blocks))
+        got = json.loads(next(line[6:] for line in out.splitlines() if line.startswith("TRAIN ")))
+        layers = [Layer(n, p, m) for n, p, m in got["layers"]]
+
+        def cost(nbytes: int, emulation=emulation) -> float:
+            sizes_ = [s for s in ("ring", "rhd", "one_shot", "two_shot", "tree")]
+            # the planner's choice for this bucket with no table: the built-in model's, as the run had
+            from ddl_triton.planner import Planner
+            from ddl_triton.topology import parse
+            planner = Planner(rank=0, size=2, topology=parse("1x2", 2, 0), link_of=lambda a, b: "mpi", forced="",
+                              slot_bytes=2 << 20)
+            import torch
+            choice = planner.plan("allreduce", nbytes, torch.float32).schedule
+            del sizes_
+            return simulate.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0]
+        it = scale.iteration(cluster, layers, 2, "ring", batch=32, compute=got["compute_s"], bucket_mb=0.1,
+                             allreduce=cost)
+        err = (it.iteration - got["step_s"]) / got["step_s"]
+        results["training"].append({"link": emulation or "-", "measured_ms": got["step_s"] * 1e3,
+                                    "compute_ms": got["compute_s"] * 1e3, "predicted_ms": it.iteration * 1e3,
+                                    "error": err})
+        print(f"link {emulation or '-':>22}: measured {got['step_s'] * 1e3:.3f} ms/step (compute alone "
+              f"{got['compute_s'] * 1e3:.3f} ms), predicted {it.iteration * 1e3:.3f} ms, error {err:+.1%}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
