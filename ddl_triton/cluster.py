@@ -10,7 +10,8 @@ prediction can always say what it rests on. Layout:
     [links.intra] bandwidth_gbps, slowest_hop_gbps, alpha_us    (within a node)
     [links.inter] bandwidth_gbps, alpha_us                      (between nodes of a rack)
     [links.rack]  bandwidth_gbps, alpha_us                      (between racks)
-    [device]      hbm_gbps (reductions and copies run at memory speed), step_overhead_us
+    [device]      hbm_gbps (reductions and copies run at memory speed), step_overhead_us,
+                  bucket_overhead_us (a DDP bucket's cost beside its allreduce)
     [compute]     img_per_s at a model and batch, backward_over_forward
 
 ``local`` ("this host") has no datasheet: ``local_model`` returns the cost model fitted by
@@ -53,6 +54,7 @@ class Cluster:
     # Whether communication runs beside the computation (a GPU's copy engines and NICs) or
     # takes the computing core's time (CPU ranks with no spare core, as on this host).
     overlap: bool = True
+    bucket_overhead: float = 0.0  # seconds per DDP bucket beside its allreduce (hook, hand-off)
 
     def grid(self, gpus: int) -> tuple[int, ...]:
         """The X x Y[ x Z] grid of ``gpus`` (innermost first): whole nodes, then racks."""
@@ -122,7 +124,9 @@ def load(name_or_path: str) -> Cluster:
         batch=int(img.get("batch", 0)),
         backward_over_forward=float(_value(compute, "backward_over_forward", sources, "compute")),
         sources=sources, calibrated=bool(data.get("calibrated", False)),
-        overlap=bool(_value(compute, "overlap", sources, "compute")) if "overlap" in compute else True)
+        overlap=bool(_value(compute, "overlap", sources, "compute")) if "overlap" in compute else True,
+        bucket_overhead=float(_value(device, "bucket_overhead_us", sources, "device")) * 1e-6
+        if "bucket_overhead_us" in device else 0.0)
 
 
 def local_model(ranks: int, topology: str = "", probe: bool = True) -> tuple[CostModel, str]:

@@ -183,9 +183,11 @@ def straggler_factor(gpus: int, jitter: float) -> float:
 
 def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *, batch: int,
               compute: float, bucket_mb: float = 25.0, compress: str = "none",
-              allreduce=None, jitter: float = 0.0) -> Iteration:
+              allreduce=None, jitter: float = 0.0, bucket_overhead: float | None = None) -> Iteration:
     """One data-parallel iteration on ``gpus`` GPUs (see the module doc). ``allreduce(nbytes)``
-    overrides the allreduce time (the validation feeds a measured one in). ``jitter``: the
+    overrides the allreduce time. ``bucket_overhead``: seconds each bucket costs beside its
+    allreduce (the comm hook, the hand-off to the communicator's thread; default the
+    cluster's, measured on this host by bench/validate_simulator.py). ``jitter``: the
     per-GPU compute time's coefficient of variation ([U]; 0 = identical GPUs): every GPU
     count above one computes at the expected pace of its slowest GPU (``straggler_factor``)."""
     ratio = cluster.backward_over_forward
@@ -208,10 +210,11 @@ def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *
     if size:
         buckets.append((at, size))
     cost = allreduce or (lambda nbytes: allreduce_time(cluster, gpus, nbytes, schedule, compress=compress)[0])
+    per_bucket = cluster.bucket_overhead if bucket_overhead is None else bucket_overhead
     end, spent = 0.0, 0.0
     if gpus > 1:
         for when, nbytes in buckets:
-            took = cost(nbytes)
+            took = cost(nbytes) + per_bucket
             end = max(end, when) + took
             spent += took
     finished = max(backward_end, end) if cluster.overlap else backward_end + spent
