@@ -143,9 +143,9 @@ class Candidate:
 
 def candidates(collective: str, count: int, elem: int, dims: tuple[int, ...], chunks: list[int],
                depths: list[int]) -> list[Candidate]:
-    """Every candidate worth timing for one call shape: candidates of one schedule whose chunk
-    splits ``count`` into the same number of pieces behave alike, so only the largest chunk
-    of each such group is kept."""
+    """Every candidate for one call shape: a schedule (and, for multidim, its per-dimension
+    algorithms) on each communicator layout (slot bytes = pipeline chunk, depth). Layouts
+    are timed even where they cut the call alike: the slot size changes what stays cached."""
     from . import schedules
     from .schedules import grid as grid_mod
 
@@ -158,11 +158,8 @@ def candidates(collective: str, count: int, elem: int, dims: tuple[int, ...], ch
             choices = [grid_mod.PHASE_ALGORITHMS if d > 1 else (grid_mod.default_algorithms(dims)[i],)
                        for i, d in enumerate(dims)]
             variants = list(itertools.product(*choices))
-        by_pieces: dict[int, int] = {}
-        for chunk in sorted(chunks):
-            by_pieces[max(1, math.ceil(count / max(1, chunk // elem)))] = chunk
         for depth in depths:
-            for chunk in sorted(set(by_pieces.values())):
+            for chunk in sorted(chunks):
                 for algos in variants:
                     out.append(Candidate(depth, name, chunk, tuple(algos) if algos else None))
     return out
@@ -328,7 +325,7 @@ def sweep(args, world, comms: dict, progress) -> tuple[list[dict], bool]:
             call, numel = made
             count = schedules.count_for(collective, numel, size)
             cands = candidates(collective, count, elem, dims, args.chunks, args.depths)
-            runners = {c: _runner(comms[c.depth], call, c, elem) for c in cands}
+            runners = {c: _runner(comms[(c.chunk_bytes, c.depth)], call, c, elem) for c in cands}
             peers = _peer_runners(args, world, numel, dtype) if collective == "allreduce" else {}
             times, finalists = race.run(runners, peers)
             for c, ts in times.items():
@@ -402,30 +399,31 @@ def _start_gloo(world) -> None:
 
 
 # -- deciding ---------------------------------------------------------------------------------------
-def choose_depth(rows: list[dict]) -> int:
-    """The depth whose best times are best overall: the smallest geometric mean, over call
-    shapes, of (best time at that depth / best time at any depth)."""
+def choose_layout(rows: list[dict]) -> tuple[int, int]:
+    """The communicator layout (slot bytes = pipeline chunk, pipeline depth) whose best times
+    are best overall: the smallest geometric mean, over call shapes, of (best time with that
+    layout / best time with any). One layout serves every call at run time (the shm
+    segment is sized once), so it is chosen as a whole."""
     best: dict = {}
     for r in rows:
         if "depth" in r:
-            key = (r["collective"], r["dtype"], r["bytes"])
-            best.setdefault(key, {})
-            d = best[key]
-            d[r["depth"]] = min(d.get(r["depth"], math.inf), r["median_us"])
-    depths = sorted({dep for d in best.values() for dep in d})
+            d = best.setdefault((r["collective"], r["dtype"], r["bytes"]), {})
+            layout = (r["chunk_bytes"], r["depth"])
+            d[layout] = min(d.get(layout, math.inf), r["median_us"])
+    layouts = sorted({lay for d in best.values() for lay in d})
     scores = {}
-    for depth in depths:
-        logs = [math.log(d[depth] / min(d.values())) for d in best.values() if depth in d]
-        scores[depth] = sum(logs) / len(logs) if logs else math.inf
-    return min(depths, key=lambda dep: (scores[dep], dep))
+    for layout in layouts:
+        logs = [math.log(d[layout] / min(d.values())) for d in best.values() if layout in d]
+        scores[layout] = sum(logs) / len(logs) if logs else math.inf
+    return min(layouts, key=lambda lay: (scores[lay], lay))
 
 
-def entries(rows: list[dict], depth: int) -> dict:
-    """Per (collective, dtype, size): the winner at ``depth`` among the finalists, the runner-up,
-    and each schedule's best measured time (the tuning table's "entries")."""
+def entries(rows: list[dict], layout: tuple[int, int]) -> dict:
+    """Per (collective, dtype, size): the winner with ``layout`` (slot bytes, depth), the
+    runner-up, and each schedule's best measured time (the tuning table's "entries")."""
     groups: dict = {}
     for r in rows:
-        if r.get("depth") == depth:
+        if (r.get("chunk_bytes"), r.get("depth")) == tuple(layout):
             groups.setdefault((r["collective"], r["dtype"], r["bytes"]), []).append(r)
     out: dict = {}
     for (collective, dtype, nbytes), rs in sorted(groups.items()):
@@ -465,7 +463,7 @@ def fit_model(rows: list[dict], comm) -> tuple:
             continue
         elem = getattr(torch, r["dtype"]).itemsize
         count = schedules.count_for(r["collective"], r["bytes"] // elem, comm.size)
-        chunk = max(1, min(r["chunk_bytes"], comm.options.chunk_bytes) // elem)
+        chunk = max(1, r["chunk_bytes"] // elem)  # each layout's slot holds exactly its chunk
         grid = comm.topology.dims if schedules.uses_grid(r["schedule"]) else None
         algos = tuple(r["algos"]) if r["algos"] else None
 
@@ -500,9 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     torch.set_num_threads(1)
     base = Options.from_env(tuning_file="off", schedule="")
-    slot = max(args.chunks)
-    comms = {d: ddl.init(world.Dup(), base.replace(chunk_bytes=slot, pipeline_depth=d)) for d in args.depths}
-    any_comm = comms[args.depths[0]]
+    # One communicator per layout: its shm slots hold exactly one pipeline chunk, as at run time.
+    comms = {(c, d): ddl.init(world.Dup(), base.replace(chunk_bytes=c, pipeline_depth=d))
+             for c in args.chunks for d in args.depths}
+    any_comm = next(iter(comms.values()))
     if args.peers:
         _start_gloo(world)
     sizes = geometric_sizes(args.min_bytes, args.max_bytes, args.factor)
@@ -521,9 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         table = _build_table(args, rows, any_comm, size)
     table = world.bcast(table, root=0)          # every rank holds the same table
-    depth = table.options["pipeline_depth"]
+    layout = (table.options["chunk_bytes"], table.options["pipeline_depth"])
     if not args.no_validate and rows:
-        validation = _validate(args, world, comms[depth], table, rows)
+        validation = _validate(args, world, comms[layout], table, rows)
         if rank == 0:
             table.model_info["validation"] = validation
     if rank == 0:
@@ -553,9 +552,9 @@ def _build_table(args, rows: list[dict], comm, size: int):
     from . import tuning
 
     key = tuning.machine_key(world_size=size, topology=comm.topology.signature, transport=comm.options.transport)
-    depth = choose_depth(rows) if any("depth" in r for r in rows) else args.depths[0]
-    table = tuning.TuningTable(key=key, options={"chunk_bytes": max(args.chunks), "pipeline_depth": depth},
-                               entries=entries(rows, depth), measurements=rows)
+    layout = choose_layout(rows) if any("depth" in r for r in rows) else (max(args.chunks), args.depths[0])
+    table = tuning.TuningTable(key=key, options={"chunk_bytes": layout[0], "pipeline_depth": layout[1]},
+                               entries=entries(rows, layout), measurements=rows)
     table.peers = _peer_times(rows)
     if any("depth" in r for r in rows):
         report = fit_model(rows, comm)
@@ -621,7 +620,7 @@ def _validate(args, world, comm, table, rows: list[dict]) -> list[dict]:
 
 def _print_summary(table, elapsed: float, stopped: bool, written: list[str]) -> None:
     print(f"# swept in {elapsed:.1f} s{' (stopped early: what was measured is kept)' if stopped else ''}; "
-          f"pipeline depth {table.options['pipeline_depth']}, slot {table.options['chunk_bytes']} B")
+          f"best layout: pipeline depth {table.options['pipeline_depth']}, slot {table.options['chunk_bytes']} B")
     print(f"{'collective':>14} {'bytes':>10} {'winner':>28} {'us':>10} {'p20-p80':>17} {'runner-up':>22} {'x':>6}")
     for collective, by_dtype in table.entries.items():
         for dtype, rows in by_dtype.items():

@@ -203,9 +203,10 @@ def test_sizes_are_geometric_and_end_at_the_top_of_the_range():
     assert tune.parse_bytes("64K") == 65536 and tune.parse_bytes("256MiB") == 256 << 20
 
 
-def test_candidates_that_cut_a_call_into_the_same_pieces_are_timed_once():
-    small = tune.candidates("allreduce", 16, 4, (2,), [256 << 10, 1 << 20, 4 << 20], [4])
-    assert {c.chunk_bytes for c in small} == {4 << 20}  # one piece whatever the chunk: keep the largest
+def test_candidates_cover_every_layout_and_multidims_algorithms():
+    small = tune.candidates("allreduce", 16, 4, (2,), [256 << 10, 1 << 20], [4])
+    assert {(c.schedule, c.chunk_bytes) for c in small} == {(s, k) for s in ("ring", "one_shot", "two_shot", "rhd",
+                                                                              "tree") for k in (256 << 10, 1 << 20)}
     big = tune.candidates("allreduce", 16 << 20, 4, (2,), [256 << 10, 1 << 20, 4 << 20], [2, 4])
     assert {c.chunk_bytes for c in big} == {256 << 10, 1 << 20, 4 << 20} and {c.depth for c in big} == {2, 4}
     grid = tune.candidates("allreduce", 1000, 4, (2, 2), [1 << 20], [4])
@@ -219,13 +220,13 @@ def _measured(collective, nbytes, schedule, chunk, depth, us, finalist=True):
             "rounds": 7, "finalist": finalist}
 
 
-def test_the_depth_best_overall_wins_and_entries_keep_winner_runner_up_and_every_schedule():
+def test_the_layout_best_overall_wins_and_entries_keep_winner_runner_up_and_every_schedule():
     rows = [_measured("allreduce", 8, "one_shot", 1 << 20, 2, 10.0), _measured("allreduce", 8, "ring", 1 << 20, 2, 30),
             _measured("allreduce", 8, "one_shot", 1 << 20, 4, 11.0), _measured("allreduce", 8, "ring", 1 << 20, 4, 25),
             _measured("allreduce", 4096, "one_shot", 1 << 20, 2, 40.0), _measured("allreduce", 4096, "ring", 1 << 20, 4, 20),
             _measured("allreduce", 4096, "tree", 1 << 20, 4, 5.0, finalist=False)]
-    assert tune.choose_depth(rows) == 4  # 10% worse at 8 B, 2x better at 4 KiB
-    e = tune.entries(rows, 4)["allreduce"]["float32"]
+    assert tune.choose_layout(rows) == (1 << 20, 4)  # 10% worse at 8 B, 2x better at 4 KiB
+    e = tune.entries(rows, (1 << 20, 4))["allreduce"]["float32"]
     assert [(x["bytes"], x["schedule"]) for x in e] == [(8, "one_shot"), (4096, "ring")]
     # A pruned candidate's time (one round) is evidence, not a winner: finalists win.
     assert e[1]["by_schedule"] == {"ring": 20, "tree": 5.0} and e[1]["runner_up"]["schedule"] == "tree"
