@@ -9,22 +9,22 @@ Run it on the ranks and topology to tune (it is an MPI program, like any job)::
 What it sweeps, per collective (all five by default), dtype (float32) and size (8 B to
 256 MiB in steps of 4x; ``--quick``: to 16 MiB): every candidate = a schedule that
 implements the collective (the grid schedules on multi-level topologies, ``multidim`` once
-per per-dimension algorithm choice) x ``--chunks`` (pipeline chunk bytes) x ``--depths``
-(shm slots per rank; one communicator per depth).
+per per-dimension algorithm choice) x the communicator layout: ``--chunks`` (shm slot
+bytes, which are also the pipeline chunk) x ``--depths`` (slots per rank), one
+communicator per layout, since a layout is fixed when a communicator is made.
 
 How it times (``_Race``): every measurement starts with every rank passing a barrier, runs
 a candidate back to back long enough to be timed (at least ``--target-ms``), and takes the
-slowest rank's time per call (an allreduce MAX). Candidates that behave alike (same
-schedule and same number of chunks) are timed once. Successive halving prunes the rest: all
-survivors are timed once, in turn, and the slower half dropped, until ``--finalists``
-remain; those are timed in ``--rounds`` interleaved rounds, after a warm-up, and each gets
+slowest rank's time per call (an allreduce MAX). Successive halving prunes the
+candidates: all survivors are timed once, in turn, and the slower half dropped (anything
+within 25% of the best stays), until ``--finalists`` remain; those are timed in ``--rounds`` interleaved rounds, after a warm-up, and each gets
 its median and p20/p80 spread. Rank 0 decides every pruning and the final table and
 broadcasts them, so every rank holds the same table.
 
 What it writes: the table (ddl_triton/tuning.py documents the schema) to ``--out`` and to
 the cache folder where ``ddl_triton.init`` finds it by itself (unless ``--no-cache``). The
-table keeps the winner per (collective, dtype, size) at the pipeline depth that is best
-overall, every candidate's measured time, and the cost model's parameters fitted by least
+table keeps the winner per (collective, dtype, size) within the layout that is best
+overall (``choose_layout``), every candidate's measured time, and the cost model's parameters fitted by least
 squares to every finalist's median (ddl_triton/model_fit.py), checked against sizes the
 sweep skipped (``model.validation``: measured and predicted time of the plan the runtime
 would choose between two swept sizes).

@@ -237,8 +237,7 @@ def main(argv=None) -> int:
     bar = None
     if rank == 0 and not (args.quiet or args.log_steps):
         from tqdm import tqdm
-        # delay: the header above goes through the launcher's stdout relay; let it arrive first.
-        bar = tqdm(total=args.epochs * (len(data[1]) // global_batch), unit="step", mininterval=0.25, delay=0.3,
+        bar = tqdm(total=args.epochs * (len(data[1]) // global_batch), unit="step", mininterval=0.25,
                    dynamic_ncols=True, desc="training")
 
     def on_step(step, epoch, loss, seconds, sent, received):

@@ -47,7 +47,7 @@ def test_ddl_tune_writes_a_table_with_winners_a_fitted_model_and_a_plot(table):
             assert r["p20_us"] <= r["time_us"] <= r["p80_us"]
     assert data["model"]["fit"]["samples"] > 10 and data["model"]["validation"]
     assert png.stat().st_size > 10_000
-    assert re.search(r"# swept in [\d.]+ s; pipeline depth 4", stdout), stdout
+    assert re.search(r"# swept in [\d.]+ s; best layout: pipeline depth 4, slot \d+ B", stdout), stdout
     assert re.search(r"# model on \d+ sizes the sweep skipped: median \|error\|", stdout), stdout
 
 
