@@ -237,7 +237,9 @@ def main(argv=None) -> int:
     bar = None
     if rank == 0 and not (args.quiet or args.log_steps):
         from tqdm import tqdm
-        bar = tqdm(total=args.epochs * (len(data[1]) // global_batch), unit="step", mininterval=0.25,
+        # delay: the header above goes through the launcher's stdout relay; let it arrive first
+        # (a run shorter than the delay shows no bar, only its summary).
+        bar = tqdm(total=args.epochs * (len(data[1]) // global_batch), unit="step", mininterval=0.25, delay=0.3,
                    dynamic_ncols=True, desc="training")
 
     def on_step(step, epoch, loss, seconds, sent, received):

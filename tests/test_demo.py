@@ -38,5 +38,6 @@ def test_demo_cnn_training_with_the_int8_hook():
     result = re.search(r"^RESULT hook=int8 backend=ddl ranks=4 accuracy=([\d.]+) .* identical=1$", proc.stdout, re.M)
     assert result, proc.stdout
     assert float(result.group(1)) > 0.3, proc.stdout  # 10 classes: chance is 0.1; two epochs reach ~0.7
-    assert "training: 100%" in proc.stderr, proc.stderr  # rank 0's progress bar, not 20 lines per epoch
+    # Rank 0's progress bar (shown once the run outlasts its 0.3 s delay), not 20 lines per epoch.
+    assert "training:" not in proc.stderr or "training: 100%" in proc.stderr, proc.stderr
     assert "step    0" not in proc.stdout, proc.stdout
