@@ -27,6 +27,8 @@ import os
 import statistics
 import sys
 
+from .tuning_plot import bus_factor
+
 
 def load_traces(folder: str) -> dict[int, dict]:
     out = {}
@@ -58,14 +60,6 @@ def merge(folder: str) -> dict:
                          "offset_bound_us_per_rank": bounds, "dropped_events": dropped}}
 
 
-def _bus_factor(collective: str, nranks: int) -> float:
-    if collective == "allreduce":
-        return 2 * (nranks - 1) / nranks
-    if collective in ("reduce_scatter", "all_gather"):
-        return (nranks - 1) / nranks
-    return 1.0
-
-
 def summary(folder: str) -> list[dict]:
     """Per-collective totals over every rank (see the module doc)."""
     traces = load_traces(folder)
@@ -92,7 +86,7 @@ def summary(folder: str) -> list[dict]:
         per_call = row["bytes"] / row["calls"]
         out.append({"collective": name, "calls": row["calls"], "mean_us": mean_us, "total_ms": sum(row["durations"]) / 1e3,
                     "bytes_per_call": per_call,
-                    "busbw_gbps": per_call / (mean_us * 1e-6) / 1e9 * _bus_factor(name, nranks) if mean_us else 0.0,
+                    "busbw_gbps": per_call / (mean_us * 1e-6) / 1e9 * bus_factor(name, nranks) if mean_us else 0.0,
                     "time_share": sum(row["durations"]) / wall if wall else 0.0,
                     "wait_share": row["wait_us"] / wall if wall else 0.0})
     return out
