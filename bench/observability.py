@@ -28,6 +28,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import ddl_triton as ddl
+from _timing import time_per_call
 from ddl_triton import flight
 from ddl_triton import tracer as tracer_mod
 
@@ -44,15 +45,6 @@ class _NoRecord:
 
 def _stub_issue(comm, seq, call):
     return _NoRecord(seq, call)
-
-
-def _time(world, run, iters: int) -> float:
-    run()
-    world.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        run()
-    return world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
 
 
 def latency(world, comm, tracer, rounds: int, iters: int) -> dict:
@@ -77,7 +69,7 @@ def latency(world, comm, tracer, rounds: int, iters: int) -> dict:
     for r in range(rounds):
         for name, enter in modes.items():
             enter()
-            times[name].append(_time(world, lambda: comm.allreduce(x), iters))
+            times[name].append(time_per_call(world, lambda: comm.allreduce(x), iters))
     recorder_on()
     return {k: statistics.median(v) * 1e6 for k, v in times.items()}
 

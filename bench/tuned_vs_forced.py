@@ -20,22 +20,13 @@ import json
 import math
 import statistics
 import sys
-import time
 
 import torch
 from mpi4py import MPI
 
 import ddl_triton as ddl
+from _timing import time_per_call
 from ddl_triton import schedules, tuning
-
-
-def _time(world, comm, buf, iters: int) -> float:
-    comm.allreduce(buf)
-    world.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        comm.allreduce(buf)
-    return world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
 
 
 def main() -> int:
@@ -63,14 +54,15 @@ def main() -> int:
     for nbytes in sizes:
         buf = torch.ones(max(1, nbytes // 4))
         comms = {"tuned": tuned, **forced}
-        iters = {k: max(1, min(2000, math.ceil(args.target_ms / 1e3 / max(_time(world, c, buf, 1), 1e-7))))
+        iters = {k: max(1, min(2000, math.ceil(args.target_ms / 1e3 /
+                                               max(time_per_call(world, lambda c=c: c.allreduce(buf), 1), 1e-7))))
                  for k, c in comms.items()}
         times = {k: [] for k in comms}
         for r in range(args.rounds):
             order = list(comms)
             order = order[r % len(order):] + order[: r % len(order)]
             for k in order:
-                times[k].append(_time(world, comms[k], buf, iters[k]))
+                times[k].append(time_per_call(world, lambda k=k: comms[k].allreduce(buf), iters[k]))
         med = {k: statistics.median(v) for k, v in times.items()}
         best = min(forced, key=lambda n: med[n])
         ratio = med[best] / med["tuned"]

@@ -37,21 +37,10 @@ EMULATION = "mpi:bw=1GB/s,lat=50us"
 
 # -- workers (run under ddlrun) ---------------------------------------------------------------------
 def _time(world, run, target_s: float, rounds: int) -> float:
-    from mpi4py import MPI
-    run()
-    world.Barrier()
-    t0 = time.perf_counter()
-    run()
-    once = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-    iters = max(1, min(500, int(target_s / max(once, 1e-7))))
-    out = []
-    for _ in range(rounds):
-        world.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            run()
-        out.append(world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX))
-    return statistics.median(out)
+    """Median over ``rounds`` of bench/_timing.py's measurement, each about ``target_s`` long."""
+    from _timing import time_per_call
+    iters = max(1, min(500, int(target_s / max(time_per_call(world, run, 1), 1e-7))))
+    return statistics.median(time_per_call(world, run, iters) for _ in range(rounds))
 
 
 def worker_allreduce(schedules: list[str], sizes: list[int], rounds: int) -> None:

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ._data_files import named_file
 from .costmodel import CostModel, Link
 
 try:
@@ -95,12 +96,7 @@ def _value(section: dict, key: str, sources: dict, where: str):
 def load(name_or_path: str) -> Cluster:
     """A cluster by name (a file in ddl_triton/clusters/) or path; raises ValueError naming
     the missing or unsourced field."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = CLUSTERS / f"{name_or_path}.toml"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in CLUSTERS.glob("*.toml")))
-        raise ValueError(f"unknown cluster {name_or_path!r}; known: {known} (or a path to a .toml file)")
+    path = named_file(name_or_path, CLUSTERS, ".toml", "cluster")
     with open(path, "rb") as f:
         data = tomllib.load(f)
     sources: dict = {}

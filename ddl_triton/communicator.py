@@ -519,14 +519,27 @@ class Communicator:
         schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)
         if record is not None:
             record.schedule = schedule.name
-        if inbuf.is_cuda:
-            executor = self._gpu.executor(inbuf.device)
-            executor.record, executor.tracer = record, self._tracer
-            if self._tracer is not None:
-                self._run_cuda_traced(executor, schedule, inbuf, outbuf, run_dtype, ctx, record)
-                return
-        else:
-            executor = self._executor
+        if not inbuf.is_cuda:
+            self._run_widened(self._executor, schedule, inbuf, outbuf, run_dtype, ctx)
+            return
+        executor = self._gpu.executor(inbuf.device)
+        executor.record, executor.tracer = record, self._tracer
+        if self._tracer is None:
+            self._run_widened(executor, schedule, inbuf, outbuf, run_dtype, ctx)
+            return
+        # Traced: a span timed by CUDA events, resolved when the trace is written (no host
+        # synchronisation added). Not yet run on a GPU.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self._run_widened(executor, schedule, inbuf, outbuf, run_dtype, ctx)
+        end.record()
+        info = record.to_json()
+        self._tracer.cuda_span(f"{info['collective']} #{record.seq} (GPU)", start, end,
+                               {"schedule": schedule.name, "bytes": info["bytes"]})
+
+    def _run_widened(self, executor, schedule, inbuf: torch.Tensor, outbuf: torch.Tensor, run_dtype, ctx) -> None:
+        """Run ``schedule``; when ``run_dtype`` is wider than the data (16-bit sums carried in
+        fp32), through a wide copy, rounded back once at the end."""
         if run_dtype is inbuf.dtype:
             executor.run(schedule, inbuf, outbuf, ctx, self._seq)
             return
@@ -534,23 +547,6 @@ class Communicator:
         wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype, device=outbuf.device)
         executor.run(schedule, wide_in, wide_out, ctx, self._seq)
         outbuf.copy_(wide_out)  # the one rounding back to 16 bits
-
-    def _run_cuda_traced(self, executor, schedule, inbuf, outbuf, run_dtype, ctx, record) -> None:
-        """The GPU path with a span timed by CUDA events around it (resolved when the trace is
-        written, so no host synchronisation is added). Not yet run on a GPU."""
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        if run_dtype is inbuf.dtype:
-            executor.run(schedule, inbuf, outbuf, ctx, self._seq)
-        else:
-            wide_in = inbuf.to(run_dtype)
-            wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype, device=outbuf.device)
-            executor.run(schedule, wide_in, wide_out, ctx, self._seq)
-            outbuf.copy_(wide_out)
-        end.record()
-        info = record.to_json()
-        self._tracer.cuda_span(f"{info['collective']} #{record.seq} (GPU)", start, end,
-                               {"schedule": schedule.name, "bytes": info["bytes"]})
 
     def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         flat = _flat_work(tensor)

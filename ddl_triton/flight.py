@@ -149,15 +149,8 @@ class FlightRecorder:
 
     def install_sigusr2(self) -> bool:
         """Dump on SIGUSR2 when nobody else handles it (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        current = signal.getsignal(signal.SIGUSR2)
-        if current is _on_sigusr2:
-            return True
-        if current is not signal.SIG_DFL:
-            return False
-        signal.signal(signal.SIGUSR2, _on_sigusr2)
-        return True
+        from .transports.failure_notice import install_if_default
+        return install_if_default(signal.SIGUSR2, _on_sigusr2)
 
 
 def _current_wait(wait=None):

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._data_files import named_file
+
 MODELS = Path(__file__).with_name("models")
 
 
@@ -26,13 +28,7 @@ class Layer:
 
 
 def load_layers(name_or_path: str) -> list[Layer]:
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = MODELS / f"{name_or_path}.json"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in MODELS.glob("*.json")))
-        raise ValueError(f"unknown model {name_or_path!r}; known: {known} (or a path to a layer table)")
-    rows = json.loads(path.read_text())
+    rows = json.loads(named_file(name_or_path, MODELS, ".json", "model").read_text())
     return [Layer(r["name"], int(r["params"]), int(r["fwd_macs"])) for r in rows]
 
 

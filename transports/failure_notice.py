@@ -43,15 +43,22 @@ def _record(_signum, _frame) -> None:
 
 def install() -> bool:
     """Catch SIGUSR1 when nobody else does (its disposition is still the default);
-    returns whether the handler is in place. Only the main thread may set handlers."""
+    returns whether the handler is in place."""
+    return install_if_default(signal.SIGUSR1, _record)
+
+
+def install_if_default(signum: int, handler) -> bool:
+    """Set ``handler`` for ``signum`` unless the application handles it itself (its
+    disposition is not the default); returns whether ``handler`` is in place. Only the main
+    thread may set handlers (elsewhere: False)."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    current = signal.getsignal(signal.SIGUSR1)
-    if current is _record:
+    current = signal.getsignal(signum)
+    if current is handler:
         return True
     if current is not signal.SIG_DFL:
-        return False  # the application handles SIGUSR1 itself: leave it alone
-    signal.signal(signal.SIGUSR1, _record)
+        return False  # the application's own: leave it alone
+    signal.signal(signum, handler)
     return True
 
 

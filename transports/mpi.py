@@ -24,20 +24,22 @@ from .link_emulation import Pacer
 _TAG_RANGE = 32767  # MPI guarantees MPI_TAG_UB >= 32767
 
 
-class _Joined:
-    """The requests of one message's emulated sends (posted later, one per addressee)."""
+class _Pending:
+    """The sends of one message over an emulated link: the pacer posts them later, one per
+    addressee, into ``reqs``."""
 
-    __slots__ = ("parts",)
+    __slots__ = ("reqs", "expected")
 
-    def __init__(self, parts):
-        self.parts = [p[0] for p in parts]
+    def __init__(self, expected: int):
+        self.reqs: list = []
+        self.expected = expected
 
 
 def _complete(reqs) -> bool:
     """Whether every send of a message is done: a list of requests, or (emulated links) a
-    _Joined whose lists stay empty until the pacer posts them."""
-    if isinstance(reqs, _Joined):
-        return all(part and MPI.Request.Testall(part) for part in reqs.parts)
+    _Pending whose requests are not all posted yet."""
+    if isinstance(reqs, _Pending):
+        return len(reqs.reqs) == reqs.expected and MPI.Request.Testall(reqs.reqs)
     return MPI.Request.Testall(reqs)
 
 
@@ -103,13 +105,11 @@ class MpiTransport:
             reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE) for p in peers]
             self._sending.append((reqs, buf, peers[0]))
             return
+        pending = _Pending(len(peers))
         for p in peers:  # one emulated wire transfer per addressee
-            entry: tuple[list, torch.Tensor, int] = ([], buf, p)
-            self._sending.append(entry)
-            self._pacer.submit(nbytes, lambda p=p, entry=entry: entry[0].append(
+            self._pacer.submit(nbytes, lambda p=p: pending.reqs.append(
                 self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE)))
-        # The staging buffer is shared by the addressees: keep one entry holding it.
-        self._sending[-len(peers):] = [(_Joined(self._sending[-len(peers):]), buf, peers[0])]
+        self._sending.append((pending, buf, peers[0]))
 
     # -- receiver ------------------------------------------------------------------------
     def prefetch(self, peer: int, msg_id: int, size: int, dtype: torch.dtype) -> None:
@@ -128,7 +128,6 @@ class MpiTransport:
         size = max(size, offset + count)
         self.prefetch(peer, msg_id, size, dtype)
         req, buf = self._posted[(peer, msg_id)]
-        pacer = self._pacer
         wait_until(req.Test, timeout, peer, f"MPI message {msg_id}", spin=self.spin)
         self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
         item = dtype.itemsize
