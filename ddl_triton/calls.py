@@ -97,6 +97,12 @@ class CallChecker:
         theirs[self.rank] = fp
         self._compare(seq, fp, theirs)
 
+    def watch(self, seq: int | None, fp: tuple[int, ...] | None) -> None:
+        """Compare the peers' posted fingerprints with ``fp`` for call ``seq`` inside long waits
+        from now on (None: stop). For a path that checks its calls by other means and posts
+        only once it waits long (ddl_triton/small_allreduce.py)."""
+        self._current = None if seq is None else (seq, fp)
+
     def _look_for_mismatch(self) -> None:
         """Run inside long waits: a peer that posted a different call for this sequence number
         will never send what we wait for, so raise now instead of at the deadline."""

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from . import calls, flight, gpu_path, kernels, schedules, status, tuning
 from . import tracer as tracer_mod
 from .planner import Plan, Planner
-from .small_allreduce import SmallAllreduce
+from .small_allreduce import LANE_BYTES, SmallAllreduce
 from .errors import CollectiveMismatch, CollectiveTimeout, CommunicatorPoisoned, DDLError
 from .executor import CallContext, Executor, step_error
 from .ops import DTYPES, SIXTEEN_BIT, check_op_dtype, normalize_op
@@ -38,6 +38,7 @@ from .transports.shm import ShmTransport
 from .work import OrderedRunner
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
+_SMALL_PATH = "one_shot (small-message path)"
 
 
 class Communicator:
@@ -75,9 +76,13 @@ class Communicator:
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
                                   depth=options.pipeline_depth)
         self._gpu = gpu_path.GpuPath(self)  # built on the first CUDA collective
-        self._small = SmallAllreduce(shm, self._executor, self.rank, self.size, options.timeout) \
+        self._small = SmallAllreduce(shm, self.rank, self.size, self._on_node, options.timeout, self._calls) \
             if every_peer_on_shm and shm is not None else None
         self._small_shapes: dict[tuple[int, torch.dtype], bool] = {}  # (numel, dtype) -> takes the small path
+        # (op, dtype, numel) -> (small-path shape, flight-recorder call) for the synchronous fast entry
+        # (allreduce); filled by the first call of each shape on the general entry
+        self._fast_shapes: dict[tuple, tuple] = {}
+        self._fast_arrays: dict[int, tuple] = {}  # tensor data_ptr -> (shape, numpy view of the tensor)
         if self._small is not None:
             self._planner.small_path = self._small.serves
         self._runner = OrderedRunner(f"ddl_triton-rank{self.rank}")
@@ -194,7 +199,7 @@ class Communicator:
         try:
             if use_shm:
                 shm = ShmTransport(node, on_node, slot_bytes=self.options.chunk_bytes,
-                                   depth=self.options.pipeline_depth)
+                                   depth=self.options.pipeline_depth, lane_bytes=LANE_BYTES)
                 transports.append(shm)
         finally:
             node.Free()
@@ -212,11 +217,18 @@ class Communicator:
     # -- public collectives -----------------------------------------------------------
     def allreduce(self, tensor: torch.Tensor, op="sum", async_op: bool = False):
         """Reduce ``tensor`` across ranks in place; every rank gets the same bits. Returns it."""
-        op = normalize_op(op, self.rank)
+        if not async_op and type(tensor) is torch.Tensor:
+            fast = self._fast_shapes.get((op, tensor.dtype, tensor.numel()))
+            if fast is not None and tensor.is_cpu and tensor.is_contiguous() and not tensor.requires_grad:
+                runner = self._runner
+                if not (runner._queue or runner._running or self._poison is not None or self._closed
+                        or _PROFILER.profiler._is_profiler_enabled):
+                    return self._fast_allreduce(tensor, fast)
+        given_op, op = op, normalize_op(op, self.rank)
         self._check_usable()
         self._check_tensor(tensor, "tensor", writable=True)
         check_op_dtype(op, tensor.dtype, self.rank)
-        job = lambda: self._allreduce(tensor, op)  # noqa: E731
+        job = lambda: self._allreduce(tensor, op, given_op)  # noqa: E731
         return self._issue(job, async_op, ("allreduce", op, tensor.numel(), tensor.dtype, None))
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", async_op: bool = False):
@@ -292,6 +304,8 @@ class Communicator:
         if self._tracer is not None:
             self._tracer.flush()
         self._gpu.close()
+        self._forget_plans()
+        self._small = None  # its views of the segments go before the segments
         for t in self._transports:
             t.close()
         if not MPI.Is_finalized():
@@ -374,14 +388,18 @@ class Communicator:
     @contextlib.contextmanager
     def _with_plan(self, plan: Plan):
         """Run every collective inside the block with ``plan`` (the tuner's way to time a candidate)."""
-        self._prepared.clear()
-        self._small_shapes.clear()
+        self._forget_plans()
         try:
             with self._planner.overriding(plan):
                 yield
         finally:
-            self._prepared.clear()
-            self._small_shapes.clear()
+            self._forget_plans()
+
+    def _forget_plans(self) -> None:
+        self._prepared.clear()
+        self._small_shapes.clear()
+        self._fast_shapes.clear()
+        self._fast_arrays.clear()
 
     def _prepare(self, collective: str, count: int, in_numel: int, dtype: torch.dtype, op: str, root: int):
         """(schedule, run dtype, op context) for a call shape, cached: the latency path is one dict lookup."""
@@ -425,6 +443,33 @@ class Communicator:
             return self._runner.submit(lambda: self._guarded(job, record, flow), flight.describe(call))
         return self._runner.run_sync(lambda: self._guarded(job, record, 0), lambda: flight.describe(call))
 
+    def _fast_allreduce(self, tensor: torch.Tensor, fast: tuple) -> torch.Tensor:
+        """A synchronous small allreduce with nothing queued before it, validated and recorded
+        like every call but without the issue machinery (the latency path: see allreduce).
+        Same protocol as the general entry's small path, so ranks may mix the two entries."""
+        shape, call = fast
+        ptr = tensor.data_ptr()
+        cached = self._fast_arrays.get(ptr)
+        if cached is None or cached[0] is not shape:
+            if len(self._fast_arrays) > 64:  # each entry keeps its tensor alive: stay small
+                self._fast_arrays.clear()
+            cached = self._fast_arrays[ptr] = (shape, tensor.view(-1).numpy())
+        self._issued += 1
+        seq = self._seq = self._seq + 1
+        record = flight.RECORDER.issue(self._id, self._issued, call)
+        record.state, record.t_start, record.schedule = "started", record.t_issue, _SMALL_PATH
+        try:
+            self._run_small(cached[1], shape, seq)
+        except Exception as e:
+            error = self._failed(record, e)
+            if error is e:
+                raise
+            raise error from e
+        finally:
+            record.t_end = time.time()
+        record.state = "done"
+        return tensor
+
     def _guarded(self, job, record, flow: int = 0):
         """Run one collective with its record kept current; errors poison the communicator
         (timeouts and mismatches also dump the flight recorder)."""
@@ -442,24 +487,11 @@ class Communicator:
                     result = job()
             else:
                 result = job()
-        except (CollectiveTimeout, CollectiveMismatch) as e:
-            self._fail(record, e)
-            if isinstance(e, CollectiveTimeout):
-                record.waiting = flight.stuck_wait()
-            if isinstance(e, CollectiveTimeout):
-                _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: skip it at exit
-            path = flight.RECORDER.dump(f"{type(e).__name__}: {e}")
-            if path:
-                e.args = (f"{e.args[0]} [flight recorder: {path}]",) + e.args[1:]
-            status.error(str(e))
-            raise
-        except DDLError as e:
-            self._fail(record, e)
-            status.error(str(e))
-            raise
         except Exception as e:
-            self._fail(record, e)
-            raise DDLError(f"rank {self.rank}: collective failed: {e!r}") from e
+            error = self._failed(record, e)
+            if error is e:
+                raise
+            raise error from e
         else:
             record.state = "done"
             return result
@@ -468,6 +500,23 @@ class Communicator:
             self._executor.record = None
             if tracer is not None:
                 self._trace_call(tracer, record, t0, flow)
+
+    def _failed(self, record, e: Exception) -> Exception:
+        """Mark ``record``'s collective failed with ``e`` and poison the communicator; returns
+        the error to raise (``e``, or a DDLError wrapping an unexpected exception). Timeouts and
+        mismatches also dump the flight recorder."""
+        self._fail(record, e)
+        if isinstance(e, (CollectiveTimeout, CollectiveMismatch)):
+            if isinstance(e, CollectiveTimeout):
+                record.waiting = flight.stuck_wait()
+                _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: skip it at exit
+            path = flight.RECORDER.dump(f"{type(e).__name__}: {e}")
+            if path:
+                e.args = (f"{e.args[0]} [flight recorder: {path}]",) + e.args[1:]
+        if isinstance(e, DDLError):
+            status.error(str(e))
+            return e
+        return DDLError(f"rank {self.rank}: collective failed: {e!r}")
 
     def _fail(self, record, error: BaseException) -> None:
         self._poison = error
@@ -511,11 +560,6 @@ class Communicator:
     def _run(self, collective: str, inbuf: torch.Tensor, outbuf: torch.Tensor, count: int, op: str,
              root: int) -> None:
         record = self._executor.record
-        if collective == "allreduce" and inbuf.is_cpu and self._takes_small_path(inbuf.numel(), inbuf.dtype):
-            if record is not None:
-                record.schedule = "one_shot (small-message path)"
-            self._small_allreduce(inbuf, op)
-            return
         schedule, run_dtype, ctx = self._prepare(collective, count, inbuf.numel(), inbuf.dtype, op, root)
         if record is not None:
             record.schedule = schedule.name
@@ -548,19 +592,44 @@ class Communicator:
         executor.run(schedule, wide_in, wide_out, ctx, self._seq)
         outbuf.copy_(wide_out)  # the one rounding back to 16 bits
 
-    def _allreduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+    def _allreduce(self, tensor: torch.Tensor, op: str, given_op=None) -> torch.Tensor:
         flat = _flat_work(tensor)
-        self._execute("allreduce", flat, flat, flat.numel(), op)
+        shape = self._small_shape(op, flat, given_op) if flat.is_cpu else None
+        if shape is not None:
+            self._seq += 1
+            if self._executor.record is not None:
+                self._executor.record.schedule = _SMALL_PATH
+            self._run_small(flat.detach().numpy(), shape, self._seq)
+        else:
+            self._execute("allreduce", flat, flat, flat.numel(), op)
         _write_back(tensor, flat)
         return tensor
 
-    def _small_allreduce(self, flat: torch.Tensor, op: str) -> None:
-        """The one_shot allreduce of a small tensor, without the schedule machinery (small_allreduce.py)."""
+    def _small_shape(self, op: str, flat: torch.Tensor, given_op):
+        """The small-message path's prepared shape for this allreduce, or None when it takes the
+        general path. Registers the shape for the synchronous fast entry under the op as the
+        caller spelled it (a string: the fast entry looks it up before normalising)."""
+        numel, dtype = flat.numel(), flat.dtype
+        if not self._takes_small_path(numel, dtype):
+            return None
+        key = (op, dtype, numel)
+        fast = self._fast_shapes.get(key)
+        if fast is None:
+            fingerprint = calls.encode("allreduce", op, dtype, numel, 0)
+            fast = (self._small.shape(op, dtype, numel, fingerprint), ("allreduce", op, numel, dtype, None))
+            if len(self._fast_shapes) > 256:
+                self._fast_shapes.clear()
+            self._fast_shapes[key] = fast
+        if isinstance(given_op, str) and given_op != op:
+            self._fast_shapes[(given_op, dtype, numel)] = fast
+        return fast[0]
+
+    def _run_small(self, array, shape, seq: int) -> None:
+        """The one_shot allreduce of a small tensor on the shm lane (small_allreduce.py)."""
         try:
-            self._small.run(flat, op)  # type: ignore[union-attr]
+            self._small.run(array, shape, seq)  # type: ignore[union-attr]
         except PeerTimeout as e:
-            raise step_error(self.rank, "allreduce", self._seq, "one_shot (small-message path)", "reduce", e,
-                             self.options.timeout) from None
+            raise step_error(self.rank, "allreduce", seq, _SMALL_PATH, "reduce", e, self.options.timeout) from None
 
     def _reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str) -> torch.Tensor:
         inp = input.contiguous().view(-1)

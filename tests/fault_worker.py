@@ -42,6 +42,10 @@ def mismatch_cases(rank: int, size: int):
         ("op", lambda c: c.allreduce(x(), op="max" if rank == last else "sum")),
         ("barrier", lambda c: c.barrier() if rank == last else c.allreduce(x())),
         ("root", lambda c: c.broadcast(x(), root=1 % size if rank == last else 0)),
+        # the small-message path against the general path: one size under its limit, one over
+        ("small_vs_large", lambda c: c.allreduce(x(100_000 if rank == last else 100))),
+        # a repeated shape takes the small path's fast entry; the deviating rank's is a first call
+        ("fast_entry", lambda c: (c.allreduce(x(7)), c.allreduce(x(8 if rank == last else 7)))),
     ]
 
 

@@ -198,15 +198,36 @@ def run_small_path_is_one_shot(ck: Checker, world, tag: str) -> None:
             x = torch.randn(count, generator=g, dtype=torch.float64) * 1e3
             x = x.to(dtype) if dtype.is_floating_point else x.round().to(dtype)
             for op in ("sum", "min", "max") + (("avg",) if dtype.is_floating_point else ()):
-                a, b = x.clone(), x.clone()
-                fast.allreduce(a, op=op)
-                general.allreduce(b, op=op)
-                ck.cases += 1
-                if not torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8)):
-                    ck.failures.append(f"rank {r}: {tag} small path {op} {dtype} n={count}: bits differ from one_shot")
-                ck.identical(f"{tag} small path {op} {dtype} n={count}", a)
+                want = x.clone()
+                general.allreduce(want, op=op)
+                # Every entry to the path: the first call of a shape (the general entry), a repeat (the
+                # synchronous fast entry), async, a strided view, and ranks mixing entries in one call.
+                for entry in ("first", "repeat", "async", "strided", "mixed"):
+                    a = _small_path_entry(fast, x, op, entry if entry != "mixed" else
+                                          ("repeat", "async", "strided")[r % 3])
+                    ck.cases += 1
+                    if not torch.equal(a.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)):
+                        ck.failures.append(f"rank {r}: {tag} small path ({entry}) {op} {dtype} n={count}: "
+                                           "bits differ from one_shot")
+                    ck.identical(f"{tag} small path ({entry}) {op} {dtype} n={count}", a)
     fast.close()
     general.close()
+
+
+def _small_path_entry(comm, x: torch.Tensor, op: str, entry: str) -> torch.Tensor:
+    """Allreduce a copy of ``x`` through one entry of the communicator; returns the result."""
+    if entry == "async":
+        a = x.clone()
+        comm.allreduce(a, op=op, async_op=True).wait()
+        return a
+    if entry == "strided":
+        holder = torch.zeros(x.numel(), 2, dtype=x.dtype)
+        holder[:, 1] = x
+        comm.allreduce(holder[:, 1], op=op)
+        return torch.empty(x.numel(), dtype=x.dtype).copy_(holder[:, 1])
+    a = x.clone()
+    comm.allreduce(a, op=op)
+    return a
 
 
 def run_noncontiguous(ck: Checker, comm, tag: str) -> None:

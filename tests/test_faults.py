@@ -29,7 +29,7 @@ def test_mismatched_calls_raise_on_every_rank_with_each_ranks_call(transport):
     proc = run_ranks(3, "fault_worker.py", "mismatch", env={"DDL_TRANSPORT": transport, "DDL_TIMEOUT": "20"})
     assert_clean_run(proc, before)
     rows = _faults(proc.stdout)
-    cases = {"collective", "numel", "dtype", "op", "barrier", "root"}
+    cases = {"collective", "numel", "dtype", "op", "barrier", "root", "small_vs_large", "fast_entry"}
     assert {c for c, *_ in rows} == cases
     for case in cases:
         mine = [row for row in rows if row[0] == case]

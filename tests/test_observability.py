@@ -36,7 +36,7 @@ def test_a_rank_that_skips_a_collective_is_named_with_the_sequence_number_and_ca
     assert lines[0] == (f"rank 1 never entered allreduce #6 (ranks 0, 2 issued it from {site}); its last was "
                         f"allreduce #5, issued from {site}, done"), lines
     for rank in (0, 2):
-        assert f"rank {rank} was waiting in allreduce #6 for rank 1 (shm message 5)" in lines, lines
+        assert f"rank {rank} was waiting in allreduce #6 for rank 1 (shm lane call 6)" in lines, lines
     why = subprocess.run([sys.executable, "-m", "ddl_triton.trace", "why", str(tmp_path)], capture_output=True,
                          text=True, timeout=60)
     assert why.returncode == 0 and why.stdout.splitlines()[0] == lines[0]

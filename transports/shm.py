@@ -5,6 +5,8 @@ Every rank maps every node peer's segment. A segment is laid out as
     [0, 64)            published: id of the newest message this rank has written (int64)
     [64, 64 + 8*L)     consumed[q]: id of the newest message of local peer q this rank has read
     [HEADER, ...)      ``depth`` slots of ``slot_bytes``: message m lives in slot m % depth
+    [..., + lane_bytes) the small-message lane's two buffers (ddl_triton/small_allreduce.py),
+                       whose flag word and buffer headers are words 3, 4 and 5 of the header
 
 Flags are sequence numbers that only grow, each written by one rank only, so
 no barrier or reset is ever needed: a receiver waits for ``published >= m`` in
@@ -35,6 +37,8 @@ from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 _SHM_DIR = "/dev/shm"
 _HEADER_BYTES = 4096
 _PID_OFFSET = 8           # int64: the owner's pid, so waiters can tell a dead peer from a slow one
+_LANE_FLAG_WORD = 3       # int64 words of the header owned by the small-message lane
+_LANE_HEAD_WORDS = (4, 5)
 _CONSUMED_OFFSET = 64
 _FINGERPRINT_OFFSET = 2048  # ring of call fingerprints: slot i = [seq, f1..f6, unused] (8 int64)
 _FINGERPRINT_SLOTS = 4
@@ -99,13 +103,16 @@ class ShmTransport:
     """
 
     name = "shm"
+    LANE_FLAG_WORD = _LANE_FLAG_WORD
+    LANE_HEAD_WORDS = _LANE_HEAD_WORDS
 
-    def __init__(self, node_comm, world_of_local: list[int], *, slot_bytes: int, depth: int):
+    def __init__(self, node_comm, world_of_local: list[int], *, slot_bytes: int, depth: int, lane_bytes: int = 0):
         self.local_rank = node_comm.Get_rank()
         self.local_size = node_comm.Get_size()
         self.slot_bytes = slot_bytes
         self.depth = depth
-        self.segment_bytes = _HEADER_BYTES + depth * slot_bytes
+        self.lane_bytes = lane_bytes
+        self.segment_bytes = _HEADER_BYTES + depth * slot_bytes + lane_bytes
         if _CONSUMED_OFFSET + 8 * self.local_size > _FINGERPRINT_OFFSET:
             raise ValueError(f"shm: {self.local_size} ranks on one node exceed the header's capacity")
         self._local_of_world = {w: i for i, w in enumerate(world_of_local)}
@@ -185,6 +192,22 @@ class ShmTransport:
             array = self._slot_view(local, msg_id, count, dtype).numpy()
             self._views[key] = array
         return array
+
+    def flag_words(self, local: int) -> memoryview:
+        """The header of ``local``'s segment as int64 words (a memoryview: a load or store of one
+        word costs about 30 ns, half of numpy's scalar indexing). The small-message lane owns
+        words ``LANE_FLAG_WORD`` and ``LANE_HEAD_WORDS``."""
+        return memoryview(self._maps[local]).cast("B")[:_HEADER_BYTES].cast("q")
+
+    def lane_buffer(self, local: int, parity: int) -> np.ndarray:
+        """The small-message lane's buffer ``parity`` (0 or 1) in ``local``'s segment, as bytes."""
+        half = self.lane_bytes // 2
+        start = _HEADER_BYTES + self.depth * self.slot_bytes + parity * half
+        return np.frombuffer(self._maps[local], dtype=np.uint8, count=half, offset=start)
+
+    def liveness_check(self, local: int):
+        """The check a long wait on ``local`` runs every quarter second (see ``_alive``)."""
+        return self._alive(local)
 
     def _alive(self, local: int):
         """A check, run every quarter second of a long wait, that the process owning segment
