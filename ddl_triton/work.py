@@ -14,6 +14,8 @@ import threading
 from collections import deque
 from typing import Callable
 
+from .transports.base import run_in_background
+
 
 class Work:
     """Handle of an issued collective. ``wait()`` returns its result or raises its error."""
@@ -105,6 +107,7 @@ class OrderedRunner:
         return work
 
     def _loop(self) -> None:
+        run_in_background()  # waits on this thread nap instead of competing for the application's cores
         while True:
             with self._cond:
                 while not self._stopping and (not self._queue or self._running):
