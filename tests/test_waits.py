@@ -1,0 +1,55 @@
+"""Waits give the CPU back: a long wait must not burn the core the application computes on.
+
+transports/base.py: a wait spins briefly, then yields; a background thread's wait (a
+communicator's, overlapping DDP's backward) naps right after its spin, and any wait naps after
+1 ms of yielding. These tests wait half a second for a condition and look at the CPU time the
+waiting thread used: a spinning or yielding wait uses nearly all of it.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ddl_triton.transports import base
+from ddl_triton.transports.base import PeerTimeout, run_in_background, wait_until
+
+WAIT_S = 0.5
+
+
+def _wait_in_thread(background: bool, ready_after: float) -> tuple[float, float]:
+    """(CPU seconds the waiting thread used, wall seconds it waited)."""
+    out = {}
+    ready_at = time.monotonic() + ready_after
+
+    def waiter():
+        if background:
+            run_in_background()
+        cpu0, t0 = time.thread_time(), time.monotonic()
+        wait_until(lambda: time.monotonic() >= ready_at, 10.0, 1, "a test condition")
+        out["cpu"], out["wall"] = time.thread_time() - cpu0, time.monotonic() - t0
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    t.join()
+    return out["cpu"], out["wall"]
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
+def test_a_long_wait_naps_instead_of_using_the_core(background):
+    cpu, wall = _wait_in_thread(background, WAIT_S)
+    assert wall >= WAIT_S * 0.9
+    # Spinning or yielding for the whole wait would use ~WAIT_S of CPU; napping uses a few percent.
+    assert cpu < 0.25 * wall, f"the wait used {cpu:.3f} s of CPU in {wall:.3f} s"
+
+
+def test_a_napping_wait_still_meets_its_deadline():
+    run_in_background()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PeerTimeout, match="rank 3"):
+            wait_until(lambda: False, 0.3, 3, "a condition that never comes")
+        assert time.monotonic() - t0 < 0.3 + 0.25  # the longest nap is well under the slack
+    finally:
+        base._background.on = False
