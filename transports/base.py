@@ -42,6 +42,9 @@ _YIELD_SECONDS = 1e-3
 # as soon as its spin ends, for that reason.
 _FIRST_NAP_SECONDS = 20e-6
 _LONGEST_NAP_SECONDS = 500e-6
+# The longest nap when the waker wakes the sleeper (a futex: transports/futex.py): the timer then
+# only bounds a missed wake-up and paces the liveness checks.
+_LONGEST_WOKEN_NAP_SECONDS = 5e-3
 _PR_SET_TIMERSLACK = 29
 
 _background = threading.local()  # .on: this thread is a background thread (see run_in_background)
@@ -93,12 +96,15 @@ class PeerTimeout(Exception):
 
 
 def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
-               spin: float = DEFAULT_SPIN_SECONDS, alive: Callable[[], bool] | None = None) -> None:
+               spin: float = DEFAULT_SPIN_SECONDS, alive: Callable[[], bool] | None = None,
+               sleep: Callable[[float], None] | None = None) -> None:
     """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds, as
     soon as ``alive()`` (checked every quarter second) says the peer's process is gone, or
     half a second after the launcher's notice that a process of the job died.
 
-    Spins for ``spin`` seconds, then yields the CPU between checks. Every function in
+    Spins for ``spin`` seconds, then yields the CPU between checks, then naps (see
+    ``_wait_slowly``): ``time.sleep`` by default, or ``sleep(seconds)`` when given, which may
+    return early when woken (the shm transport sleeps on a futex its peer wakes). Every function in
     ``progress_hooks`` runs before each check (link emulation hands over due messages
     there, whatever transport the wait is on).
     """
@@ -114,7 +120,7 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     now = time.monotonic()
     current_wait = (peer, what, time.time())
     try:
-        _wait_slowly(ready, now + timeout, now + _LIVENESS_PERIOD, peer, what, alive)
+        _wait_slowly(ready, now + timeout, now + _LIVENESS_PERIOD, peer, what, alive, sleep)
     except PeerTimeout:
         last_stuck = current_wait
         raise
@@ -132,15 +138,17 @@ def _with_progress(ready: Callable[[], bool]) -> Callable[[], bool]:
     return check
 
 
-def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive) -> None:
+def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive, sleep) -> None:
     start_napping = time.monotonic() + (0.0 if getattr(_background, "on", False) else _YIELD_SECONDS)
+    longest = _LONGEST_NAP_SECONDS if sleep is None else _LONGEST_WOKEN_NAP_SECONDS
+    sleep = sleep or time.sleep
     nap = 0.0
     while True:
         if nap:
-            time.sleep(nap)  # releases the GIL and the core
+            sleep(nap)  # releases the GIL and the core
             if ready():
                 return
-            nap = min(2 * nap, _LONGEST_NAP_SECONDS)
+            nap = min(2 * nap, longest)
         else:
             for _ in range(_CHECKS_PER_CLOCK):
                 os.sched_yield()  # also releases the GIL, so a training thread keeps running

@@ -32,6 +32,7 @@ import secrets
 import numpy as np
 import torch
 
+from . import futex
 from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 
 _SHM_DIR = "/dev/shm"
@@ -42,6 +43,9 @@ _LANE_HEAD_WORDS = (4, 5)
 _CONSUMED_OFFSET = 64
 _FINGERPRINT_OFFSET = 2048  # ring of call fingerprints: slot i = [seq, f1..f6, unused] (8 int64)
 _FINGERPRINT_SLOTS = 4
+# sleeping[q] (int64): 1 while local rank q sleeps on this segment's ``published`` word (a futex,
+# transports/futex.py); written by q only. ``publish`` wakes the sleepers.
+_SLEEPING_OFFSET = _FINGERPRINT_OFFSET + 64 * _FINGERPRINT_SLOTS
 _MAX_CACHED_VIEWS = 1024
 
 
@@ -113,7 +117,8 @@ class ShmTransport:
         self.depth = depth
         self.lane_bytes = lane_bytes
         self.segment_bytes = _HEADER_BYTES + depth * slot_bytes + lane_bytes
-        if _CONSUMED_OFFSET + 8 * self.local_size > _FINGERPRINT_OFFSET:
+        if _CONSUMED_OFFSET + 8 * self.local_size > _FINGERPRINT_OFFSET or \
+                _SLEEPING_OFFSET + 8 * self.local_size > _HEADER_BYTES:
             raise ValueError(f"shm: {self.local_size} ranks on one node exceed the header's capacity")
         self._local_of_world = {w: i for i, w in enumerate(world_of_local)}
         self.bytes_sent = 0
@@ -151,6 +156,7 @@ class ShmTransport:
         self._flags = [np.frombuffer(m, dtype=np.int64, count=_HEADER_BYTES // 8) for m in self._maps]
         self._bytes = [torch.frombuffer(m, dtype=torch.uint8) for m in self._maps]
         own_flags = self._own_flags = self._flags[self.local_rank]
+        self._published_address = [f.ctypes.data for f in self._flags]  # word 0 of each segment
         self._views: dict[tuple, torch.Tensor] = {}
         own_flags[0] = -1
         own_flags[_CONSUMED_OFFSET // 8:_CONSUMED_OFFSET // 8 + self.local_size] = -1
@@ -287,7 +293,12 @@ class ShmTransport:
         pending_id, nbytes, readers = self._pending  # type: ignore[misc]
         assert pending_id == msg_id, "publish without a matching acquire"
         self._slot_user[msg_id % self.depth] = (msg_id, readers)
-        self._own_flags[0] = msg_id  # after the data: TSO keeps the order
+        own_flags = self._own_flags
+        own_flags[0] = msg_id  # after the data: TSO keeps the order
+        for reader in readers:
+            if own_flags[_SLEEPING_OFFSET // 8 + reader]:  # a reader sleeps on word 0: wake it
+                futex.wake(self._published_address[self.local_rank])
+                break
         self.bytes_sent += nbytes * len(readers)
         self._pending = None
 
@@ -313,8 +324,24 @@ class ShmTransport:
         flags = self._flags[local]
         if flags[0] < msg_id:
             wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin,
-                       alive=self._alive(local))
+                       alive=self._alive(local), sleep=self._sleeper(local, msg_id) if futex.AVAILABLE else None)
         return local
+
+    def _sleeper(self, local: int, msg_id: int):
+        """A nap that ends as soon as ``local`` publishes: it sleeps on the peer's ``published``
+        word after raising its own ``sleeping`` mark there, which the peer's ``publish`` checks.
+        A wake-up missed in the race between the two is bounded by the nap's length."""
+        flags = self._flags[local]
+        mark = _SLEEPING_OFFSET // 8 + self.local_rank
+        address = self._published_address[local]
+
+        def sleep(seconds: float) -> None:
+            flags[mark] = 1
+            seen = int(flags[0])
+            if seen < msg_id:
+                futex.wait(address, seen, seconds)
+            flags[mark] = 0
+        return sleep
 
     def release(self, peer: int, msg_id: int) -> None:
         self._own_flags[_CONSUMED_OFFSET // 8 + self._local_of_world[peer]] = msg_id
