@@ -18,7 +18,7 @@ from ddl_triton.transports.base import PeerTimeout, run_in_background, wait_unti
 WAIT_S = 0.5
 
 
-def _wait_in_thread(background: bool, ready_after: float) -> tuple[float, float]:
+def _wait_in_thread(background: bool, ready_after: float, sleep=None) -> tuple[float, float]:
     """(CPU seconds the waiting thread used, wall seconds it waited)."""
     out = {}
     ready_at = time.monotonic() + ready_after
@@ -27,7 +27,7 @@ def _wait_in_thread(background: bool, ready_after: float) -> tuple[float, float]
         if background:
             run_in_background()
         cpu0, t0 = time.thread_time(), time.monotonic()
-        wait_until(lambda: time.monotonic() >= ready_at, 10.0, 1, "a test condition")
+        wait_until(lambda: time.monotonic() >= ready_at, 10.0, 1, "a test condition", sleep=sleep)
         out["cpu"], out["wall"] = time.thread_time() - cpu0, time.monotonic() - t0
 
     t = threading.Thread(target=waiter)
@@ -36,9 +36,10 @@ def _wait_in_thread(background: bool, ready_after: float) -> tuple[float, float]
     return out["cpu"], out["wall"]
 
 
+@pytest.mark.parametrize("woken", [True, False], ids=["woken naps", "timed naps"])
 @pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
-def test_a_long_wait_naps_instead_of_using_the_core(background):
-    cpu, wall = _wait_in_thread(background, WAIT_S)
+def test_a_long_wait_naps_instead_of_using_the_core(background, woken):
+    cpu, wall = _wait_in_thread(background, WAIT_S, time.sleep if woken else None)
     assert wall >= WAIT_S * 0.9
     # Spinning or yielding for the whole wait would use ~WAIT_S of CPU; napping uses a few percent.
     assert cpu < 0.25 * wall, f"the wait used {cpu:.3f} s of CPU in {wall:.3f} s"

@@ -39,9 +39,9 @@ _YIELD_SECONDS = 1e-3
 # Naps start at the first length and double up to the last: a wait that is already long is
 # probably waiting for a peer still computing, and every wake-up costs the core a context
 # switch and the GIL. A background thread (a communicator's, overlapping the application) naps
-# as soon as its spin ends, for that reason.
+# as soon as its spin ends where the peer wakes it (see _wait_slowly).
 _FIRST_NAP_SECONDS = 20e-6
-_LONGEST_NAP_SECONDS = 500e-6
+_LONGEST_NAP_SECONDS = 100e-6
 # The longest nap when the waker wakes the sleeper (a futex: transports/futex.py): the timer then
 # only bounds a missed wake-up and paces the liveness checks.
 _LONGEST_WOKEN_NAP_SECONDS = 5e-3
@@ -139,8 +139,11 @@ def _with_progress(ready: Callable[[], bool]) -> Callable[[], bool]:
 
 
 def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive, sleep) -> None:
-    start_napping = time.monotonic() + (0.0 if getattr(_background, "on", False) else _YIELD_SECONDS)
-    longest = _LONGEST_NAP_SECONDS if sleep is None else _LONGEST_WOKEN_NAP_SECONDS
+    # A background wait naps at once only where the peer's publish wakes it (a futex): a wait on
+    # MPI must keep calling into MPI for a large transfer to progress, so it yields first.
+    woken = sleep is not None
+    start_napping = time.monotonic() + (0.0 if woken and getattr(_background, "on", False) else _YIELD_SECONDS)
+    longest = _LONGEST_WOKEN_NAP_SECONDS if woken else _LONGEST_NAP_SECONDS
     sleep = sleep or time.sleep
     nap = 0.0
     while True:
