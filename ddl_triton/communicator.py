@@ -461,10 +461,7 @@ class Communicator:
         try:
             self._run_small(cached[1], shape, seq)
         except Exception as e:
-            error = self._failed(record, e)
-            if error is e:
-                raise
-            raise error from e
+            self._raise_failure(record, e)
         finally:
             record.t_end = time.time()
         record.state = "done"
@@ -488,10 +485,7 @@ class Communicator:
             else:
                 result = job()
         except Exception as e:
-            error = self._failed(record, e)
-            if error is e:
-                raise
-            raise error from e
+            self._raise_failure(record, e)
         else:
             record.state = "done"
             return result
@@ -501,10 +495,10 @@ class Communicator:
             if tracer is not None:
                 self._trace_call(tracer, record, t0, flow)
 
-    def _failed(self, record, e: Exception) -> Exception:
-        """Mark ``record``'s collective failed with ``e`` and poison the communicator; returns
-        the error to raise (``e``, or a DDLError wrapping an unexpected exception). Timeouts and
-        mismatches also dump the flight recorder."""
+    def _raise_failure(self, record, e: Exception):
+        """Mark ``record``'s collective failed with ``e``, poison the communicator, and raise
+        ``e`` (a DDLError wrapping it when it is unexpected). Timeouts and mismatches also
+        dump the flight recorder."""
         self._fail(record, e)
         if isinstance(e, (CollectiveTimeout, CollectiveMismatch)):
             if isinstance(e, CollectiveTimeout):
@@ -515,8 +509,8 @@ class Communicator:
                 e.args = (f"{e.args[0]} [flight recorder: {path}]",) + e.args[1:]
         if isinstance(e, DDLError):
             status.error(str(e))
-            return e
-        return DDLError(f"rank {self.rank}: collective failed: {e!r}")
+            raise e
+        raise DDLError(f"rank {self.rank}: collective failed: {e!r}") from e
 
     def _fail(self, record, error: BaseException) -> None:
         self._poison = error
