@@ -14,9 +14,11 @@ Part 2, a training iteration at 2 ranks as two emulated nodes (``DDL_TOPOLOGY=1x
 gradients cross the MPI link), with and without emulation: examples/train_cnn.py's CNN
 under DDP through the ``allreduce`` comm hook (0.1 MB buckets: several allreduces overlap
 backward). Measured: the median step of the slowest rank. Predicted: ddl_triton/scale.py's
-iteration model with the compute time measured in the same job (DDP's ``no_sync`` steps:
-both ranks computing, no allreduce), the layers traced from the model on the meta device,
-and each bucket's allreduce from the fitted model.
+iteration model with the compute time measured in the same job, the layers traced from the
+model on the meta device, and each bucket's allreduce from the fitted model. "Compute" is
+everything but the communication: the same DDP model stepped with a comm hook that returns
+the bucket unchanged (both ranks computing, DDP's bucket copies and bookkeeping included, no
+allreduce). DDP's ``no_sync`` steps, which skip the buckets altogether, are shown beside it.
 """
 from __future__ import annotations
 
@@ -88,33 +90,38 @@ def worker_train(steps: int, blocks: int) -> None:
     layers = layers_from_module(net, (1, 8, 8))
     model = DDP(net, bucket_cap_mb=0.1)
     model.register_comm_hook(hooks.HookState(comm), hooks.allreduce_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    local = DDP(cnn.build_model(0), bucket_cap_mb=0.1)  # the same DDP, minus the communication
+    local.register_comm_hook(None, _unchanged_bucket_hook)
+    opts = {m: torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, local)}
     g = torch.Generator().manual_seed(1)
 
-    def step(sync: bool):
+    def step(kind: str):
+        net_ = local if kind == "local" else model
         idx = torch.randint(0, len(y_train), (32,), generator=g)
-        ctx = model.no_sync() if not sync else _null()
-        with ctx:
-            loss = torch.nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
-            opt.zero_grad(set_to_none=False)
+        with model.no_sync() if kind == "no_sync" else _null():
+            loss = torch.nn.functional.cross_entropy(net_(x_train[idx]), y_train[idx])
+            opts[net_].zero_grad(set_to_none=False)
             loss.backward()
-        opt.step()
+        opts[net_].step()
 
-    times = {True: [], False: []}
-    for _ in range(5):
-        step(True)
-    for b in range(2 * blocks):
-        sync = b % 2 == 0
+    kinds = ("sync", "local", "no_sync")
+    times = {k: [] for k in kinds}
+    for k in kinds:
+        for _ in range(5):
+            step(k)
+    for b in range(len(kinds) * blocks):
+        kind = kinds[b % len(kinds)]
         for _ in range(steps):
             world.Barrier()
             t0 = time.perf_counter()
-            step(sync)
-            times[sync].append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+            step(kind)
+            times[kind].append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     grads = [p.numel() * 4 for p in net.parameters()]
     overhead = _hook_overhead(world, comm)
     if world.rank == 0:
-        print("TRAIN " + json.dumps({"step_s": statistics.median(times[True]),
-                                     "compute_s": statistics.median(times[False]),
+        print("TRAIN " + json.dumps({"step_s": statistics.median(times["sync"]),
+                                     "compute_s": statistics.median(times["local"]),
+                                     "no_sync_s": statistics.median(times["no_sync"]),
                                      "layers": [[l.name, l.params, l.fwd_macs] for l in layers],
                                      "grad_bytes": sum(grads), "bucket_overhead_s": overhead}), flush=True)
     dist.destroy_process_group()
@@ -142,6 +149,14 @@ def _hook_overhead(world, comm, nbytes: int = 100_000, calls: int = 200) -> floa
     direct = _time(world, lambda: comm.allreduce(t), 0.02, 7)
     via_hook = _time(world, lambda: hooks.allreduce_hook(state, Bucket(t)).wait(), 0.02, 7)
     return max(0.0, world.allreduce(via_hook - direct, op=MPI.MAX))
+
+
+def _unchanged_bucket_hook(state, bucket):
+    """A DDP comm hook that communicates nothing: DDP's own bucket work, timed alone."""
+    import torch
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 class _null:
@@ -237,10 +252,10 @@ def main() -> int:
                              allreduce=cost, bucket_overhead=got["bucket_overhead_s"])
         err = (it.iteration - got["step_s"]) / got["step_s"]
         results["training"].append({"link": emulation or "-", "measured_ms": got["step_s"] * 1e3,
-                                    "compute_ms": got["compute_s"] * 1e3, "predicted_ms": it.iteration * 1e3,
-                                    "error": err})
+                                    "compute_ms": got["compute_s"] * 1e3, "no_sync_ms": got["no_sync_s"] * 1e3,
+                                    "predicted_ms": it.iteration * 1e3, "error": err})
         print(f"link {emulation or '-':>22}: measured {got['step_s'] * 1e3:.3f} ms/step (compute alone "
-              f"{got['compute_s'] * 1e3:.3f} ms; {it.buckets} buckets, hook path {got['bucket_overhead_s'] * 1e6:.0f} "
+              f"{got['compute_s'] * 1e3:.3f} ms, no_sync {got['no_sync_s'] * 1e3:.3f} ms; {it.buckets} buckets, hook path {got['bucket_overhead_s'] * 1e6:.0f} "
               f"us per bucket measured apart), predicted {it.iteration * 1e3:.3f} ms, error {err:+.1%}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
