@@ -1,7 +1,7 @@
 """ddl_triton: synchronous data-parallel collectives whose communication cost almost disappears.
 
     import ddl_triton as ddl
-    comm = ddl.init()                       # world communicator over MPI.COMM_WORLD (idempotent)
+    comm = ddl.init()                       # the world communicator (idempotent): MPI's, or torchrun's (see init)
     comm.allreduce(t, op="avg")             # in place; sum | avg | min | max or torch ReduceOp
     w = comm.allreduce(t, async_op=True); w.wait()
     comm.reduce_scatter(out, inp); comm.all_gather(out, inp); comm.broadcast(t, root=0); comm.barrier()
@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from .communicator import Communicator
@@ -89,13 +90,28 @@ def _exit_rendezvous() -> bool:
     return True
 
 
-def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communicator:
-    """Create a communicator over ``mpi_comm`` (default ``MPI.COMM_WORLD``).
+def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int | None = None,
+         size: int | None = None, **overrides) -> Communicator:
+    """Create a communicator: the world's (by default), or one over ``mpi_comm``.
+
+    How the ranks find each other (ddl_triton/bootstrap.py), in this order:
+
+    1. ``mpi_comm``: that MPI communicator (a sub-group: ``ddl_triton.init(sub_comm)``).
+    2. ``store``, ``rank``, ``size``: a ``torch.distributed.Store`` (TCPStore, FileStore, ...)
+       and this process's place in a world of ``size`` ranks: the world communicator.
+    3. The world, launched by MPI (mpiexec, ddlrun, srun with PMI): ``MPI.COMM_WORLD``.
+    4. The world, not launched by MPI: torch's default process group, when one is
+       initialized (its store, ranks and size); else the standard variables RANK, WORLD_SIZE,
+       MASTER_ADDR and MASTER_PORT (torchrun sets them; rank 0 serves a TCPStore on
+       MASTER_PORT); else a world of one.
+
+    Under MPI the inter-node transport is MPI; over a store it is gloo (a gloo process
+    group on the same store). Within a host it is shared memory either way.
 
     The world communicator is created once: a later ``init()`` over the world returns it,
-    and raises ``ValueError`` when given options that differ from the ones it was created
-    with (they could not be honoured; a communicator's options never change). For other
-    options, make another communicator over a duplicate of the world:
+    and raises ``ValueError`` when given options, a rank or a size that differ from the
+    ones it was created with (they could not be honoured; a communicator's options never
+    change). For other options, make another communicator over a duplicate of the world:
     ``ddl_triton.init(MPI.COMM_WORLD.Dup(), schedule="ring")``, or ``finalize()`` first.
     ``options`` defaults to ``Options.from_env()`` (the ``DDL_*`` variables, read
     here and only here); keyword ``overrides`` replace single fields.
@@ -103,21 +119,57 @@ def init(mpi_comm=None, options: Options | None = None, **overrides) -> Communic
     global _world
     from mpi4py import MPI
 
-    world = mpi_comm is None or mpi_comm == MPI.COMM_WORLD
+    if store is not None and mpi_comm is not None:
+        raise ValueError("ddl_triton.init: pass an MPI communicator or a store, not both")
+    if (store is None) != (rank is None) or (store is None) != (size is None):
+        raise ValueError("ddl_triton.init: store=, rank= and size= go together (all three or none)")
+    world = store is not None or mpi_comm is None or mpi_comm == MPI.COMM_WORLD
     if world and _world is not None:
         _check_same_options(_world, options, overrides)
+        if store is not None and (rank, size) != (_world.rank, _world.size):
+            raise ValueError(f"rank {_world.rank}: ddl_triton.init: the world communicator already exists as rank "
+                             f"{_world.rank} of {_world.size}, not rank {rank} of {size}; call "
+                             "ddl_triton.finalize() first")
         return _world
     opts = options.replace(**overrides) if options is not None else Options.from_env(**overrides)
     _install_exit_guard()
     failure_notice.install()  # survive the launcher's "a rank died" signal, and act on it
-    comm = Communicator(MPI.COMM_WORLD if mpi_comm is None else mpi_comm, opts)
+    if mpi_comm is not None:
+        comm = Communicator(mpi_comm, opts)
+    else:
+        comm = Communicator(_world_bootstrap(opts, store, rank, size), opts)
     if world:
         global _world_created
         _world = comm
-        _world_created = True
+        _world_created = comm._bootstrap.kind == "mpi"  # the exit rendezvous is MPI's (see _exit_rendezvous)
         from . import status
         status.start(opts.status_dir, comm.rank)
     return comm
+
+
+_store_worlds = 0  # world communicators made over stores in this process: each gets its own key namespace
+
+
+def _world_bootstrap(opts: Options, store, rank, size):
+    """The world's bootstrap, chosen as ``init`` documents (steps 2-4)."""
+    global _store_worlds
+    from .bootstrap import MpiBootstrap, StoreBootstrap, launched_by_mpi, store_from_env
+
+    if store is None:
+        if launched_by_mpi():
+            from mpi4py import MPI
+            return MpiBootstrap(MPI.COMM_WORLD)
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+            store, rank, size = _get_default_store(), dist.get_rank(), dist.get_world_size()
+        elif any(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+            store, rank, size = store_from_env(opts.timeout)
+        else:
+            from mpi4py import MPI
+            return MpiBootstrap(MPI.COMM_WORLD)  # a world of one (an MPI singleton)
+    _store_worlds += 1
+    return StoreBootstrap(store, rank, size, timeout=opts.timeout, prefix=f"ddl_triton/world{_store_worlds}")
 
 
 def _check_same_options(world: Communicator, options: Options | None, overrides: dict) -> None:

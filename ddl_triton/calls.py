@@ -58,7 +58,9 @@ class CallChecker:
     took part has posted it long before). A mismatch that would make the collective
     hang is caught inside the transport's long waits, which look at the peers'
     fingerprints every quarter second (``ShmTransport.wait_hook``). Over MPI the ranks
-    exchange fingerprints with one ``Iallgather`` before the collective starts.
+    exchange fingerprints with one ``Iallgather`` before the collective starts; ``comm`` is
+    the MPI communicator, or on ranks bootstrapped from a store the gloo transport, which
+    has the same ``Iallgather`` (transports/gloo.py).
     """
 
     def __init__(self, comm, rank: int, size: int, shm, timeout: float):

@@ -32,6 +32,8 @@ from .topology import Topology
 from .transports import failure_notice
 from .transports.base import PeerTimeout, wait_until
 from .transports import link_emulation
+from .bootstrap import MpiBootstrap, StoreBootstrap
+from .transports.gloo import GlooTransport
 from .transports.mpi import MpiTransport
 from .transports.self import SelfTransport
 from .transports.shm import ShmTransport
@@ -46,15 +48,22 @@ class Communicator:
 
     _count = 0  # communicators created in this process
 
-    def __init__(self, mpi_comm, options: Options):
+    def __init__(self, bootstrap, options: Options):
+        """``bootstrap``: how the ranks find each other (ddl_triton/bootstrap.py), or an mpi4py
+        communicator, which is duplicated (our messages never meet the application's)."""
         self.options = options              # in force (a tuning table may bring its slot layout)
         self._requested_options = options   # as given (init compares later requests with these)
+        is_bootstrap = isinstance(bootstrap, (MpiBootstrap, StoreBootstrap))
         if options.schedule and options.schedule not in schedules.names():
-            raise ValueError(f"rank {mpi_comm.Get_rank()}: unknown schedule {options.schedule!r} (DDL_SCHEDULE); "
+            rank = bootstrap.rank if is_bootstrap else bootstrap.Get_rank()
+            raise ValueError(f"rank {rank}: unknown schedule {options.schedule!r} (DDL_SCHEDULE); "
                              f"valid: {', '.join(schedules.names())}")
-        self._comm = mpi_comm.Dup()  # private: our messages never meet the application's
-        self.rank: int = self._comm.Get_rank()
-        self.size: int = self._comm.Get_size()
+        self._bootstrap = bootstrap if is_bootstrap else MpiBootstrap(bootstrap)
+        # The control channel (fingerprint exchange, barrier, clock alignment): the private MPI
+        # communicator, or, on a store bootstrap, the gloo transport (set in _connect).
+        self._comm = self._bootstrap.comm if self._bootstrap.kind == "mpi" else None
+        self.rank: int = self._bootstrap.rank
+        self.size: int = self._bootstrap.size
         self._seq = 0
         self._issued = 0                       # collectives issued (the flight recorder's sequence numbers)
         Communicator._count += 1
@@ -92,7 +101,7 @@ class Communicator:
     def _start_observing(self):
         """Configure the flight recorder (always on), the timeline (Options.trace) and debug
         output (Options.debug) for this communicator; returns the tracer or None."""
-        world_rank, world_size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        world_rank, world_size = self._bootstrap.world_rank, self._bootstrap.world_size
         if flight.RECORDER.rank < 0 or self.size == world_size:
             flight.RECORDER.configure(rank=world_rank, size=world_size, capacity=self.options.flight_entries,
                                       dump_dir=self.options.dump_dir)
@@ -102,7 +111,8 @@ class Communicator:
             tracer = tracer_mod.TRACERS.get(self.options.trace)
             if tracer is None:
                 tracer = tracer_mod.Tracer(self.options.trace, world_rank, world_size)
-                tracer_mod.measure_clock_offset(self._comm, tracer)  # collective: every rank starts tracing here
+                if self._comm is not None:  # (none on a store bootstrap of one rank: nothing to align)
+                    tracer_mod.measure_clock_offset(self._comm, tracer)  # collective: every rank starts tracing here
                 tracer_mod.TRACERS[self.options.trace] = tracer
         if self.options.debug:
             peers = ", ".join(f"{p}: {name}" for p, name in enumerate(self._link_names)) if self.size > 1 else "0: self"
@@ -121,11 +131,7 @@ class Communicator:
             self._node_of_rank = (0,)
             self._host_of_rank = [0]
             return
-        host = self._comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        try:
-            host_of_rank = self._comm.allgather(host.allreduce(self.rank, op=MPI.MIN))  # control path
-        finally:
-            host.Free()
+        host_of_rank = self._bootstrap.host_of_rank()  # for each rank, the lowest rank on its host
         if self.options.topology:
             self.topology = topology_mod.parse(self.options.topology, self.size, self.rank)
             node_of_rank = [self.topology.node_of(r) for r in range(self.size)]
@@ -158,7 +164,7 @@ class Communicator:
                     tuning.warn_once(resolved.note)
             except tuning.TuningTableError as e:
                 failure = str(e)  # raised below on every rank: a rank leaving alone would hang the others
-            digests = self._comm.allgather((table.digest() if table else "none", source or "no table", failure))
+            digests = self._bootstrap.allgather((table.digest() if table else "none", source or "no table", failure))
             failed = [(r, f) for r, (_, _, f) in enumerate(digests) if f]
             if failed:
                 raise tuning.TuningTableError(f"rank {self.rank}: cannot use the tuning table (DDL_TUNING_FILE): "
@@ -181,8 +187,9 @@ class Communicator:
                        table_source=source)
 
     def _connect(self):
-        """Choose a transport per peer: shm inside a (possibly emulated) node, MPI between
-        nodes, or MPI everywhere when Options.transport is "mpi"."""
+        """Choose a transport per peer: shm inside a (possibly emulated) node; between nodes
+        MPI on an MPI bootstrap, gloo on a store bootstrap; or that inter-node transport
+        everywhere when Options.transport is "mpi"."""
         if self.size == 1:
             self._on_node = [0]
             loop = SelfTransport()
@@ -190,10 +197,17 @@ class Communicator:
         node_of_rank, host_of_rank = self._node_of_rank, self._host_of_rank
         mine = node_of_rank[self.rank]
         on_node = [r for r in range(self.size) if node_of_rank[r] == mine]
-        node = self._comm.Split(mine, self.rank)
+        node = self._bootstrap.split(mine)
         transports: list = []
         route: list = [None] * self.size
-        mpi = MpiTransport(self._comm, link_emulation.parse(self.options.link_emulation))
+        if self._bootstrap.kind == "mpi":
+            mpi = MpiTransport(self._comm, link_emulation.parse(self.options.link_emulation))
+        else:
+            if self.options.link_emulation:
+                raise ValueError(f"rank {self.rank}: DDL_LINK_EMULATION emulates the MPI transport, but these "
+                                 "ranks were not launched by MPI: their inter-node transport is gloo")
+            mpi = self._comm = GlooTransport(self._bootstrap.store_for("gloo"), self.rank, self.size,
+                                             self.options.timeout)
         transports.append(mpi)
         use_shm = self.options.transport == "auto" and len(on_node) > 1
         try:
@@ -202,7 +216,7 @@ class Communicator:
                                    depth=self.options.pipeline_depth, lane_bytes=LANE_BYTES)
                 transports.append(shm)
         finally:
-            node.Free()
+            node.close()
         if host_of_rank.count(host_of_rank[self.rank]) > len(os.sched_getaffinity(0)):
             # More ranks than cores here: a spinning wait would hold the core its peer needs.
             for t in transports:
@@ -308,8 +322,7 @@ class Communicator:
         self._small = None  # its views of the segments go before the segments
         for t in self._transports:
             t.close()
-        if not MPI.Is_finalized():
-            self._comm.Free()
+        self._bootstrap.close()  # the private MPI communicator, if any
 
     @property
     def transport_bytes(self) -> dict[str, dict[str, int]]:
@@ -661,7 +674,9 @@ class Communicator:
             self._mpi_barrier()
 
     def _mpi_barrier(self) -> None:
-        req = self._comm.Ibarrier()
+        if self._comm is None:
+            return  # a store bootstrap of one rank: nobody to wait for
+        req = self._comm.Ibarrier()  # MPI's, or the gloo transport's on a store bootstrap
         try:
             wait_until(req.Test, self.options.timeout, -1, "barrier")
         except PeerTimeout:

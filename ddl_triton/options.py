@@ -21,7 +21,9 @@ class Options:
     transport (DDL_TRANSPORT)             "auto": within a node shm (CPU tensors) or NVSHMEM (CUDA tensors,
                                           when nvshmem4py is installed), MPI between nodes; "mpi": MPI
                                           everywhere; "nvshmem": like auto, but a CUDA collective fails
-                                          instead of falling back to MPI when NVSHMEM cannot be used
+                                          instead of falling back to MPI when NVSHMEM cannot be used.
+                                          Ranks not launched by MPI (torchrun, mp.spawn: ddl_triton/
+                                          bootstrap.py) use gloo wherever this says MPI
     mpi_cuda_aware (DDL_MPI_CUDA_AWARE)   hand CUDA buffers to MPI directly (only for an MPI built with
                                           CUDA support); default 0: stage them through pinned host memory
     kernels (DDL_KERNELS)                 "auto", "torch" or "triton" (see ddl_triton.kernels)

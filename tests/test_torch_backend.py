@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import ddl_triton
 import ddl_triton.torch
-from ddl_triton.torch import backend
+from ddl_triton.torch import backend, futures, process_group, rendezvous, staging
 from _launch import assert_clean_run, ddl_segments, run_ranks
 
 
@@ -48,7 +48,7 @@ def test_registration_is_idempotent():
     rdzv = __import__("torch.distributed.rendezvous", fromlist=["_rendezvous_handlers"])
     env = rdzv._rendezvous_handlers["env"]
     assert hasattr(env, "_ddl_wraps") and not hasattr(env._ddl_wraps, "_ddl_wraps")
-    assert rdzv._rendezvous_handlers["ddl"] is backend.mpi_rendezvous
+    assert rdzv._rendezvous_handlers["ddl"] is rendezvous.mpi_rendezvous
 
 
 def test_env_rendezvous_is_torchs_own_outside_mpi(monkeypatch):
@@ -63,14 +63,14 @@ def test_env_rendezvous_is_torchs_own_outside_mpi(monkeypatch):
 def test_future_carries_result_and_error():
     t = torch.ones(3)
     ok = ddl_triton.Work("ok")
-    tw = backend._torch_work(ok, [t])
+    tw = futures.torch_work(ok, [t])
     assert not tw.is_completed()
     ok._finish(result=t)
     assert tw.is_completed() and tw.wait()
     assert tw.get_future().wait()[0] is t
 
     bad = ddl_triton.Work("bad")
-    tw = backend._torch_work(bad, [t])
+    tw = futures.torch_work(bad, [t])
     bad._finish(error=ddl_triton.CollectiveTimeout("rank 0: boom"))
     with pytest.raises(RuntimeError, match="boom"):
         tw.get_future().wait()  # a real future error: C++ waiters (DDP) see it too
@@ -81,7 +81,7 @@ def test_future_carries_result_and_error():
 
 def test_failing_copy_back_goes_to_the_future_not_the_thread():
     w = ddl_triton.Work("x")
-    tw = backend._torch_work(w, [], finish=lambda: 1 / 0)
+    tw = futures.torch_work(w, [], finish=lambda: 1 / 0)
     w._finish(result=None)  # would kill a ddl_triton runner thread if the callback raised
     with pytest.raises(Exception, match="division"):
         tw.get_future().wait()
@@ -93,23 +93,24 @@ def test_copy_staging_round_trips_bits(dtype):
     src = torch.randint(0, 255, (2, 6), dtype=torch.uint8)
     item = torch.empty(0, dtype=dtype).element_size()
     t = src.view(-1)[: (12 // item) * item].view(dtype) if dtype != torch.bool else src % 2 == 1
-    wire, finish = backend._copy_stage(t)
+    wire, finish = staging.copy_stage(t)
     assert wire.dtype in (torch.int32, torch.int64)
     out = torch.empty_like(t)
-    wire2, finish2 = backend._copy_stage(out, fresh=True)
+    wire2, finish2 = staging.copy_stage(out, fresh=True)
     wire2.copy_(wire)
     finish2()
     assert torch.equal(out.view(torch.uint8), t.view(torch.uint8))
 
 
 def test_reduce_ops_map_and_refuse_by_name():
-    assert backend._op(dist.ReduceOp.SUM, "x") == ("sum", None)
-    assert backend._op(dist.ReduceOp.AVG, "x") == ("avg", None)
-    assert backend._op(dist.ReduceOp.MIN, "x") == ("min", None)
-    assert backend._op(dist.ReduceOp.MAX, "x") == ("max", None)
-    assert backend._op(dist._make_nccl_premul_sum(0.25), "x") == ("sum", 0.25)
-    for op in ("PRODUCT", "BAND", "BOR", "BXOR"):
-        with pytest.raises(ValueError, match=op):
-            backend._op(getattr(dist.ReduceOp, op), "allreduce")
+    assert process_group._op(dist.ReduceOp.SUM, "x") == ("sum", None)
+    assert process_group._op(dist.ReduceOp.AVG, "x") == ("avg", None)
+    assert process_group._op(dist.ReduceOp.MIN, "x") == ("min", None)
+    assert process_group._op(dist.ReduceOp.MAX, "x") == ("max", None)
+    assert process_group._op(dist._make_nccl_premul_sum(0.25), "x") == ("sum", 0.25)
+    for op in ("PRODUCT", "BAND", "BOR", "BXOR"):  # all-gathered, then folded in rank order
+        assert process_group._op(getattr(dist.ReduceOp, op), "x") == (op.lower(), None)
+    with pytest.raises(ValueError, match="PREMUL_SUM"):  # a tensor factor: not supported
+        process_group._op(dist._make_nccl_premul_sum(torch.tensor([0.5])), "allreduce")
     with pytest.raises(TypeError, match="complex64"):
-        backend._reduce_stage(torch.ones(2, dtype=torch.complex64), "sum", "allreduce")
+        staging.reduce_stage(torch.ones(2, dtype=torch.complex64), "sum", "allreduce")

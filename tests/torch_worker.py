@@ -141,9 +141,21 @@ def check_reductions(ck: Checker, r: int, w: int) -> None:
     t = ramp(r, 5)
     dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
     ck.equal("all_reduce PREMUL_SUM(0.5)", t, torch.stack([ramp(q, 5) for q in ranks]).sum(0) * 0.5)
-    for op in (R.PRODUCT, R.BAND, R.BXOR):
-        name = str(op).split(".")[-1]
-        ck.raises(f"all_reduce {name}", ValueError, lambda op=op: dist.all_reduce(torch.ones(3), op=op), name)
+    # PRODUCT and the bitwise ops: gathered, then folded in rank order (exact, the same bits everywhere).
+    t = ramp(r, 4, torch.int64)
+    dist.all_reduce(t, op=R.PRODUCT)
+    ck.equal("all_reduce PRODUCT int64", t, torch.stack([ramp(q, 4, torch.int64) for q in ranks]).prod(0))
+    t = ramp(r, 4, torch.float64)
+    dist.all_reduce(t, op=R.PRODUCT)
+    ck.equal("all_reduce PRODUCT float64", t, torch.stack([ramp(q, 4, torch.float64) for q in ranks]).prod(0))
+    for op, fn in ((R.BAND, torch.bitwise_and), (R.BOR, torch.bitwise_or), (R.BXOR, torch.bitwise_xor)):
+        t = torch.tensor([r + 1, 6, 1 << r], dtype=torch.int32)
+        dist.all_reduce(t, op=op)
+        expected = torch.tensor([1, 6, 1], dtype=torch.int32)
+        for q in ranks[1:]:
+            expected = fn(expected, torch.tensor([q + 1, 6, 1 << q], dtype=torch.int32))
+        ck.equal(f"all_reduce {op}", t, expected)
+    ck.raises("all_reduce BAND of floats", ValueError, lambda: dist.all_reduce(torch.ones(3), op=R.BAND), "BAND")
     ck.raises("all_reduce on a non-CPU tensor", ValueError,
               lambda: dist.all_reduce(torch.empty(3, device="meta")), "CPU")
     # reduce_scatter: tensor form (SUM, AVG, MAX) and list form.
@@ -265,7 +277,18 @@ def check_point_to_point(ck: Checker, r: int, w: int) -> None:
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     ck.equal("batch_isend_irecv", got, ramp(prv, 6, torch.bfloat16).view(3, 2))
-    ck.raises("recv with no source", NotImplementedError, lambda: dist.recv(torch.empty(1)), "src")
+    # Receive from any source: rank 0 hears from every other rank, in whatever order they arrive.
+    if r == 0:
+        heard = {}
+        for _ in range(w - 1):
+            t = torch.empty(3, dtype=torch.int64)
+            src = dist.recv(t, tag=11)
+            heard[src] = t
+        ck.true("recv from any source: every sender", sorted(heard) == list(range(1, w)), str(sorted(heard)))
+        for src, t in heard.items():
+            ck.equal(f"recv from any source: rank {src}'s message", t, ramp(src, 3, torch.int64))
+    else:
+        dist.send(ramp(r, 3, torch.int64), 0, tag=11)
 
 
 def check_futures_and_errors(ck: Checker, r: int, w: int) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from . import futex
+from ..bootstrap import as_bootstrap as _as_bootstrap
 from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 
 _SHM_DIR = "/dev/shm"
@@ -111,8 +112,9 @@ class ShmTransport:
     LANE_HEAD_WORDS = _LANE_HEAD_WORDS
 
     def __init__(self, node_comm, world_of_local: list[int], *, slot_bytes: int, depth: int, lane_bytes: int = 0):
-        self.local_rank = node_comm.Get_rank()
-        self.local_size = node_comm.Get_size()
+        node = _as_bootstrap(node_comm)  # an MPI node communicator or a ddl_triton bootstrap (ddl_triton/bootstrap.py)
+        self.local_rank = node.rank
+        self.local_size = node.size
         self.slot_bytes = slot_bytes
         self.depth = depth
         self.lane_bytes = lane_bytes
@@ -130,7 +132,7 @@ class ShmTransport:
 
         if self.local_rank == 0:
             self.swept = sweep_stale_segments()
-        leader = node_comm.bcast((os.getpid(), secrets.token_hex(16)) if self.local_rank == 0 else None, root=0)
+        leader = node.bcast((os.getpid(), secrets.token_hex(16)) if self.local_rank == 0 else None, root=0)
         path = _segment_path(leader[0], leader[1], self.local_rank)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
@@ -139,7 +141,7 @@ class ShmTransport:
         finally:
             os.close(fd)
         try:
-            node_comm.Barrier()  # every segment exists
+            node.barrier()  # every segment exists
             for i in range(self.local_size):
                 if i == self.local_rank:
                     self._maps.append(own)
@@ -149,7 +151,7 @@ class ShmTransport:
                     self._maps.append(mmap.mmap(pfd, self.segment_bytes))
                 finally:
                     os.close(pfd)
-            node_comm.Barrier()  # every peer has mapped every segment
+            node.barrier()  # every peer has mapped every segment
         finally:
             os.unlink(path)
 
@@ -163,7 +165,7 @@ class ShmTransport:
         own_flags[_PID_OFFSET // 8] = os.getpid()
         fp = _FINGERPRINT_OFFSET // 8
         own_flags[fp:fp + 8 * _FINGERPRINT_SLOTS] = -1
-        node_comm.Barrier()  # flags initialised before anyone reads them
+        node.barrier()  # flags initialised before anyone reads them
         # slot -> (message id, local addressees) of the message that used it last
         self._slot_user: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * depth
         self.wait_hook = None  # called during long waits; may raise (see ddl_triton/calls.py)

@@ -2,39 +2,48 @@
 
     import torch.distributed as dist
     import ddl_triton.torch                     # registers backend "ddl" (CPU and CUDA tensors)
-    dist.init_process_group("ddl")              # under mpiexec/ddlrun: ranks and size come from MPI
+    dist.init_process_group("ddl")              # torchrun, mp.spawn, env://, file://, or mpiexec/ddlrun
     model = torch.nn.parallel.DistributedDataParallel(model)   # or fully_shard(model), unchanged
 
-Ranks are MPI's: launch with ``ddlrun``/``mpiexec``. No MASTER_ADDR is needed:
-where ``env://`` (torch's default init method) would fail for want of it, the
-store is set up over MPI instead (``init_method="ddl://"`` asks for that
-explicitly). Explicit ``rank=``/``world_size=`` or RANK/WORLD_SIZE must agree
-with MPI's, else init raises ValueError. With MASTER_ADDR/MASTER_PORT set,
-``env://`` is torch's own, so gloo groups (``dist.new_group(backend="gloo")``)
-can share the default store. DDL_* variables configure the communicator as
-for ``ddl_triton.init()``; the group reuses the world communicator when one
-exists. See ``ddl_triton.torch.backend`` for the supported operations.
+Any launcher works (ddl_triton/torch/backend.py says how each bootstraps):
 
-The only import-time effect is that registration (idempotent). Gradient
-compression hooks live in ``ddl_triton.torch.hooks`` (imported on demand).
+- torchrun, ``torch.multiprocessing.spawn``, SLURM with ``env://``, torch's test harnesses:
+  torch's rank, size and store; shared memory within a host, gloo between hosts.
+- ``mpiexec``/``ddlrun`` (or ``srun`` with PMI): MPI's ranks; shared memory within a host,
+  MPI between hosts. No MASTER_ADDR is needed: where ``env://`` would fail for want of it,
+  the store is set up over MPI (``init_method="ddl://"`` asks for that explicitly).
+  Explicit ``rank=``/``world_size=`` or RANK/WORLD_SIZE must agree with MPI's, else init
+  raises ValueError.
+
+DDL_* variables configure the communicator as for ``ddl_triton.init()``; the default group
+is the world communicator, so ``ddl_triton.init()`` (the hooks' default) returns it.
+
+The only import-time effect is that registration (idempotent). Gradient compression hooks
+live in ``ddl_triton.torch.hooks`` (imported on demand).
 """
 from __future__ import annotations
 
-from .backend import BACKEND_NAME, RENDEZVOUS_SCHEME, DdlProcessGroup, register
+from .backend import BACKEND_NAME, create_process_group, register
+from .process_group import DdlProcessGroup
+from .rendezvous import RENDEZVOUS_SCHEME
 
-__all__ = ["BACKEND_NAME", "DdlProcessGroup", "RENDEZVOUS_SCHEME", "init_process_group", "register"]
+__all__ = ["BACKEND_NAME", "DdlProcessGroup", "RENDEZVOUS_SCHEME", "create_process_group", "init_process_group",
+           "register"]
 
 register()
 
 
 def init_process_group(**kwargs) -> None:
-    """``torch.distributed.init_process_group`` with backend "ddl" and, unless an ``init_method``
-    or ``store`` is given or MASTER_ADDR is set, the ``ddl://`` (MPI) rendezvous."""
+    """``torch.distributed.init_process_group`` with backend "ddl" and, under an MPI launcher
+    with no ``init_method``, ``store`` or MASTER_ADDR, the ``ddl://`` (MPI) rendezvous."""
     import os
 
     import torch.distributed as dist
 
+    from ..bootstrap import launched_by_mpi
+
     kwargs.setdefault("backend", BACKEND_NAME)
-    if "init_method" not in kwargs and "store" not in kwargs and not os.environ.get("MASTER_ADDR"):
+    if ("init_method" not in kwargs and "store" not in kwargs and not os.environ.get("MASTER_ADDR")
+            and launched_by_mpi()):
         kwargs["init_method"] = f"{RENDEZVOUS_SCHEME}://"
     dist.init_process_group(**kwargs)

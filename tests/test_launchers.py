@@ -1,0 +1,188 @@
+"""PyTorch users' launchers: torchrun, torch.multiprocessing.spawn and plain RANK/WORLD_SIZE/MASTER_*.
+
+No MPI launcher here: MPI sees every rank as a singleton, and the ranks bootstrap from a
+torch Store (ddl_triton/bootstrap.py): shm within a host, gloo between (emulated) hosts.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _launch import TESTS, ddl_segments
+
+ROOT = TESTS.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+_MPI_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+             "MV2_COMM_WORLD_SIZE", "HYDRA_CONTROL_FD")
+
+
+def _env(**extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in _MPI_VARS and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "60"})
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          cwd=str(TESTS))
+
+
+def _torchrun(n: int, *args: str, **env) -> subprocess.CompletedProcess:
+    return _run([TORCHRUN, "--standalone", "--nproc-per-node", str(n), *args], _env(**env))
+
+
+def _clean(proc: subprocess.CompletedProcess, before: set[str]) -> str:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}"
+    assert not ddl_segments() - before, f"shared memory left behind: {sorted(ddl_segments() - before)}"
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("n", [2])  # 4 ranks under torchrun: the emulated-hosts test below
+def test_torchrun_ddp_replicas_bitwise_identical(n):
+    before = ddl_segments()
+    out = _clean(_torchrun(n, str(ROOT / "examples" / "ddp_anywhere.py")), before)
+    assert f"ddp_anywhere: {n} ranks, 5 steps" in out and "replicas bitwise identical: True" in out, out[-3000:]
+
+
+def test_mp_spawn_file_init_ddp_replicas_bitwise_identical():
+    before = ddl_segments()
+    proc = _run([sys.executable, str(ROOT / "examples" / "ddp_anywhere.py"), "--spawn", "2"], _env())
+    out = _clean(proc, before)
+    assert "ddp_anywhere: 2 ranks, 5 steps" in out and "replicas bitwise identical: True" in out, out[-3000:]
+
+
+def test_two_emulated_hosts_under_torchrun_every_collective_exact_bytes_through_gloo():
+    # Every backend op, sub-groups, p2p, DDP/gloo/FSDP2 training, the communicator's own collectives
+    # across several pipeline chunks (small chunks keep it quick), then the byte counters.
+    before = ddl_segments()
+    out = _clean(_torchrun(4, "launch_worker.py", "checks", DDL_TOPOLOGY="2x2", DDL_CHUNK_BYTES="65536"), before)
+    m = re.search(r"launch_worker: 4 ranks, topology 2x2, checks, (\d+) checks, 0 failures", out)
+    assert m and int(m.group(1)) >= 500, out[-4000:]
+    for rank in range(4):
+        moved = re.search(rf"rank {rank} transport bytes: (.*)", out).group(1)
+        assert "'gloo': {'sent': " in moved and "'mpi'" not in moved, moved
+        sent = int(re.search(r"'gloo': \{'sent': (\d+)", moved).group(1))
+        assert sent > 1_000_000, moved  # MBs crossed between the emulated hosts, all through gloo
+
+
+def _ranks(sizes: list[int], mode: str, timeout: float = 90, **env) -> tuple[list[str], list[int], float]:
+    """Start one process per entry of ``sizes`` (its WORLD_SIZE), ranks 0, 1, ...; returns their
+    outputs, exit codes and the wall time."""
+    port = _free_port()
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "launch_worker.py", mode], cwd=str(TESTS), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=_env(RANK=str(r), WORLD_SIZE=str(s), MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port), **env))
+             for r, s in enumerate(sizes)]
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    return outs, [p.returncode for p in procs], time.monotonic() - t0
+
+
+def test_plain_env_variables_init():
+    outs, codes, _ = _ranks([2, 2], "init")
+    assert codes == [0, 0], outs
+    assert all("allreduce gave [3, 3, 3]" in o for o in outs), outs
+
+
+def test_world_size_disagreeing_fails_clearly_and_fast():
+    outs, codes, elapsed = _ranks([2, 3], "init", DDL_TIMEOUT="60")
+    assert codes == [3, 3], outs
+    assert "rank 1 (pid" in outs[0] and "world size 3, this rank with 2" in outs[0], outs[0]
+    assert "world size 2, this rank with 3" in outs[1], outs[1]
+    assert elapsed < 45, f"took {elapsed:.0f} s: the mismatch must not wait for the deadline"
+
+
+def test_rank_that_never_arrives_is_named_at_the_deadline():
+    outs, codes, elapsed = _ranks([3, 3], "init", DDL_TIMEOUT="4")
+    assert codes == [3, 3], outs
+    assert "BootstrapTimeout" in outs[0] and "rank(s) 2 of 3 never arrived" in outs[0], outs[0]
+    assert "Bootstrap" in outs[1], outs[1]  # its own timeout, or the store gone with rank 0
+    assert elapsed < 60, f"took {elapsed:.0f} s"
+
+
+def test_lost_peer_across_emulated_hosts_is_noticed_at_once():
+    # The last rank SIGKILLs itself mid-loop: shm waits see its pid gone, gloo reports the closed socket.
+    outs, codes, _ = _ranks([4, 4, 4, 4], "die", DDL_TOPOLOGY="2x2")
+    assert codes[3] == -9, outs[3]
+    for r in range(3):
+        assert codes[r] == 1, outs[r]
+        m = re.search(r"noticed after ([0-9.]+) s: CollectiveTimeout: .*lost", outs[r])
+        assert m and float(m.group(1)) < 5.0, outs[r]
+
+
+def test_call_check_flight_recorder_and_trace_across_gloo(tmp_path):
+    outs, codes, _ = _ranks([4, 4, 4, 4], "mismatch", DDL_TOPOLOGY="2x2", DDL_TRACE=str(tmp_path / "trace"),
+                            DDL_DUMP_DIR=str(tmp_path / "dump"))
+    assert codes == [0, 0, 0, 0], outs
+    for r in range(4):
+        assert "CollectiveMismatch" in outs[r] and "rank 3: allreduce(sum, 11 x float32)" in outs[r], outs[r]
+    assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == [f"flight-rank{r}.json" for r in range(4)]
+    import json
+    for r in range(1, 4):  # clocks aligned to rank 0's by a ping-pong over gloo
+        meta = json.loads((tmp_path / "trace" / f"trace-rank{r}.json").read_text())["metadata"]
+        assert meta["size"] == 4 and meta["offset_bound_us"] > 0, meta
+
+
+def test_init_arguments_are_checked_before_anything_starts():
+    import torch.distributed as dist
+
+    import ddl_triton
+    from ddl_triton.bootstrap import StoreBootstrap
+
+    with pytest.raises(ValueError, match="go together"):
+        ddl_triton.init(store=dist.HashStore())
+    with pytest.raises(ValueError, match="not both"):
+        ddl_triton.init(object(), store=dist.HashStore(), rank=0, size=1)
+    with pytest.raises(ValueError, match="rank 2 is not a rank of a world of size 2"):
+        StoreBootstrap(dist.HashStore(), 2, 2, timeout=1)
+    with pytest.raises(TypeError, match="rank must be an int"):
+        StoreBootstrap(dist.HashStore(), "0", 2, timeout=1)
+    store = dist.HashStore()
+    StoreBootstrap(store, 0, 1, timeout=1, prefix="p")
+    with pytest.raises(ValueError, match="another process already started as rank 0"):
+        StoreBootstrap(store, 0, 1, timeout=1, prefix="p")
+
+
+def test_store_bootstrap_steps_on_one_store():
+    # Two ranks in threads of this process over one HashStore: allgather, bcast, barrier, split, hosts.
+    import threading
+
+    import torch.distributed as dist
+
+    from ddl_triton.bootstrap import StoreBootstrap
+
+    store, results, errors = dist.HashStore(), {}, []
+
+    def rank(r: int) -> None:
+        try:
+            b = StoreBootstrap(store, r, 2, timeout=10, prefix="t")
+            results[r] = (b.allgather(("x", r)), b.bcast(r * 10, root=1), b.barrier(), b.host_of_rank(),
+                          b.split(0).size, b.split(r).size)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    for r in range(2):
+        assert results[r] == ([("x", 0), ("x", 1)], 10, None, [0, 0], 2, 1), results[r]

@@ -1,0 +1,298 @@
+"""gloo transport: two-sided messages between hosts through torch's ProcessGroupGloo.
+
+The inter-node transport of ranks that MPI did not launch (torchrun, torch.multiprocessing
+spawn, SLURM with ``env://``: see ddl_triton/bootstrap.py). Its semantics are MpiTransport's
+(transports/mpi.py): a message is staged in a pooled byte buffer, so the executor reduces
+straight into it and keeps overwriting its own data while the send is in flight; the
+receiver gets the whole message in a pooled buffer; every wait is polled against the
+deadline. Messages are matched by (sender, tag) with tag = message id modulo 2**30, unique
+per pair for the communicator's first billion messages. The process group is private to
+this transport (its own namespace of the store), so its tags never meet anyone else's.
+
+Completion: gloo's send/recv ``Work`` cannot be polled (``is_completed`` only turns true
+inside ``wait``, and a ``wait`` with a timeout fails the operation). So every posted
+operation is watched by a daemon thread blocked in ``wait()``, which releases the GIL;
+the transport's waits poll the flag that thread sets. The threads come from a pool that
+grows whenever every thread is busy, so one stuck operation never holds up another's
+completion (a fixed pool could deadlock: a receive that completed, unseen behind a send
+whose receiver waits for us). gloo moves the bytes on its own I/O thread: nothing here
+needs to make progress for a peer to receive.
+
+Failures: a peer process that dies closes its sockets, gloo fails the pending operations
+("Connection closed by peer"), and the wait raises ``PeerTimeout(dead=True)`` at once.
+
+``GlooTransport`` also serves the communicator's control calls when there is no MPI
+communicator (``Iallgather``, ``Ibarrier``, ``Send``, ``Recv``, ``Barrier`` with mpi4py's
+names and buffer arguments, numpy arrays): the call checker's fingerprint exchange
+(ddl_triton/calls.py), the barrier, and the tracer's clock alignment.
+"""
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+from collections import defaultdict
+from datetime import timedelta
+
+import numpy as np
+import torch
+
+from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
+from .mpi import _size_class
+
+_TAG_RANGE = 1 << 30
+
+# Live transports, closed at exit (see GlooTransport.close): a gloo send completes only once its
+# receiver has posted the receive, so a rank that leaves right after its last collective must
+# first let its last sends out, or a slower peer would lose them.
+_LIVE: "weakref.WeakSet[GlooTransport]" = weakref.WeakSet()
+_exit_hook_installed = False
+
+
+def _deliver_at_exit() -> None:
+    for transport in list(_LIVE):
+        transport.close()
+
+
+class _Pending:
+    """The fate of one posted gloo operation, as its watcher thread sets it."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self):
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class Watchers:
+    """Daemon threads that block in ``Work.wait()`` and mark the operation done (see the
+    module doc); one more is started whenever none is idle."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+
+    def watch(self, work, on_done=None) -> _Pending:
+        """Watch ``work``; ``on_done(pending)``, if given, runs on the watcher thread once it is done."""
+        pending = _Pending()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                self._threads += 1
+                threading.Thread(target=self._serve, name=f"{self._name}-{self._threads}", daemon=True).start()
+        self._jobs.put((work, pending, on_done))
+        return pending
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            work, pending, on_done = job
+            try:
+                work.wait()  # releases the GIL
+            except BaseException as e:  # noqa: BLE001 - delivered to the waiting rank
+                pending.error = e
+            pending.done = True
+            if on_done is not None:
+                try:
+                    on_done(pending)
+                except BaseException:  # noqa: BLE001 - the callback delivers its own errors
+                    pass
+            del work, job, on_done
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        """Let idle threads end (threads still inside a wait end with the process)."""
+        with self._lock:
+            n = self._threads
+        for _ in range(n):
+            self._jobs.put(None)
+
+
+def _failed(peer: int, what: str, error: BaseException) -> PeerTimeout:
+    return PeerTimeout(peer, f"{what}: gloo reported: {str(error).splitlines()[0][:300]}", dead=True)
+
+
+class _Request:
+    """An asynchronous gloo collective with mpi4py's ``Test()``: True once done; raises
+    PeerTimeout(dead=True) if gloo failed it (a peer's process has gone)."""
+
+    __slots__ = ("_work", "_what")
+
+    def __init__(self, work, what: str):
+        self._work = work
+        self._what = what
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name, so waits treat both alike
+        if not self._work.is_completed():
+            return False
+        try:
+            self._work.wait()
+        except RuntimeError as e:
+            raise _failed(-1, self._what, e) from None
+        return True
+
+
+class GlooTransport:
+    """Messages to any rank over a gloo process group made on ``store`` (a namespace of
+    the bootstrap's store that nobody else uses). Collective: every rank constructs it."""
+
+    name = "gloo"
+
+    def __init__(self, store, rank: int, size: int, timeout: float):
+        import torch.distributed as dist
+
+        self.rank = rank
+        self.size = size
+        self.timeout = timeout
+        self.pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.spin = DEFAULT_SPIN_SECONDS
+        self._watchers = Watchers(f"ddl_triton-gloo-rank{rank}")
+        self._free: dict[int, list[torch.Tensor]] = defaultdict(list)
+        self._sending: list[tuple[list[_Pending], torch.Tensor, int]] = []  # (sends, buffer, first dest)
+        self._staged: tuple[int, tuple[int, ...], int, torch.Tensor] | None = None
+        self._posted: dict[tuple[int, int], tuple[_Pending, torch.Tensor]] = {}
+        self._closed = False
+        global _exit_hook_installed
+        _LIVE.add(self)
+        if not _exit_hook_installed:
+            atexit.register(_deliver_at_exit)
+            _exit_hook_installed = True
+
+    def _take(self, nbytes: int) -> torch.Tensor:
+        pool = self._free[_size_class(nbytes)]
+        return pool.pop() if pool else torch.empty(_size_class(nbytes), dtype=torch.uint8)
+
+    def _give(self, buf: torch.Tensor) -> None:
+        self._free[buf.numel()].append(buf)
+
+    def _reap_sends(self) -> None:
+        still = []
+        for sends, buf, dest in self._sending:
+            if all(s.done for s in sends):
+                self._give(buf)  # a failed send surfaces at the receiver, or in flush
+            else:
+                still.append((sends, buf, dest))
+        self._sending = still
+
+    # -- sender --------------------------------------------------------------------------
+    def acquire(self, msg_id: int, peers: tuple[int, ...], count: int, dtype: torch.dtype,
+                timeout: float) -> torch.Tensor:
+        self._reap_sends()
+        nbytes = count * dtype.itemsize
+        buf = self._take(nbytes)
+        self._staged = (msg_id, peers, nbytes, buf)
+        return buf[:nbytes].view(dtype)
+
+    def publish(self, msg_id: int) -> None:
+        staged_id, peers, nbytes, buf = self._staged  # type: ignore[misc]
+        assert staged_id == msg_id, "publish without a matching acquire"
+        self._staged = None
+        self.bytes_sent += nbytes * len(peers)
+        wire = buf[:max(nbytes, 1)]  # gloo moves no empty message: an empty one travels as one byte
+        sends = [self._watchers.watch(self.pg.send([wire], p, msg_id % _TAG_RANGE)) for p in peers]
+        self._sending.append((sends, buf, peers[0]))
+
+    # -- receiver ------------------------------------------------------------------------
+    def prefetch(self, peer: int, msg_id: int, size: int, dtype: torch.dtype) -> None:
+        """Post the receive of the whole ``size``-element message."""
+        key = (peer, msg_id)
+        if key in self._posted:
+            return
+        nbytes = size * dtype.itemsize
+        buf = self._take(nbytes)
+        pending = self._watchers.watch(self.pg.recv([buf[:max(nbytes, 1)]], peer, msg_id % _TAG_RANGE))
+        self._posted[key] = (pending, buf)
+
+    def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
+             offset: int = 0, size: int = 0) -> torch.Tensor:
+        size = max(size, offset + count)
+        self.prefetch(peer, msg_id, size, dtype)
+        pending, buf = self._posted[(peer, msg_id)]
+        if not pending.done:
+            wait_until(lambda: pending.done, timeout, peer, f"gloo message {msg_id}", spin=self.spin)
+        if pending.error is not None:
+            raise _failed(peer, f"gloo message {msg_id}", pending.error)
+        self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
+        item = dtype.itemsize
+        return buf[offset * item:(offset + count) * item].view(dtype)
+
+    def release(self, peer: int, msg_id: int) -> None:
+        _, buf = self._posted.pop((peer, msg_id))
+        self._give(buf)
+
+    def flush(self, timeout: float) -> None:
+        """Complete every outstanding send (its receiver may be the last to arrive)."""
+        for sends, buf, dest in self._sending:
+            for s in sends:
+                if not s.done:
+                    wait_until(lambda s=s: s.done, timeout, dest, "gloo send completion", spin=self.spin)
+                if s.error is not None:
+                    raise _failed(dest, "gloo send", s.error)
+            self._give(buf)
+        self._sending = []
+
+    # -- control calls (mpi4py's names: see the module doc) ------------------------------------
+    def Get_rank(self) -> int:  # noqa: N802
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def Iallgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> _Request:  # noqa: N802
+        """Every rank's ``sendbuf`` into block r of ``recvbuf`` (numpy arrays), asynchronously."""
+        work = self.pg._allgather_base(torch.from_numpy(recvbuf), torch.from_numpy(sendbuf))
+        return _Request(work, "the call-fingerprint exchange")
+
+    def Ibarrier(self) -> _Request:  # noqa: N802
+        return _Request(self.pg.barrier(), "barrier")
+
+    def Barrier(self) -> None:  # noqa: N802
+        req = self.Ibarrier()
+        wait_until(req.Test, self.timeout, -1, "barrier", spin=self.spin)
+
+    def Send(self, buf: np.ndarray, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._control_wait(self.pg.send([torch.from_numpy(buf)], dest, _TAG_RANGE + tag), dest, "control send")
+
+    def Recv(self, buf: np.ndarray, source: int, tag: int = 0) -> None:  # noqa: N802
+        self._control_wait(self.pg.recv([torch.from_numpy(buf)], source, _TAG_RANGE + tag), source, "control recv")
+
+    def _control_wait(self, work, peer: int, what: str) -> None:
+        pending = self._watchers.watch(work)
+        wait_until(lambda: pending.done, self.timeout, peer, what, spin=self.spin)
+        if pending.error is not None:
+            raise _failed(peer, what, pending.error)
+
+    def Dup(self):  # noqa: N802
+        # The GPU path builds its transports on an MPI communicator of its own (ddl_triton/gpu_path.py).
+        raise ValueError(f"rank {self.rank}: CUDA tensors need ranks launched by MPI for now: the GPU path "
+                         "(NVSHMEM within a host, host-staged MPI between hosts) is built on MPI, and these "
+                         "ranks bootstrapped from a torch store. Launch with mpiexec/ddlrun, or move the "
+                         "tensors to the CPU")
+
+    def Free(self) -> None:  # noqa: N802
+        """The process group goes with ``close``."""
+
+    def close(self) -> None:
+        """Let the sends in flight reach their receivers (a collective returns before its
+        last sends complete; tearing the group down under them would fail the peers' receives;
+        a dead peer fails them at once), then release everything."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.flush(self.timeout)
+        except PeerTimeout:
+            pass  # the peers are gone or stuck: nothing left to deliver to them
+        self._posted.clear()
+        self._free.clear()
+        self._watchers.close()
