@@ -36,7 +36,7 @@ post_fingerprint``) and waits with the call checker's hook active, so a mismatch
 both sides within a quarter second (ddl_triton/calls.py), and a dead peer within its liveness
 period, as on the general path.
 
-Why it exists: below 64 KiB an allreduce is all fixed cost, and the general path spends most of
+Why it exists: below about 100 KiB an allreduce is mostly fixed cost, and the general path spends most of
 it in Python (plan lookup, call-check exchange, the step loop, torch's per-op dispatch of about
 2 us). Here the data moves with numpy (about 0.2 us per copy or reduction of a few KiB) and the
 flags are single memoryview loads and stores (about 30 ns).
@@ -57,11 +57,11 @@ from .transports.base import wait_until
 # this module's ufunc calls only (np.errstate per call would cost more than the reduction).
 warnings.filterwarnings("ignore", category=RuntimeWarning, module=__name__)
 
-LIMIT_BYTES = 64 * 1024
+LIMIT_BYTES = 128 * 1024
 LANE_BYTES = 2 * LIMIT_BYTES  # what ShmTransport reserves per segment for the lane's two buffers
 _NUMPY_OPS = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum}
 _DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
-_CODE_BITS = 24  # op (3 bits) | dtype (4 bits) | element count (17 bits: 64 KiB of 4-byte elements is 2^14)
+_CODE_BITS = 24  # op (3 bits) | dtype (4 bits) | element count (17 bits: 128 KiB of 4-byte elements is 2^15)
 _NUMEL_BITS = 17
 
 
