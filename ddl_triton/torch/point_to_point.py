@@ -43,6 +43,15 @@ def _stagings(outputs):
     return [torch.empty(t.shape, dtype=t.dtype) for t in outputs]
 
 
+def _alltoallv_buffers(outputs, inputs, out_splits, in_splits, per_tensor: bool):
+    """(send bytes, output stagings, receive bytes, send counts, receive counts) of an uneven
+    all-to-all exchanged as bytes, whichever engine moves them."""
+    send = torch.cat([as_bytes(t.detach().contiguous()) for t in inputs])
+    recv = torch.empty(sum(nbytes(t) for t in outputs), dtype=torch.uint8)
+    return (send, _stagings(outputs), recv, byte_counts(inputs, in_splits, per_tensor),
+            byte_counts(outputs, out_splits, per_tensor))
+
+
 def _unpack(outputs, stagings, recv: torch.Tensor) -> None:
     """Copy the received bytes, in order, into each output (through its staging tensor)."""
     offset = 0
@@ -97,11 +106,8 @@ class MpiPointToPoint:
         """Slices (per dim-0 row, or whole tensors when ``per_tensor``) exchanged as bytes."""
         from mpi4py import MPI
 
-        send = torch.cat([as_bytes(t.detach().contiguous()) for t in inputs])
-        stagings = _stagings(outputs)
-        recv = torch.empty(sum(nbytes(t) for t in outputs), dtype=torch.uint8)
-        scounts = byte_counts(inputs, in_splits, per_tensor)
-        rcounts = byte_counts(outputs, out_splits, per_tensor)
+        send, stagings, recv, scounts, rcounts = _alltoallv_buffers(outputs, inputs, out_splits, in_splits,
+                                                                    per_tensor)
         req = self._mpi.Ialltoallv([send.numpy(), (scounts, displs(scounts)), MPI.BYTE],
                                    [recv.numpy(), (rcounts, displs(rcounts)), MPI.BYTE])
         return self._complete(req, lambda: _unpack(outputs, stagings, recv), "all_to_all (uneven splits)",
@@ -173,11 +179,8 @@ class GlooPointToPoint:
         return self._complete(gloo_work, finish, f"recv from any rank (tag {tag})", keep=data), source
 
     def alltoallv(self, outputs, inputs, out_splits, in_splits, per_tensor: bool) -> Work:
-        send = torch.cat([as_bytes(t.detach().contiguous()) for t in inputs])
-        stagings = _stagings(outputs)
-        recv = torch.empty(sum(nbytes(t) for t in outputs), dtype=torch.uint8)
-        scounts = byte_counts(inputs, in_splits, per_tensor)
-        rcounts = byte_counts(outputs, out_splits, per_tensor)
+        send, stagings, recv, scounts, rcounts = _alltoallv_buffers(outputs, inputs, out_splits, in_splits,
+                                                                    per_tensor)
         work = self._pg.alltoall_base(recv, send, rcounts, scounts)
         return self._complete(work, lambda: _unpack(outputs, stagings, recv), "all_to_all (uneven splits)",
                               keep=send)
