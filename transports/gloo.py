@@ -32,14 +32,13 @@ import atexit
 import queue
 import threading
 import weakref
-from collections import defaultdict
 from datetime import timedelta
 
 import numpy as np
 import torch
 
 from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
-from .mpi import _size_class
+from .staged_sends import StagedSends
 
 _TAG_RANGE = 1 << 30
 
@@ -140,7 +139,7 @@ class _Request:
         return True
 
 
-class GlooTransport:
+class GlooTransport(StagedSends):
     """Messages to any rank over a gloo process group made on ``store`` (a namespace of
     the bootstrap's store that nobody else uses). Collective: every rank constructs it."""
 
@@ -157,10 +156,7 @@ class GlooTransport:
         self.bytes_received = 0
         self.spin = DEFAULT_SPIN_SECONDS
         self._watchers = Watchers(f"ddl_triton-gloo-rank{rank}")
-        self._free: dict[int, list[torch.Tensor]] = defaultdict(list)
-        self._sending: list[tuple[list[_Pending], torch.Tensor, int]] = []  # (sends, buffer, first dest)
-        self._staged: tuple[int, tuple[int, ...], int, torch.Tensor] | None = None
-        self._posted: dict[tuple[int, int], tuple[_Pending, torch.Tensor]] = {}
+        self._init_staging()
         self._closed = False
         global _exit_hook_installed
         _LIVE.add(self)
@@ -168,35 +164,12 @@ class GlooTransport:
             atexit.register(_deliver_at_exit)
             _exit_hook_installed = True
 
-    def _take(self, nbytes: int) -> torch.Tensor:
-        pool = self._free[_size_class(nbytes)]
-        return pool.pop() if pool else torch.empty(_size_class(nbytes), dtype=torch.uint8)
+    def _sends_done(self, sends) -> bool:
+        return all(s.done for s in sends)
 
-    def _give(self, buf: torch.Tensor) -> None:
-        self._free[buf.numel()].append(buf)
-
-    def _reap_sends(self) -> None:
-        still = []
-        for sends, buf, dest in self._sending:
-            if all(s.done for s in sends):
-                self._give(buf)  # a failed send surfaces at the receiver, or in flush
-            else:
-                still.append((sends, buf, dest))
-        self._sending = still
-
-    # -- sender --------------------------------------------------------------------------
-    def acquire(self, msg_id: int, peers: tuple[int, ...], count: int, dtype: torch.dtype,
-                timeout: float) -> torch.Tensor:
-        self._reap_sends()
-        nbytes = count * dtype.itemsize
-        buf = self._take(nbytes)
-        self._staged = (msg_id, peers, nbytes, buf)
-        return buf[:nbytes].view(dtype)
-
+    # -- sender (acquire: staged_sends.py) ------------------------------------------------
     def publish(self, msg_id: int) -> None:
-        staged_id, peers, nbytes, buf = self._staged  # type: ignore[misc]
-        assert staged_id == msg_id, "publish without a matching acquire"
-        self._staged = None
+        peers, nbytes, buf = self._unstage(msg_id)
         self.bytes_sent += nbytes * len(peers)
         wire = buf[:max(nbytes, 1)]  # gloo moves no empty message: an empty one travels as one byte
         sends = [self._watchers.watch(self.pg.send([wire], p, msg_id % _TAG_RANGE)) for p in peers]
@@ -225,10 +198,6 @@ class GlooTransport:
         self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
         item = dtype.itemsize
         return buf[offset * item:(offset + count) * item].view(dtype)
-
-    def release(self, peer: int, msg_id: int) -> None:
-        _, buf = self._posted.pop((peer, msg_id))
-        self._give(buf)
 
     def flush(self, timeout: float) -> None:
         """Complete every outstanding send (its receiver may be the last to arrive)."""

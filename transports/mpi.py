@@ -12,14 +12,13 @@ lost peer raises instead of hanging.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from mpi4py import MPI
 
 from . import base
 from .base import DEFAULT_SPIN_SECONDS, wait_until
 from .link_emulation import Pacer
+from .staged_sends import StagedSends
 
 _TAG_RANGE = 32767  # MPI guarantees MPI_TAG_UB >= 32767
 
@@ -43,11 +42,7 @@ def _complete(reqs) -> bool:
     return MPI.Request.Testall(reqs)
 
 
-def _size_class(nbytes: int) -> int:
-    return max(64, 1 << (max(nbytes, 1) - 1).bit_length())
-
-
-class MpiTransport:
+class MpiTransport(StagedSends):
     """Messages to any rank of ``comm`` (a communicator private to ddl_triton)."""
 
     name = "mpi"
@@ -62,45 +57,20 @@ class MpiTransport:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.spin = DEFAULT_SPIN_SECONDS
-        self._free: dict[int, list[torch.Tensor]] = defaultdict(list)
-        self._sending: list[tuple[list, torch.Tensor, int]] = []  # (requests, buffer, dest rank)
-        self._staged: tuple[int, tuple[int, ...], int, torch.Tensor] | None = None
-        self._posted: dict[tuple[int, int], tuple[MPI.Request, torch.Tensor]] = {}
+        self._init_staging()
 
-    def _take(self, nbytes: int) -> torch.Tensor:
-        cls = _size_class(nbytes)
-        pool = self._free[cls]
-        return pool.pop() if pool else torch.empty(cls, dtype=torch.uint8)
+    def _sends_done(self, reqs) -> bool:
+        return _complete(reqs)
 
-    def _give(self, buf: torch.Tensor) -> None:
-        self._free[buf.numel()].append(buf)
-
-    def _reap_sends(self) -> None:
+    def _progress(self) -> None:
         if self._pacer is not None:
             self._pacer.pump()
-        still = []
-        for reqs, buf, dest in self._sending:
-            if _complete(reqs):
-                self._give(buf)
-            else:
-                still.append((reqs, buf, dest))
-        self._sending = still
 
-    # -- sender --------------------------------------------------------------------------
-    def acquire(self, msg_id: int, peers: tuple[int, ...], count: int, dtype: torch.dtype,
-                timeout: float) -> torch.Tensor:
-        self._reap_sends()
-        nbytes = count * dtype.itemsize
-        buf = self._take(nbytes)
-        self._staged = (msg_id, peers, nbytes, buf)
-        return buf[:nbytes].view(dtype)
-
+    # -- sender (acquire: staged_sends.py) ------------------------------------------------
     def publish(self, msg_id: int) -> None:
-        staged_id, peers, nbytes, buf = self._staged  # type: ignore[misc]
-        assert staged_id == msg_id, "publish without a matching acquire"
+        peers, nbytes, buf = self._unstage(msg_id)
         mem = buf.numpy()
         self.bytes_sent += nbytes * len(peers)
-        self._staged = None
         if self._pacer is None:
             reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE) for p in peers]
             self._sending.append((reqs, buf, peers[0]))
@@ -132,10 +102,6 @@ class MpiTransport:
         self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
         item = dtype.itemsize
         return buf[offset * item:(offset + count) * item].view(dtype)
-
-    def release(self, peer: int, msg_id: int) -> None:
-        _, buf = self._posted.pop((peer, msg_id))
-        self._give(buf)
 
     def flush(self, timeout: float) -> None:
         """Complete every outstanding send (its receiver may be the last to arrive)."""

@@ -32,7 +32,8 @@ import torch
 from mpi4py import MPI
 
 from .base import DEFAULT_SPIN_SECONDS, wait_until
-from .mpi import _TAG_RANGE, _size_class
+from .mpi import _TAG_RANGE
+from .staged_sends import size_class as _size_class
 
 
 class _CudaStreamOps:
