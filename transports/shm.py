@@ -214,10 +214,6 @@ class ShmTransport:
         return np.frombuffer(self._maps[local], dtype=np.uint8, count=half, offset=start)
 
     def liveness_check(self, local: int):
-        """The check a long wait on ``local`` runs every quarter second (see ``_alive``)."""
-        return self._alive(local)
-
-    def _alive(self, local: int):
         """A check, run every quarter second of a long wait, that the process owning segment
         ``local`` still exists; it also runs ``wait_hook`` (the call checker's), which may raise."""
         pid = int(self._flags[local][_PID_OFFSET // 8])
@@ -267,7 +263,7 @@ class ShmTransport:
             if timeout is None:
                 return False
             wait_until(lambda: flags[base] >= seq, timeout, peer, f"its call #{seq}", spin=self.spin,
-                       alive=self._alive(local))
+                       alive=self.liveness_check(local))
         values = tuple(int(v) for v in flags[base:base + 7])
         return values[1:] if values[0] == seq else None
 
@@ -284,7 +280,7 @@ class ShmTransport:
             if self._consumed(reader, me) < old_id:
                 wait_until(lambda: self._consumed(reader, me) >= old_id, timeout, self._world_of(reader),
                            f"to release shm slot {slot} (message {old_id})", spin=self.spin,
-                           alive=self._alive(reader))
+                           alive=self.liveness_check(reader))
         readers = self._readers.get(peers)
         if readers is None:
             readers = self._readers[peers] = tuple(self._local(p) for p in peers)
@@ -326,7 +322,7 @@ class ShmTransport:
         flags = self._flags[local]
         if flags[0] < msg_id:
             wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin,
-                       alive=self._alive(local), sleep=self._sleeper(local, msg_id) if futex.AVAILABLE else None)
+                       alive=self.liveness_check(local), sleep=self._sleeper(local, msg_id) if futex.AVAILABLE else None)
         return local
 
     def _sleeper(self, local: int, msg_id: int):

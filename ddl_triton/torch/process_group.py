@@ -146,9 +146,8 @@ class DdlProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         """``reduce_scatter_single`` on each (output, input) pair, in order, as one Work."""
         opts = _reduce_opts(opts, _c10d.ReduceScatterOptions)
-        works = [self.reduce_scatter_single(o, i, _async(opts, _c10d.ReduceScatterOptions))
-                 for o, i in _pairs(outputs, inputs, "reduce_scatter_tensor_coalesced")]
-        return join_torch_works(works, list(outputs))
+        return self._pairwise(self.reduce_scatter_single, outputs, inputs, opts, _c10d.ReduceScatterOptions,
+                              "reduce_scatter_tensor_coalesced")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -197,9 +196,8 @@ class DdlProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         """``all_gather_single`` on each (output, input) pair, in order, as one Work."""
         opts = _plain_opts(opts, _c10d.AllgatherOptions)
-        works = [self.all_gather_single(o, i, _async(opts, _c10d.AllgatherOptions))
-                 for o, i in _pairs(outputs, inputs, "all_gather_into_tensor_coalesced")]
-        return join_torch_works(works, list(outputs))
+        return self._pairwise(self.all_gather_single, outputs, inputs, opts, _c10d.AllgatherOptions,
+                              "all_gather_into_tensor_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -344,6 +342,11 @@ class DdlProcessGroup(dist.ProcessGroup):
                 output.copy_(acc[rank * n:(rank + 1) * n].view(output.shape))
 
         return then(work, [input if output is None else output], finish)
+
+    def _pairwise(self, single, outputs, inputs, opts, options_type, what: str):
+        """``single(output, input, opts)`` on each pair, in order, joined into one Work."""
+        works = [single(o, i, _async(opts, options_type)) for o, i in _pairs(outputs, inputs, what)]
+        return join_torch_works(works, list(outputs))
 
     def _run(self, call, outputs, opts, finish=None):
         """Run ``call(async_op)`` inline when ``opts.asyncOp`` is false, else in the background."""
