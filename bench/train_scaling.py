@@ -1,6 +1,7 @@
 """Data-parallel training scaling at 2 ranks: ddl_triton against gloo and against the host's ceiling.
 
-Run:  ddlrun -n 2 -- python bench/train_scaling.py [--model cnn|mlp|both] [--steps 5] [--rounds 8] [--json F]
+Run:  ddlrun -n 2 -- python bench/train_scaling.py [--model cnn|mlp|both] [--steps 5] [--rounds 10]
+                                                  [--gradient-as-bucket-view] [--json F]
 
 Workloads (synthetic data, batch 32 per rank, SGD with momentum 0.9, one torch thread per rank):
 - ``cnn``: a ResNet-style CNN on 3x32x32 images: stem conv 3->32, basic blocks 32->32, 32->64,
@@ -10,19 +11,27 @@ Workloads (synthetic data, batch 32 per rank, SGD with momentum 0.9, one torch t
   parameters (23.6 MB of gradients per step), so communication matters more.
 
 Modes, timed in interleaved rounds (every mode once per round, the order rotating):
-- ``1 rank``: rank 0 trains alone, without DDP, while rank 1 sleeps (the baseline);
+- ``1 rank``: one rank trains alone, without DDP, while the other sleeps (the baseline); rank 0
+  in even rounds and rank 1 in odd ones, since the two cores of a host need not be equally fast;
 - ``2 independent``: both ranks train without any communication: the ceiling this host allows
   (the two cores share memory bandwidth and caches, so it is below 100%);
+- ``ddp no-comm``: DDP on "ddl" with a comm hook that communicates nothing and no buffer
+  broadcast: DDP's own work (autograd hooks, copies into and out of its buckets), the best
+  any backend can do under DDP; its replicas diverge, so they are not compared;
 - ``gloo``: DDP on torch's gloo;
 - ``ddl``: DDP on the "ddl" backend (DDP's own allreduce through the process group);
 - ``ddl+<hook>``: DDP on "ddl" with a comm hook from ddl_triton.torch.hooks.
 
 "cpu ms" is the CPU time one rank's process spends per step, every thread included (the
 busiest rank's): what communication costs the cores beside the time it adds. A step's time
-is, for each step, the slowest rank's; a round's figure is the median over its
-steps; the table quotes the median over rounds. img/s = ranks x 32 / step time. Efficiency =
-img/s / (2 x the 1-rank img/s); "of ceiling" = efficiency / the 2-independent efficiency.
-After the last round, every DDP mode's replicas are compared across ranks, bit for bit.
+is, for each step, the slowest rank's; a round's figure is the median over its steps; the
+table quotes the median over rounds. The ratios are paired: each round's ratio of two
+modes' figures, then the median over rounds, so the host's drift, which every mode of a
+round shares, cancels. Efficiency = 1-rank step / step (img/s over twice the 1-rank img/s);
+"of ceiling" = 2-independent step / step. After the last round, every DDP mode's replicas
+that communicate are compared across ranks, bit for bit.
+``--gradient-as-bucket-view`` passes DDP's own option of that name to every DDP mode
+(gradients live in DDP's buckets: no copy into or out of them).
 """
 from __future__ import annotations
 
@@ -45,6 +54,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 BATCH = 32
 HOOKS = ("allreduce", "fp16", "bf16", "int8", "onebit")
+NO_COMM = "ddp no-comm"
 
 
 class _BasicBlock(nn.Module):
@@ -94,13 +104,21 @@ def _batches(rank: int, count: int = 4):
 class _Trainer:
     """One mode's replica: its own model and optimizer, trained across all rounds."""
 
-    def __init__(self, name: str, build, group, comm, rank: int, bucket_cap_mb: float):
+    def __init__(self, name: str, build, group, comm, rank: int, bucket_cap_mb: float, bucket_view: bool):
         torch.manual_seed(0)  # the same initial weights on every rank and in every mode
         net = build()
         self.name, self.rank = name, rank
         self.ddp = group is not None
-        self.model = DDP(net, process_group=group, bucket_cap_mb=bucket_cap_mb) if self.ddp else net
-        if name.startswith("ddl+"):
+        # Identical replicas are checked where the mode communicates; "ddp no-comm" diverges.
+        self.synced = self.ddp and name != NO_COMM
+        ddp_options = {"process_group": group, "bucket_cap_mb": bucket_cap_mb,
+                       "gradient_as_bucket_view": bucket_view}
+        if name == NO_COMM:
+            ddp_options["forward_sync_buffers"] = False  # DDP's only communication besides gradients
+        self.model = DDP(net, **ddp_options) if self.ddp else net
+        if name == NO_COMM:
+            self.model.register_comm_hook(None, _unchanged_bucket_hook)
+        elif name.startswith("ddl+"):
             from ddl_triton.torch import hooks
             hook = {"allreduce": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
                     "bf16": hooks.bf16_compress_hook, "int8": hooks.int8_compress_hook,
@@ -111,6 +129,7 @@ class _Trainer:
         self.i = 0
 
     def step(self) -> float:
+        """One training step; returns its wall time in seconds."""
         x, y = self.data[self.i % len(self.data)]
         self.i += 1
         t0 = time.perf_counter()
@@ -125,6 +144,13 @@ class _Trainer:
         for p in self.model.parameters():
             h.update(p.detach().contiguous().numpy().tobytes())
         return h.hexdigest()
+
+
+def _unchanged_bucket_hook(state, bucket):
+    """A DDP comm hook that communicates nothing: DDP's own bucket work, timed alone."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def _setup(world) -> None:
@@ -142,22 +168,24 @@ def _setup(world) -> None:
     dist.init_process_group("ddl", rank=world.rank, world_size=world.size)
 
 
-def run(model: str, steps: int, rounds: int, modes: list[str], world, bucket_cap_mb: float = 25.0) -> dict:
+def run(model: str, steps: int, rounds: int, modes: list[str], world, bucket_cap_mb: float = 25.0,
+        bucket_view: bool = False) -> dict:
     import ddl_triton as ddl
     rank = world.rank
     comm = ddl.init()
     gloo = dist.new_group(backend="gloo")
     groups = {"1 rank": None, "2 independent": None, "gloo": gloo}
-    trainers = {m: _Trainer(m, MODELS[model], groups.get(m, dist.group.WORLD), comm, rank, bucket_cap_mb)
+    trainers = {m: _Trainer(m, MODELS[model], groups.get(m, dist.group.WORLD), comm, rank, bucket_cap_mb,
+                            bucket_view)
                 for m in modes}
-    times: dict[str, list[float]] = {m: [] for m in modes}
+    times: dict[str, list[float]] = {m: [] for m in modes}  # per round: the median step, seconds
     cpu_times: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds per step, all threads
     for r in range(rounds):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for m in order:
             t = trainers[m]
             _idle_barrier(world)
-            active = m != "1 rank" or rank == 0
+            active = m != "1 rank" or rank == r % world.size
             steps_taken = []
             cpu = 0.0
             if active:
@@ -169,32 +197,39 @@ def run(model: str, steps: int, rounds: int, modes: list[str], world, bucket_cap
             per_rank = world.allgather((steps_taken, cpu))  # control path
             slowest = [max(s[i] for s, _ in per_rank if s) for i in range(steps)]
             times[m].append(statistics.median(slowest))
-            cpu_times[m].append(max(c for _, c in per_rank))
-    digests = {m: world.allgather(trainers[m].digest()) for m in modes if trainers[m].ddp}
+            cpu_times[m].append(max(c for _, c in per_rank if c))
+    digests = {m: world.allgather(trainers[m].digest()) for m in modes if trainers[m].synced}
     params = sum(p.numel() for p in trainers[modes[0]].model.parameters())
-    base = BATCH / statistics.median(times["1 rank"]) if "1 rank" in times else None
-    ceiling = None
+
+    def paired(numerator: str, m: str) -> list[float]:
+        """Per round: that round's ``numerator`` step / mode m's step (none for the baseline itself)."""
+        if numerator not in times or m == "1 rank":
+            return []
+        return [a / b for a, b in zip(times[numerator], times[m])]
+
     rows = []
     for m in modes:
         ranks = 1 if m == "1 rank" else world.size
         step = statistics.median(times[m])
-        ips = ranks * BATCH / step
-        eff = ips / (world.size * base) if base and m != "1 rank" else None
-        if m == "2 independent":
-            ceiling = eff
         rows.append({"mode": m, "step_ms": step * 1e3, "step_ms_rounds": [x * 1e3 for x in times[m]],
                      "cpu_ms": statistics.median(cpu_times[m]) * 1e3,
-                     "img_per_s": ips, "efficiency": eff,
+                     "img_per_s": ranks * BATCH / step,
+                     "efficiency": _median_or_none(paired("1 rank", m)),
+                     "of_ceiling": _median_or_none(paired("2 independent", m)),
+                     "of_ceiling_rounds": paired("2 independent", m),
                      "identical": (len(set(digests[m])) == 1) if m in digests else None})
-    for row in rows:
-        row["of_ceiling"] = row["efficiency"] / ceiling if ceiling and row["efficiency"] else None
     return {"model": model, "params": params, "batch_per_rank": BATCH, "steps": steps, "rounds": rounds,
-            "ranks": world.size, "rows": rows}
+            "ranks": world.size, "gradient_as_bucket_view": bucket_view, "rows": rows}
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _print(result: dict) -> None:
+    view = ", gradient_as_bucket_view" if result["gradient_as_bucket_view"] else ""
     print(f"# {result['model']}: {result['params'] / 1e6:.2f}M parameters, batch {result['batch_per_rank']} per "
-          f"rank, {result['ranks']} ranks, median of {result['rounds']} rounds x {result['steps']} steps")
+          f"rank, {result['ranks']} ranks, median of {result['rounds']} rounds x {result['steps']} steps{view}")
     print(f"{'mode':>16} {'step ms':>9} {'cpu ms':>8} {'img/s':>8} {'efficiency':>10} {'of ceiling':>10} "
           f"{'identical':>9}")
     for row in result["rows"]:
@@ -210,22 +245,25 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("cnn", "mlp", "both"), default="both")
     p.add_argument("--steps", type=int, default=5, help="timed steps per mode per round")
-    p.add_argument("--rounds", type=int, default=8, help="short rounds, many of them: the host's noise "
+    p.add_argument("--rounds", type=int, default=10, help="short rounds, many of them: the host's noise "
                    "drifts over seconds, and every mode should see the same drift")
     p.add_argument("--modes", default="", help="comma list (default: every mode)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap (its default: 25)")
+    p.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP's option: gradients live in its buckets (no copies into or out of them)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     if world.size != 2:
         raise SystemExit("train_scaling.py: run it on 2 ranks (ddlrun -n 2 -- python bench/train_scaling.py)")
-    modes = args.modes.split(",") if args.modes else ["1 rank", "2 independent", "gloo", "ddl"] + \
+    modes = args.modes.split(",") if args.modes else ["1 rank", "2 independent", NO_COMM, "gloo", "ddl"] + \
         [f"ddl+{h}" for h in HOOKS]
     _setup(world)
     results = []
     for model in (("cnn", "mlp") if args.model == "both" else (args.model,)):
-        result = run(model, args.steps, args.rounds, modes, world, args.bucket_cap_mb)
+        result = run(model, args.steps, args.rounds, modes, world, args.bucket_cap_mb,
+                     args.gradient_as_bucket_view)
         results.append(result)
         if world.rank == 0:
             _print(result)
