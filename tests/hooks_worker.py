@@ -248,7 +248,8 @@ def _int8_summed_hook(state, bucket):
     """Control: int8_compress_hook with the ranks' gradients summed, not averaged (a scaling bug)."""
     buf = bucket.buffer()
     residual = state._residual(bucket, "int8", buf.numel())[0]
-    return hooks._future(compressed.allreduce_int8(state.comm, buf, op="sum", residual=residual, async_op=True))
+    return hooks._future(lambda: compressed.allreduce_int8(state.comm, buf, op="sum", residual=residual,
+                                                            async_op=True))
 
 
 _STALE: dict = {}

@@ -116,16 +116,23 @@ def _unwrap(source):
 
 def torch_work(works, outputs, finish=None):
     """A torch Work whose future gets ``outputs`` once every ddl Work of ``works`` is done and
-    ``finish()`` (copy-back) has run; any error goes to the future instead."""
-    works = works if isinstance(works, list) else [works]
+    ``finish()`` (copy-back) has run; any error goes to the future instead.
+
+    ``works`` may also be a function that issues them and returns them: it is called only once
+    the torch Work exists. Issuing hands the job to the communicator's thread, which then holds
+    the GIL for stretches, while building torch futures needs it too: building them first keeps
+    the issuing thread (DDP's backward) from waiting for the GIL behind its own collective."""
     promise = Promise()
+    work = promise.work()
+    works = works() if callable(works) else works
+    works = works if isinstance(works, list) else [works]
 
     def done():
         error = next((w.exception() for w in works if w.exception() is not None), None)
         promise.settle(error, finish, outputs)
 
     _when_all(works, done)
-    return promise.work()
+    return work
 
 
 def _when_all(works, callback) -> None:

@@ -144,7 +144,7 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     n = state.comm.size
     state._count(buf, 2 * (n - 1) * buf.numel() * buf.element_size() // n)
     buf.mul_(1.0 / n)
-    return _future(state.comm.allreduce(buf, op="sum", async_op=True))
+    return _future(lambda: state.comm.allreduce(buf, op="sum", async_op=True))
 
 
 def fp16_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -177,8 +177,8 @@ def int8_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
     comm = state.comm
     state._count(buf, compressed.wire_bytes("int8", buf.numel(), comm.size, block=state.block))
     residual = state._residual(bucket, "int8", buf.numel())[0] if state.error_feedback else None
-    return _future(compressed.allreduce_int8(comm, buf, op="avg", block=state.block, residual=residual,
-                                             async_op=True))
+    return _future(lambda: compressed.allreduce_int8(comm, buf, op="avg", block=state.block, residual=residual,
+                                                     async_op=True))
 
 
 def onebit_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -203,8 +203,8 @@ def onebit_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.fut
     if state.error_feedback:
         a, b = compressed.chunk_bounds(n, comm.size, 32)[comm.rank]
         worker, server = state._residual(bucket, "onebit", n, b - a)
-    return _future(compressed.allreduce_onebit(comm, buf, op="avg", residual=worker, server_residual=server,
-                                               groups=groups, async_op=True))
+    return _future(lambda: compressed.allreduce_onebit(comm, buf, op="avg", residual=worker,
+                                                       server_residual=server, groups=groups, async_op=True))
 
 
 # DDP refuses any hook *named* "bf16_compress_hook" unless CUDA and NCCL >= 2.10 are present (it
@@ -215,7 +215,8 @@ bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "ddl_bf16_compre
 def _sixteen_bit(state: HookState, bucket, wire_dtype: torch.dtype) -> torch.futures.Future[torch.Tensor]:
     buf = bucket.buffer()
     state._count(buf, compressed.wire_bytes("16bit", buf.numel(), state.comm.size))
-    return _future(compressed.allreduce_16bit(state.comm, buf, wire_dtype=wire_dtype, op="avg", async_op=True))
+    return _future(lambda: compressed.allreduce_16bit(state.comm, buf, wire_dtype=wire_dtype, op="avg",
+                                                      async_op=True))
 
 
 def _param_starts(bucket) -> list[int]:
@@ -227,9 +228,12 @@ def _param_starts(bucket) -> list[int]:
     return starts
 
 
-def _future(work) -> torch.futures.Future[torch.Tensor]:
-    """A torch Future resolved with ``work``'s result (or its error) when the Work completes."""
+def _future(issue) -> torch.futures.Future[torch.Tensor]:
+    """A torch Future resolved with the result (or the error) of the Work that ``issue()`` returns,
+    when it completes. The Future is made before the collective is issued: once issued, the
+    communicator's thread competes for the GIL, and DDP's backward would wait for it."""
     fut: torch.futures.Future = torch.futures.Future()
+    work = issue()
 
     def resolve(w) -> None:
         try:  # runs on the communicator's thread: never raise there

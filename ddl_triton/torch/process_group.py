@@ -359,8 +359,7 @@ class DdlProcessGroup(dist.ProcessGroup):
             if finish is not None:
                 finish()
             return completed_work(outputs)
-        works = [call(True) for call in calls]
-        return torch_work(works, outputs, finish)
+        return torch_work(lambda: [call(True) for call in calls], outputs, finish)
 
     def _alltoallv(self, outputs, inputs, out_splits, in_splits, opts, per_tensor=False):
         """Uneven all-to-all as one all-to-all of bytes on the group's point-to-point."""
