@@ -1,12 +1,17 @@
-"""Waits give the CPU back: a long wait must not burn the core the application computes on.
+"""Waits give the CPU back: a long wait must not burn a core the application computes on.
 
 transports/base.py: a wait spins briefly, then yields; a background thread's wait (a
-communicator's, overlapping DDP's backward) naps right after its spin, and any wait naps after
-1 ms of yielding. These tests wait half a second for a condition and look at the CPU time the
-waiting thread used: a spinning or yielding wait uses nearly all of it.
+communicator's, overlapping DDP's backward) naps right after its spin where its peer wakes it,
+and any wait naps after 1 ms of yielding while every core of the host has a runnable thread.
+These tests wait half a second for a condition and look at the CPU time the waiting thread
+used: a spinning or yielding wait uses nearly all of it. Where a core is spare, a timed wait
+keeps yielding (a napping wait answers late, once per round trip of a two-sided protocol).
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -38,11 +43,37 @@ def _wait_in_thread(background: bool, ready_after: float, sleep=None) -> tuple[f
 
 @pytest.mark.parametrize("woken", [True, False], ids=["woken naps", "timed naps"])
 @pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
-def test_a_long_wait_naps_instead_of_using_the_core(background, woken):
+def test_a_long_wait_naps_instead_of_using_the_core(background, woken, monkeypatch):
+    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: False)  # every core is busy
     cpu, wall = _wait_in_thread(background, WAIT_S, time.sleep if woken else None)
     assert wall >= WAIT_S * 0.9
     # Spinning or yielding for the whole wait would use ~WAIT_S of CPU; napping uses a few percent.
     assert cpu < 0.25 * wall, f"the wait used {cpu:.3f} s of CPU in {wall:.3f} s"
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
+def test_a_timed_wait_keeps_yielding_while_a_core_is_spare(background, monkeypatch):
+    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: True)
+    naps = []
+    monkeypatch.setattr(base.time, "sleep", lambda s: naps.append(s))
+    cpu, wall = _wait_in_thread(background, 0.05)
+    assert wall >= 0.05 * 0.9
+    assert naps == [], f"a wait with a spare core napped {len(naps)} times"
+
+
+def test_a_host_whose_cores_are_all_busy_has_no_spare_core():
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() + 1)]
+    try:
+        time.sleep(0.3)  # every spinner is running
+        seen = []
+        for _ in range(50):
+            seen.append(base._host_has_a_spare_core())
+            time.sleep(0.002)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    assert seen.count(False) > len(seen) // 2, seen
 
 
 def test_a_napping_wait_still_meets_its_deadline():

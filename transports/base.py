@@ -33,8 +33,11 @@ from . import failure_notice
 DEFAULT_SPIN_SECONDS = 50e-6
 # Iterations between clock reads once yielding (a clock read costs ~50 ns).
 _CHECKS_PER_CLOCK = 16
-# After this long yielding, a wait naps instead: a yielding thread stays runnable, so on a
-# busy host it takes a share of the core the application computes on, and its peer's.
+# After this long yielding, a wait naps instead, while every core of the host has a runnable
+# thread: a yielding thread stays runnable, so it would take a share of a core the application
+# computes on (its own rank's or a peer's). While a core is spare, it keeps yielding: a napping
+# wait answers late, and a two-sided protocol (MPI's handshakes, a call check) pays that
+# lateness once per round trip, several times per collective.
 _YIELD_SECONDS = 1e-3
 # Naps start at the first length and double up to the last: a wait that is already long is
 # probably waiting for a peer still computing, and every wake-up costs the core a context
@@ -140,7 +143,8 @@ def _with_progress(ready: Callable[[], bool]) -> Callable[[], bool]:
 
 def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive, sleep) -> None:
     # A background wait naps at once only where the peer's publish wakes it (a futex): a wait on
-    # MPI must keep calling into MPI for a large transfer to progress, so it yields first.
+    # MPI must keep calling into MPI for a large transfer to progress, so it yields first, and
+    # naps only while no core is spare (a woken wait sleeps regardless: its wake-up is prompt).
     woken = sleep is not None
     start_napping = time.monotonic() + (0.0 if woken and getattr(_background, "on", False) else _YIELD_SECONDS)
     longest = _LONGEST_WOKEN_NAP_SECONDS if woken else _LONGEST_NAP_SECONDS
@@ -158,8 +162,11 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
                 if ready():
                     return
         now = time.monotonic()
-        if not nap and now >= start_napping:
-            nap = _FIRST_NAP_SECONDS
+        if now >= start_napping:
+            if woken or not _host_has_a_spare_core():
+                nap = nap or _FIRST_NAP_SECONDS
+            else:
+                nap = 0.0  # back to yielding: nobody needs this core, and the peer's answer is near
         if now > deadline:
             raise PeerTimeout(peer, what)
         if now > next_liveness:
@@ -170,6 +177,29 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
             if notice is not None and now > notice + _NOTICE_GRACE and not ready():
                 raise PeerTimeout(peer, what + " (the launcher reported that a process of this job died)",
                                   dead=True)
+
+
+_cpus = os.cpu_count() or 1
+_loadavg_fd: int | None = None  # /proc/loadavg, opened once (None: not opened yet; -1: unavailable)
+
+
+def _host_has_a_spare_core() -> bool:
+    """Whether this host has no more runnable threads than cores, the caller included (Linux:
+    /proc/loadavg's running count, read in about a microsecond). False where it cannot tell,
+    so a wait then naps as it always did."""
+    global _loadavg_fd
+    if _loadavg_fd is None:
+        try:
+            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY)
+        except OSError:
+            _loadavg_fd = -1
+    if _loadavg_fd < 0:
+        return False
+    try:
+        running = int(os.pread(_loadavg_fd, 128, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return running <= _cpus
 
 
 class Transport(Protocol):
