@@ -15,10 +15,14 @@ gradients cross the MPI link), with and without emulation: examples/train_cnn.py
 under DDP through the ``allreduce`` comm hook (0.1 MB buckets: several allreduces overlap
 backward). Measured: the median step of the slowest rank. Predicted: ddl_triton/scale.py's
 iteration model with the compute time measured in the same job, the layers traced from the
-model on the meta device, and each bucket's allreduce from the fitted model. "Compute" is
-everything but the communication: the same DDP model stepped with a comm hook that returns
-the bucket unchanged (both ranks computing, DDP's bucket copies and bookkeeping included, no
-allreduce). DDP's ``no_sync`` steps, which skip the buckets altogether, are shown beside it.
+model on the meta device, and each bucket's allreduce from the fitted model plus the bucket's
+overhead. "Compute" is everything but the communication: the same DDP model stepped with a
+comm hook that returns the bucket unchanged (both ranks computing, DDP's bucket copies and
+bookkeeping included, no allreduce). DDP's ``no_sync`` steps, which skip the buckets
+altogether, are shown beside it. A bucket's overhead is measured apart, in the condition a
+bucket meets in training: the hook path (scale, hand-off to the communicator's thread, a
+future waited on) issued right after the thread has computed for a while, minus the same
+allreduce called directly back to back, at two bucket sizes, interpolated in bytes.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 EMULATION = "mpi:bw=1GB/s,lat=50us"
+OVERHEAD_SIZES = [16 << 10, 512 << 10]  # where a bucket's overhead is measured (train_cnn's buckets: ~20, ~530 KB)
 
 
 # -- workers (run under ddlrun) ---------------------------------------------------------------------
@@ -117,21 +122,25 @@ def worker_train(steps: int, blocks: int) -> None:
             step(kind)
             times[kind].append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     grads = [p.numel() * 4 for p in net.parameters()]
-    overhead = _hook_overhead(world, comm)
+    overheads = [(nbytes, _hook_overhead(world, comm, nbytes)) for nbytes in OVERHEAD_SIZES]
     if world.rank == 0:
         print("TRAIN " + json.dumps({"step_s": statistics.median(times["sync"]),
                                      "compute_s": statistics.median(times["local"]),
                                      "no_sync_s": statistics.median(times["no_sync"]),
                                      "layers": [[l.name, l.params, l.fwd_macs] for l in layers],
-                                     "grad_bytes": sum(grads), "bucket_overhead_s": overhead}), flush=True)
+                                     "grad_bytes": sum(grads), "bucket_overhead_s": overheads}), flush=True)
     dist.destroy_process_group()
     comm.close()
 
 
-def _hook_overhead(world, comm, nbytes: int = 100_000, calls: int = 200) -> float:
-    """What a DDP bucket costs beside its allreduce on this host, measured in isolation: the
-    allreduce comm hook's path (scale, async issue to the communicator's thread, a future
-    waited on) minus the same allreduce called directly, on a bucket-sized tensor."""
+def _hook_overhead(world, comm, nbytes: int, computed_s: float = 2e-3, calls: int = 40) -> float:
+    """What a DDP bucket of ``nbytes`` costs beside its allreduce on this host, measured apart in
+    the condition a bucket meets in training: the allreduce comm hook's path (scale, async issue to
+    the communicator's thread, a future waited on), issued by a thread that has just computed for
+    ``computed_s`` (the communicator's thread asleep, the GIL and the core to hand over), minus
+    the same allreduce called directly back to back. The slowest rank's median, never below zero.
+    What it leaves out: caches a real backward has cooled (a pass through 64 MB before each call
+    instead made the prediction 2-39% long; how cold a backward leaves them is not measured)."""
     import torch
     from mpi4py import MPI
 
@@ -146,9 +155,29 @@ def _hook_overhead(world, comm, nbytes: int = 100_000, calls: int = 200) -> floa
             return self.t
 
     t = torch.ones(nbytes // 4)
+    a = torch.randn(128, 128)
     direct = _time(world, lambda: comm.allreduce(t), 0.02, 7)
-    via_hook = _time(world, lambda: hooks.allreduce_hook(state, Bucket(t)).wait(), 0.02, 7)
-    return max(0.0, world.allreduce(via_hook - direct, op=MPI.MAX))
+    after_compute = []
+    for _ in range(calls):
+        world.Barrier()
+        start = time.perf_counter()
+        while time.perf_counter() - start < computed_s:
+            torch.mm(a, a)
+        t0 = time.perf_counter()
+        hooks.allreduce_hook(state, Bucket(t)).wait()
+        after_compute.append(time.perf_counter() - t0)
+    return max(0.0, world.allreduce(statistics.median(after_compute) - direct, op=MPI.MAX))
+
+
+def _interpolated(points: list[tuple[int, float]], nbytes: int) -> float:
+    """Linear in bytes through ``points`` ((bytes, seconds), two or more), held flat outside them."""
+    points = sorted(points)
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (b0, s0), (b1, s1) in zip(points, points[1:]):
+        if nbytes <= b1:
+            return s0 + (s1 - s0) * (nbytes - b0) / (b1 - b0)
+    return points[-1][1]
 
 
 def _unchanged_bucket_hook(state, bucket):
@@ -198,8 +227,12 @@ def main() -> int:
         worker_train(args.steps, args.blocks)
         return 0
 
+    import torch
+
     from ddl_triton import scale, simulate
     from ddl_triton.cluster import load
+    from ddl_triton.planner import Planner
+    from ddl_triton.topology import parse
     from ddl_triton.workload import Layer
 
     sizes = SIZES[:4] if args.quick else SIZES
@@ -232,31 +265,31 @@ def main() -> int:
 
     print("\n# training iteration at 2 ranks as two emulated nodes (1x2), train_cnn's CNN, 0.1 MB buckets")
     cluster = load("local")
+    planner = Planner(rank=0, size=2, topology=parse("1x2", 2, 0), link_of=lambda a, b: "mpi", forced="",
+                      slot_bytes=2 << 20)
     for emulation in ("", args.emulation):
         out = _launch(2, "1x2", emulation, "--worker", "train", "--steps", str(args.steps), "--blocks", str(args.blocks))
         got = json.loads(next(line[6:] for line in out.splitlines() if line.startswith("TRAIN ")))
         layers = [Layer(n, p, m) for n, p, m in got["layers"]]
+        overheads = [tuple(point) for point in got["bucket_overhead_s"]]
 
-        def cost(nbytes: int, emulation=emulation) -> float:
-            sizes_ = [s for s in ("ring", "rhd", "one_shot", "two_shot", "tree")]
-            # the planner's choice for this bucket with no table: the built-in model's, as the run had
-            from ddl_triton.planner import Planner
-            from ddl_triton.topology import parse
-            planner = Planner(rank=0, size=2, topology=parse("1x2", 2, 0), link_of=lambda a, b: "mpi", forced="",
-                              slot_bytes=2 << 20)
-            import torch
+        def cost(nbytes: int, emulation=emulation, overheads=overheads) -> float:
+            # the schedule the planner picks for this bucket with no table, as the run had
             choice = planner.plan("allreduce", nbytes, torch.float32).schedule
-            del sizes_
-            return simulate.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0]
+            return simulate.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0] + \
+                _interpolated(overheads, nbytes)
         it = scale.iteration(cluster, layers, 2, "ring", batch=32, compute=got["compute_s"], bucket_mb=0.1,
-                             allreduce=cost, bucket_overhead=got["bucket_overhead_s"])
+                             allreduce=cost, bucket_overhead=0.0)
         err = (it.iteration - got["step_s"]) / got["step_s"]
         results["training"].append({"link": emulation or "-", "measured_ms": got["step_s"] * 1e3,
                                     "compute_ms": got["compute_s"] * 1e3, "no_sync_ms": got["no_sync_s"] * 1e3,
+                                    "bucket_overhead_us": [[b, s * 1e6] for b, s in overheads],
                                     "predicted_ms": it.iteration * 1e3, "error": err})
+        measured_apart = ", ".join(f"{s * 1e6:.0f} us at {b >> 10} KiB" for b, s in overheads)
         print(f"link {emulation or '-':>22}: measured {got['step_s'] * 1e3:.3f} ms/step (compute alone "
-              f"{got['compute_s'] * 1e3:.3f} ms, no_sync {got['no_sync_s'] * 1e3:.3f} ms; {it.buckets} buckets, hook path {got['bucket_overhead_s'] * 1e6:.0f} "
-              f"us per bucket measured apart), predicted {it.iteration * 1e3:.3f} ms, error {err:+.1%}", flush=True)
+              f"{got['compute_s'] * 1e3:.3f} ms, no_sync {got['no_sync_s'] * 1e3:.3f} ms; {it.buckets} buckets, "
+              f"bucket overhead measured apart {measured_apart}), predicted {it.iteration * 1e3:.3f} ms, "
+              f"error {err:+.1%}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
