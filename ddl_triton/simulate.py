@@ -22,7 +22,7 @@ import argparse
 import dataclasses
 import sys
 
-from . import scale
+from . import scale, small_allreduce
 from .cluster import load, local_model
 from .costmodel import Link
 
@@ -132,7 +132,8 @@ def local_allreduce(ranks: int, topology: str, nbytes: int, schedule: str, *, li
     elem = 4
     count, chunk = nbytes // elem, chunk_bytes // elem
     grid, algos = planner.grid_params(schedule, count, chunk, elem)
-    small = schedule == "one_shot" and x == ranks and 0 < nbytes <= 16384  # the small-message path
+    # the small-message lane (every peer on shm, one_shot, up to its limit: ddl_triton/small_allreduce.py)
+    small = schedule == "one_shot" and x == ranks and 0 < nbytes <= small_allreduce.LIMIT_BYTES
     return planner.model_time(schedule, "allreduce", count, chunk, elem, grid, algos, small=small), source
 
 
