@@ -91,7 +91,7 @@ class FlightRecorder:
         self.dump_dir = ""
         self._lock = threading.Lock()
         self._skip = _SKIP + (_torch_dir(),)
-        self._ours: dict = {}  # code object -> whether it belongs to ddl_triton or torch
+        self._ours: dict = {}  # id(code object) -> (the code object, whether it is ddl_triton's or torch's)
         self.dumped: list[str] = []
 
     def configure(self, *, rank: int, size: int, capacity: int, dump_dir: str) -> None:
@@ -114,10 +114,13 @@ class FlightRecorder:
         ours = self._ours
         while frame is not None:
             code = frame.f_code
-            skip = ours.get(code)
-            if skip is None:
-                skip = ours[code] = code.co_filename.startswith(self._skip)
-            if not skip:
+            # Keyed by identity: a code object hashes its whole body, constants and nested code
+            # included (~10 us for a module's top level, which a script's loop runs in). The
+            # entry holds the code object, so its id is not reused while the entry exists.
+            known = ours.get(id(code))
+            if known is None or known[0] is not code:
+                known = ours[id(code)] = (code, code.co_filename.startswith(self._skip))
+            if not known[1]:
                 return code.co_filename, frame.f_lineno
             frame = frame.f_back
         return None

@@ -97,3 +97,30 @@ def test_the_recorder_is_bounded_and_sigusr2_dumps_it(tmp_path):
     assert "ddl_triton[rank 0]: communicator #1 of 2 ranks, topology 2; transport per peer: 0: self, 1: shm" in proc.stderr
     assert "ddl_triton[rank 1]: communicator #1 of 2 ranks, topology 2; transport per peer: 0: shm, 1: self" in proc.stderr
     assert proc.stderr.count("ddl_triton[rank 0]: allreduce of 8 x float32:") == 1, proc.stderr
+
+
+def test_the_call_site_is_the_first_frame_outside_ddl_triton_and_torch_even_for_equal_code():
+    """Code objects compiled from the same text compare (and hash) equal whatever their file; the
+    recorder must still tell a ddl_triton frame from the user's by the frame's own file."""
+    import ddl_triton
+    from ddl_triton.flight import FlightRecorder
+
+    recorder = FlightRecorder()
+    source = "def relay(fn):\n    return fn()\n"
+    inside, outside = {}, {}
+    ours = os.path.join(os.path.dirname(ddl_triton.__file__), "_relay_for_test.py")
+    exec(compile(source, ours, "exec"), inside)
+    exec(compile(source, "/elsewhere/user_script.py", "exec"), outside)
+    assert inside["relay"].__code__ == outside["relay"].__code__  # equal, though not the same file
+
+    def site():
+        return recorder._call_site()  # _call_site skips itself and its caller, as FlightRecorder.issue calls it
+
+    def through(relay):
+        return relay(site)
+
+    # The user's relay is the call site; a ddl_triton relay is skipped, so this test's frame is.
+    assert through(outside["relay"]) == ("/elsewhere/user_script.py", 2)
+    here = through(inside["relay"])
+    assert here[0] == __file__, here
+    assert through(outside["relay"]) == ("/elsewhere/user_script.py", 2)  # cached decisions stay per file
