@@ -1,14 +1,18 @@
 """Validate the simulator where we can measure: predicted against measured, per case.
 
-Run (no launcher: it starts its own jobs):  python bench/validate_simulator.py [--quick] [--json out.json]
+Run (no launcher: it starts its own jobs):  python bench/validate_simulator.py [--quick] [--calibration fresh|cached]
+                                            [--json out.json]
 
 Part 1, allreduce per schedule (fp32, 4 KiB to 64 MiB) at 2 ranks, 4 ranks, 4 ranks as 2x2
 emulated nodes, and 2x2 with the inter-node link emulated slower (``DDL_LINK_EMULATION``,
 default ``mpi:bw=1GB/s,lat=50us``). Measured: each schedule forced (default options, no
 tuning table), interleaved rounds after a barrier, the slowest rank's time per call, the
 median. Predicted: ``python -m ddl_triton.simulate allreduce --cluster local`` (the cost
-model ddl-tune fitted on this host for those ranks and topology, probed if missing, with
-the emulated link added), i.e. ``simulate.local_allreduce``.
+model ddl-tune fitted on this host for those ranks and topology, with the emulated link
+added), i.e. ``simulate.local_allreduce``. By default each layout's model is probed afresh
+(a quick ddl-tune, about a minute) right before its measurements: this host's memory speed
+drifts by up to 3x over minutes at 1-16 MiB, and a model fitted in another state predicts
+that state (``--calibration cached`` uses the cached tables instead).
 
 Part 2, a training iteration at 2 ranks as two emulated nodes (``DDL_TOPOLOGY=1x2``, so the
 gradients cross the MPI link), with and without emulation: examples/train_cnn.py's CNN
@@ -218,6 +222,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="fewer sizes and rounds")
     p.add_argument("--emulation", default=EMULATION)
     p.add_argument("--part", choices=("all", "allreduce", "training"), default="all")
+    p.add_argument("--calibration", choices=("fresh", "cached"), default="fresh",
+                   help="fresh: probe this host again (a quick ddl-tune) right before measuring each layout, "
+                   "since its memory speed drifts over minutes; cached: use the tables in the cache")
     p.add_argument("--json")
     args = p.parse_args()
     if args.worker == "allreduce":
@@ -230,7 +237,7 @@ def main() -> int:
     import torch
 
     from ddl_triton import scale, simulate
-    from ddl_triton.cluster import load
+    from ddl_triton.cluster import load, local_model
     from ddl_triton.planner import Planner
     from ddl_triton.topology import parse
     from ddl_triton.workload import Layer
@@ -243,7 +250,16 @@ def main() -> int:
     print("# allreduce: predicted (fitted model of this host) against measured (forced schedule), fp32")
     print(f"{'ranks':>5} {'topology':>8} {'link':>22} {'schedule':>13} {'bytes':>10} {'measured us':>12} "
           f"{'predicted us':>13} {'error':>7}")
+    calibrated = set()
+
+    def calibrate(ranks: int, topology: str) -> None:
+        """A fresh fitted model for this layout, measured just before the measurements it predicts."""
+        if args.calibration == "fresh" and (ranks, topology) not in calibrated:
+            local_model(ranks, topology, refresh=True)
+            calibrated.add((ranks, topology))
+
     for ranks, topology, emulation in configs if args.part != "training" else []:
+        calibrate(ranks, topology)
         names = flat + (["hierarchical", "multidim"] if topology else [])
         out = _launch(ranks, topology, emulation, "--worker", "allreduce", "--schedules", ",".join(names),
                       "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds))
@@ -261,12 +277,15 @@ def main() -> int:
         print(f"# allreduce cases: {len(errs)}; median |error| {statistics.median(errs):.1%}; within 20%: "
               f"{sum(e <= 0.2 for e in errs)}/{len(errs)}")
     if args.part == "allreduce":
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
         return 0
 
     print("\n# training iteration at 2 ranks as two emulated nodes (1x2), train_cnn's CNN, 0.1 MB buckets")
     cluster = load("local")
     planner = Planner(rank=0, size=2, topology=parse("1x2", 2, 0), link_of=lambda a, b: "mpi", forced="",
                       slot_bytes=2 << 20)
+    calibrate(2, "1x2")
     for emulation in ("", args.emulation):
         out = _launch(2, "1x2", emulation, "--worker", "train", "--steps", str(args.steps), "--blocks", str(args.blocks))
         got = json.loads(next(line[6:] for line in out.splitlines() if line.startswith("TRAIN ")))

@@ -125,26 +125,49 @@ def load(name_or_path: str) -> Cluster:
         if "bucket_overhead_us" in device else 0.0)
 
 
-def local_model(ranks: int, topology: str = "", probe: bool = True) -> tuple[CostModel, str]:
+# Models probed afresh in this process (local_model(refresh=True)), by layout: they serve
+# the later calls here, and never replace a table in the user's tuning cache.
+_refreshed: dict[tuple[int, str], tuple[CostModel, str]] = {}  # (ranks, topology) -> model, source
+
+
+def local_model(ranks: int, topology: str = "", probe: bool = True, refresh: bool = False) -> tuple[CostModel, str]:
     """(the fitted cost model of this host for ``ranks`` on ``topology``, where it came from).
 
     From the cached ddl-tune table whose key matches; without one, a short probe (a quick
-    ddl-tune of allreduce up to 16 MiB under ddlrun, seconds) makes it; without that either,
-    the built-in defaults."""
+    ddl-tune of allreduce up to 64 MiB under ddlrun, about a minute) makes it and caches it;
+    without that either, the built-in defaults. ``refresh``: probe now, whatever the cache
+    holds, into a file of its own, and use that model for this process's later calls too; for
+    a host whose speed drifts, a model is only as good as the host's state when measured."""
+    import tempfile
+
     from . import tuning
     from .costmodel import DEFAULT
 
     key = tuning.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
+    if refresh and probe:
+        with tempfile.TemporaryDirectory() as folder:
+            out = os.path.join(folder, "probe.json")
+            _probe(ranks, topology, ["--no-cache", "--out", out], "probing afresh")
+            table = tuning.load(out) if os.path.exists(out) else None
+        if table is not None and table.model is not None:
+            _refreshed[(ranks, topology)] = (table.model, "fitted by ddl-tune (probed afresh in this process)")
+    if (ranks, topology) in _refreshed:
+        return _refreshed[(ranks, topology)]
     resolved = tuning.resolve("", key)
     if resolved.table is None and probe:
-        ddlrun = Path(sys.executable).with_name("ddlrun")
-        command = [str(ddlrun), "-n", str(ranks)] + (["--topology", topology] if topology else []) + \
-            ["--", sys.executable, "-m", "ddl_triton.tune", "--quick", "--max-bytes", "64M", "--collectives", "allreduce",
-             "--quiet", "--no-validate"]
-        print(f"# no ddl-tune table for {ranks} ranks{' on ' + topology if topology else ''} here: probing with "
-              f"{' '.join(command[3:])}", file=sys.stderr, flush=True)
-        subprocess.run(command, check=False, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        _probe(ranks, topology, [], "no ddl-tune table")
         resolved = tuning.resolve("", key)
     if resolved.table is not None and resolved.table.model is not None:
         return resolved.table.model, f"fitted by ddl-tune ({resolved.source})"
     return DEFAULT, "built-in defaults (no tuning table)"
+
+
+def _probe(ranks: int, topology: str, extra: list[str], why: str) -> None:
+    """A quick ddl-tune of allreduce on ``ranks`` (``topology``) under ddlrun; ``extra`` arguments."""
+    ddlrun = Path(sys.executable).with_name("ddlrun")
+    command = [str(ddlrun), "-n", str(ranks)] + (["--topology", topology] if topology else []) + \
+        ["--", sys.executable, "-m", "ddl_triton.tune", "--quick", "--max-bytes", "64M", "--collectives", "allreduce",
+         "--quiet", "--no-validate", *extra]
+    print(f"# {why} for {ranks} ranks{' on ' + topology if topology else ''} here: probing with "
+          f"{' '.join(command[3:])}", file=sys.stderr, flush=True)
+    subprocess.run(command, check=False, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -116,6 +116,31 @@ def test_the_local_cluster_predicts_from_a_fitted_model():
     assert slower > faster + 2 * (1 << 20) / 4 / 100e6  # at least the emulated wire time of two ring steps
 
 
+def test_a_fresh_probe_serves_this_process_and_leaves_the_tuning_cache_alone(monkeypatch):
+    import dataclasses
+
+    from ddl_triton import cluster, tuning
+    from ddl_triton.costmodel import DEFAULT
+
+    probed = dataclasses.replace(DEFAULT, step_overhead=1.25e-3)  # a model no real probe would fit
+    calls = []
+
+    def fake_probe(ranks, topology, extra, why):
+        calls.append(extra)
+        out = extra[extra.index("--out") + 1]
+        key = tuning.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
+        tuning.TuningTable(key=key, options={"chunk_bytes": 1 << 20, "pipeline_depth": 4}, entries={},
+                           model=probed).save(out)
+
+    monkeypatch.setattr(cluster, "_probe", fake_probe)
+    monkeypatch.setattr(cluster, "_refreshed", {})
+    model, source = cluster.local_model(3, "", refresh=True)
+    assert model.step_overhead == 1.25e-3 and "afresh" in source
+    assert calls and "--no-cache" in calls[0]  # the user's cached table is never replaced
+    assert cluster.local_model(3, "")[0] is model  # later predictions in this process use it
+    assert cluster.local_model(3, "1x3", probe=False)[0] is not model  # another layout: not this one
+
+
 # -- link emulation --------------------------------------------------------------------------------
 def test_link_specs_parse_with_units_and_bad_ones_say_what_is_wrong():
     spec = parse("mpi:bw=1GB/s,lat=50us")
