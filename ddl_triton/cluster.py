@@ -143,7 +143,6 @@ def local_model(ranks: int, topology: str = "", probe: bool = True, refresh: boo
     from . import tuning
     from .costmodel import DEFAULT
 
-    key = tuning.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
     if refresh and probe:
         with tempfile.TemporaryDirectory() as folder:
             out = os.path.join(folder, "probe.json")
@@ -153,6 +152,7 @@ def local_model(ranks: int, topology: str = "", probe: bool = True, refresh: boo
             _refreshed[(ranks, topology)] = (table.model, "fitted by ddl-tune (probed afresh in this process)")
     if (ranks, topology) in _refreshed:
         return _refreshed[(ranks, topology)]
+    key = tuning.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
     resolved = tuning.resolve("", key)
     if resolved.table is None and probe:
         _probe(ranks, topology, [], "no ddl-tune table")
