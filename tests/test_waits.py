@@ -85,3 +85,13 @@ def test_a_napping_wait_still_meets_its_deadline():
         assert time.monotonic() - t0 < 0.3 + 0.25  # the longest nap is well under the slack
     finally:
         base._background.on = False
+
+
+def test_a_process_confined_to_some_cores_never_counts_on_a_spare_one(monkeypatch):
+    # The running count is the whole host's: it says nothing about the cores a pinned process may use.
+    monkeypatch.setattr(base.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(base, "_loadavg_fd", None)
+    monkeypatch.setattr(base, "_cpus", 0)
+    assert base._usable_cpus() == 0
+    assert base._host_has_a_spare_core() is False

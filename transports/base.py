@@ -179,18 +179,20 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
                                   dead=True)
 
 
-_cpus = os.cpu_count() or 1
 _loadavg_fd: int | None = None  # /proc/loadavg, opened once (None: not opened yet; -1: unavailable)
+_cpus = 0  # the cores the host-wide count is compared with (set with the descriptor)
 
 
 def _host_has_a_spare_core() -> bool:
     """Whether this host has no more runnable threads than cores, the caller included (Linux:
     /proc/loadavg's running count, read in about a microsecond). False where it cannot tell,
-    so a wait then naps as it always did."""
-    global _loadavg_fd
+    so a wait then naps as it always did: off Linux, and for a process confined to some of the
+    host's cores (the count is the whole host's, so it says nothing about those cores)."""
+    global _loadavg_fd, _cpus
     if _loadavg_fd is None:
+        _cpus = _usable_cpus()
         try:
-            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY)
+            _loadavg_fd = os.open("/proc/loadavg", os.O_RDONLY) if _cpus else -1
         except OSError:
             _loadavg_fd = -1
     if _loadavg_fd < 0:
@@ -200,6 +202,25 @@ def _host_has_a_spare_core() -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return running <= _cpus
+
+
+def _usable_cpus() -> int:
+    """The host's cores when this process may run on all of them, fewer under a CPU quota
+    (cgroup v2 ``cpu.max``); 0 when it is confined to a subset (pinned by its launcher)."""
+    cpus = os.cpu_count() or 1
+    try:
+        if len(os.sched_getaffinity(0)) < cpus:
+            return 0
+    except (AttributeError, OSError):
+        return 0
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
 class Transport(Protocol):
