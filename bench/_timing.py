@@ -1,6 +1,7 @@
 """One timed measurement, as every benchmark here takes it: a warm call, a barrier so that
 the ranks start together, ``iters`` back-to-back calls, and the slowest rank's time per call
-(an allreduce MAX over the ranks)."""
+(an allreduce MAX over the ranks). Also the DDP comm hook that communicates nothing, the
+baseline against which the benchmarks time DDP's communication."""
 from __future__ import annotations
 
 import time
@@ -16,3 +17,11 @@ def time_per_call(world, run, iters: int) -> float:
     for _ in range(iters):
         run()
     return world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
+
+
+def unchanged_bucket_hook(state, bucket):
+    """A DDP comm hook that communicates nothing: DDP's own bucket work, timed alone."""
+    import torch
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future

@@ -52,6 +52,8 @@ import torch.nn.functional as F
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from _timing import unchanged_bucket_hook  # bench/ is on the path when run as a script
+
 BATCH = 32
 HOOKS = ("allreduce", "fp16", "bf16", "int8", "onebit")
 NO_COMM = "ddp no-comm"
@@ -117,7 +119,7 @@ class _Trainer:
             ddp_options["forward_sync_buffers"] = False  # DDP's only communication besides gradients
         self.model = DDP(net, **ddp_options) if self.ddp else net
         if name == NO_COMM:
-            self.model.register_comm_hook(None, _unchanged_bucket_hook)
+            self.model.register_comm_hook(None, unchanged_bucket_hook)
         elif name.startswith("ddl+"):
             from ddl_triton.torch import hooks
             hook = {"allreduce": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
@@ -146,11 +148,6 @@ class _Trainer:
         return h.hexdigest()
 
 
-def _unchanged_bucket_hook(state, bucket):
-    """A DDP comm hook that communicates nothing: DDP's own bucket work, timed alone."""
-    future = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
 
 
 def _setup(world) -> None:

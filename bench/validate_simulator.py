@@ -85,6 +85,7 @@ def worker_train(steps: int, blocks: int) -> None:
     import ddl_triton as ddl
     from ddl_triton.torch import hooks
     from ddl_triton.workload import layers_from_module
+    from _timing import unchanged_bucket_hook
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     spec = importlib.util.spec_from_file_location("train_cnn", ROOT / "examples" / "train_cnn.py")
@@ -100,7 +101,7 @@ def worker_train(steps: int, blocks: int) -> None:
     model = DDP(net, bucket_cap_mb=0.1)
     model.register_comm_hook(hooks.HookState(comm), hooks.allreduce_hook)
     local = DDP(cnn.build_model(0), bucket_cap_mb=0.1)  # the same DDP, minus the communication
-    local.register_comm_hook(None, _unchanged_bucket_hook)
+    local.register_comm_hook(None, unchanged_bucket_hook)
     opts = {m: torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, local)}
     g = torch.Generator().manual_seed(1)
 
@@ -184,12 +185,6 @@ def _interpolated(points: list[tuple[int, float]], nbytes: int) -> float:
     return points[-1][1]
 
 
-def _unchanged_bucket_hook(state, bucket):
-    """A DDP comm hook that communicates nothing: DDP's own bucket work, timed alone."""
-    import torch
-    future = torch.futures.Future()
-    future.set_result(bucket.buffer())
-    return future
 
 
 class _null:
