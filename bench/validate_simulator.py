@@ -23,10 +23,12 @@ model on the meta device, and each bucket's allreduce from the fitted model plus
 overhead. "Compute" is everything but the communication: the same DDP model stepped with a
 comm hook that returns the bucket unchanged (both ranks computing, DDP's bucket copies and
 bookkeeping included, no allreduce). DDP's ``no_sync`` steps, which skip the buckets
-altogether, are shown beside it. A bucket's overhead is measured apart, in the condition a
-bucket meets in training: the hook path (scale, hand-off to the communicator's thread, a
-future waited on) issued right after the thread has computed for a while, minus the same
-allreduce called directly back to back, at two bucket sizes, interpolated in bytes.
+altogether, are shown beside it. A bucket's overhead is measured apart, in the two conditions
+a bucket meets in training (``_bucket_overheads``): the hook path (scale, hand-off to the
+communicator's thread, a future waited on) issued right after the thread has computed (the
+last bucket), or issued with more computing to follow (a bucket mid-backward, whose exchange
+shares the core with that computing), each minus the same allreduce called directly back to
+back, at two bucket sizes, interpolated in bytes.
 """
 from __future__ import annotations
 
@@ -127,7 +129,7 @@ def worker_train(steps: int, blocks: int) -> None:
             step(kind)
             times[kind].append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     grads = [p.numel() * 4 for p in net.parameters()]
-    overheads = [(nbytes, _hook_overhead(world, comm, nbytes)) for nbytes in OVERHEAD_SIZES]
+    overheads = [(nbytes, *_bucket_overheads(world, comm, nbytes)) for nbytes in OVERHEAD_SIZES]
     if world.rank == 0:
         print("TRAIN " + json.dumps({"step_s": statistics.median(times["sync"]),
                                      "compute_s": statistics.median(times["local"]),
@@ -138,14 +140,19 @@ def worker_train(steps: int, blocks: int) -> None:
     comm.close()
 
 
-def _hook_overhead(world, comm, nbytes: int, computed_s: float = 2e-3, calls: int = 40) -> float:
+def _bucket_overheads(world, comm, nbytes: int, compute_s: float = 1e-3, calls: int = 60) -> tuple[float, float]:
     """What a DDP bucket of ``nbytes`` costs beside its allreduce on this host, measured apart in
-    the condition a bucket meets in training: the allreduce comm hook's path (scale, async issue to
-    the communicator's thread, a future waited on), issued by a thread that has just computed for
-    ``computed_s`` (the communicator's thread asleep, the GIL and the core to hand over), minus
-    the same allreduce called directly back to back. The slowest rank's median, never below zero.
-    What it leaves out: caches a real backward has cooled (a pass through 64 MB before each call
-    instead made the prediction 2-39% long; how cold a backward leaves them is not measured)."""
+    the two conditions a bucket meets in training, as (tail, overlapped) seconds: the allreduce
+    comm hook's path (scale, async issue to the communicator's thread, a future waited on) issued
+    by a thread that has just computed (the last bucket: the communicator's thread asleep, the
+    GIL and the core to hand over), or issued before about ``compute_s`` more of computing (a
+    bucket mid-backward: the communicator's thread and the computing one share the core, and
+    each hop of the exchange waits for the peer's thread to be scheduled). Each is the step's
+    added time against the same computing alone (the same work on every rank, so the ranks
+    drift apart as in training), minus the same allreduce called directly back to back. The
+    slowest rank per call, the median over calls, never below zero. What it leaves out: caches
+    a real backward has cooled (a pass through 64 MB before each call instead made the
+    prediction 2-39% long; how cold a backward leaves them is not measured)."""
     import torch
     from mpi4py import MPI
 
@@ -161,17 +168,31 @@ def _hook_overhead(world, comm, nbytes: int, computed_s: float = 2e-3, calls: in
 
     t = torch.ones(nbytes // 4)
     a = torch.randn(128, 128)
-    direct = _time(world, lambda: comm.allreduce(t), 0.02, 7)
-    after_compute = []
-    for _ in range(calls):
-        world.Barrier()
-        start = time.perf_counter()
-        while time.perf_counter() - start < computed_s:
+
+    def compute(n: int) -> None:
+        for _ in range(n):
             torch.mm(a, a)
-        t0 = time.perf_counter()
-        hooks.allreduce_hook(state, Bucket(t)).wait()
-        after_compute.append(time.perf_counter() - t0)
-    return max(0.0, world.allreduce(statistics.median(after_compute) - direct, op=MPI.MAX))
+
+    start = time.perf_counter()
+    compute(200)
+    n = max(1, int(world.allreduce(compute_s * 200 / (time.perf_counter() - start), op=MPI.MIN)))
+    direct = _time(world, lambda: comm.allreduce(t), 0.02, 7)
+    steps = {"alone": [], "tail": [], "overlapped": []}
+    for _ in range(calls):
+        for kind, times in steps.items():
+            world.Barrier()
+            compute(2 * n)  # the communicator's thread falls asleep, as during a forward pass
+            t0 = time.perf_counter()
+            if kind == "overlapped":
+                future = hooks.allreduce_hook(state, Bucket(t))
+            compute(n)
+            if kind == "tail":
+                future = hooks.allreduce_hook(state, Bucket(t))
+            if kind != "alone":
+                future.wait()
+            times.append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    alone = statistics.median(steps["alone"])
+    return tuple(max(0.0, statistics.median(steps[kind]) - alone - direct) for kind in ("tail", "overlapped"))
 
 
 def _interpolated(points: list[tuple[int, float]], nbytes: int) -> float:
@@ -285,25 +306,27 @@ def main() -> int:
         out = _launch(2, "1x2", emulation, "--worker", "train", "--steps", str(args.steps), "--blocks", str(args.blocks))
         got = json.loads(next(line[6:] for line in out.splitlines() if line.startswith("TRAIN ")))
         layers = [Layer(n, p, m) for n, p, m in got["layers"]]
-        overheads = [tuple(point) for point in got["bucket_overhead_s"]]
+        measured = got["bucket_overhead_s"]  # [bytes, tail seconds, overlapped seconds] per size
+        tail = [(b, t) for b, t, _ in measured]
+        overlapped = [(b, o) for b, _, o in measured]
 
-        def cost(nbytes: int, emulation=emulation, overheads=overheads) -> float:
+        def cost(nbytes: int, emulation=emulation) -> float:
             # the schedule the planner picks for this bucket with no table, as the run had
             choice = planner.plan("allreduce", nbytes, torch.float32).schedule
-            return simulate.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0] + \
-                _interpolated(overheads, nbytes)
+            return simulate.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0]
         it = scale.iteration(cluster, layers, 2, "ring", batch=32, compute=got["compute_s"], bucket_mb=0.1,
-                             allreduce=cost, bucket_overhead=0.0)
+                             allreduce=cost, bucket_overhead=lambda nbytes, tail=tail: _interpolated(tail, nbytes),
+                             overlapped_overhead=lambda nbytes, o=overlapped: _interpolated(o, nbytes))
         err = (it.iteration - got["step_s"]) / got["step_s"]
         results["training"].append({"link": emulation or "-", "measured_ms": got["step_s"] * 1e3,
                                     "compute_ms": got["compute_s"] * 1e3, "no_sync_ms": got["no_sync_s"] * 1e3,
-                                    "bucket_overhead_us": [[b, s * 1e6] for b, s in overheads],
+                                    "bucket_overhead_us": [[b, t * 1e6, o * 1e6] for b, t, o in measured],
                                     "predicted_ms": it.iteration * 1e3, "error": err})
-        measured_apart = ", ".join(f"{s * 1e6:.0f} us at {b >> 10} KiB" for b, s in overheads)
+        measured_apart = ", ".join(f"{b >> 10} KiB {t * 1e6:.0f}/{o * 1e6:.0f} us" for b, t, o in measured)
         print(f"link {emulation or '-':>22}: measured {got['step_s'] * 1e3:.3f} ms/step (compute alone "
               f"{got['compute_s'] * 1e3:.3f} ms, no_sync {got['no_sync_s'] * 1e3:.3f} ms; {it.buckets} buckets, "
-              f"bucket overhead measured apart {measured_apart}), predicted {it.iteration * 1e3:.3f} ms, "
-              f"error {err:+.1%}", flush=True)
+              f"bucket overhead measured apart, last/overlapped: {measured_apart}), predicted "
+              f"{it.iteration * 1e3:.3f} ms, error {err:+.1%}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -183,11 +183,14 @@ def straggler_factor(gpus: int, jitter: float) -> float:
 
 def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *, batch: int,
               compute: float, bucket_mb: float = 25.0, compress: str = "none",
-              allreduce=None, jitter: float = 0.0, bucket_overhead: float | None = None) -> Iteration:
+              allreduce=None, jitter: float = 0.0, bucket_overhead=None, overlapped_overhead=None) -> Iteration:
     """One data-parallel iteration on ``gpus`` GPUs (see the module doc). ``allreduce(nbytes)``
     overrides the allreduce time. ``bucket_overhead``: seconds each bucket costs beside its
     allreduce (the comm hook, the hand-off to the communicator's thread; default the
-    cluster's, measured on this host by bench/validate_simulator.py). ``jitter``: the
+    cluster's), a number or a function of the bucket's bytes. ``overlapped_overhead``: the
+    same for a bucket issued while backward still computes (default: ``bucket_overhead``);
+    where communication shares compute's cores, as on this host, overlapping costs more than
+    the hand-off (bench/validate_simulator.py measures both). ``jitter``: the
     per-GPU compute time's coefficient of variation ([U]; 0 = identical GPUs): every GPU
     count above one computes at the expected pace of its slowest GPU (``straggler_factor``)."""
     ratio = cluster.backward_over_forward
@@ -211,10 +214,12 @@ def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *
         buckets.append((at, size))
     cost = allreduce or (lambda nbytes: allreduce_time(cluster, gpus, nbytes, schedule, compress=compress)[0])
     per_bucket = cluster.bucket_overhead if bucket_overhead is None else bucket_overhead
+    per_overlapped = per_bucket if overlapped_overhead is None else overlapped_overhead
     end, spent = 0.0, 0.0
     if gpus > 1:
         for when, nbytes in buckets:
-            took = cost(nbytes) + per_bucket
+            extra = per_overlapped if when < backward_end else per_bucket
+            took = cost(nbytes) + (extra(nbytes) if callable(extra) else extra)
             end = max(end, when) + took
             spent += took
     finished = max(backward_end, end) if cluster.overlap else backward_end + spent

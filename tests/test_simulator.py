@@ -87,6 +87,19 @@ def test_the_iteration_overlaps_backward_or_not_as_the_cluster_says():
     assert scale.straggler_factor(1, 0.03) == 1.0 and scale.straggler_factor(256, 0.03) > 1.08
 
 
+def test_a_bucket_issued_during_backward_pays_the_overlapped_overhead_and_the_last_the_tail_one():
+    layers = [Layer("a", 1_000_000, 1000), Layer("b", 250_000, 1000)]
+    local = load("local")
+    fixed = lambda nbytes: 0.001  # noqa: E731
+    it = scale.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=0.5, allreduce=fixed,
+                         bucket_overhead=lambda nbytes: nbytes * 1e-9, overlapped_overhead=0.005)
+    # layer b's 1 MB bucket is issued mid-backward (overlapped), layer a's 4 MB one last (tail)
+    assert it.buckets == 2 and it.iteration == pytest.approx(0.03 + 0.001 + 0.005 + 0.001 + 4e6 * 1e-9)
+    same = scale.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=0.5, allreduce=fixed,
+                           bucket_overhead=0.002)
+    assert same.iteration == pytest.approx(0.03 + 2 * (0.001 + 0.002))
+
+
 def test_compression_sends_fewer_bytes_and_pays_its_kernels():
     minsky = load("minsky")
     plain, _ = scale.allreduce_time(minsky, 256, 100 << 20, "multidim")
