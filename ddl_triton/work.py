@@ -6,7 +6,10 @@ synchronous call with nothing queued runs inline on the caller's thread (no
 thread hand-off on the latency path); otherwise it joins the queue and waits.
 Async calls are run by one background thread per communicator, so a training
 thread keeps computing while they progress: every wait in the transports
-yields the GIL.
+yields the GIL. A thread that waits for an async call the background thread has
+not started yet runs it itself, with everything queued before it (in issue
+order, the background thread idle meanwhile): it was going to block anyway, and
+waking the background thread costs a hand-off of the core and the GIL.
 """
 from __future__ import annotations
 
@@ -20,23 +23,35 @@ from .transports.base import run_in_background
 class Work:
     """Handle of an issued collective. ``wait()`` returns its result or raises its error."""
 
-    __slots__ = ("_done", "_result", "_error", "_callbacks", "_lock", "description")
+    __slots__ = ("_done", "_result", "_error", "_callbacks", "_lock", "description", "_runner")
 
-    def __init__(self, description: str):
+    def __init__(self, description: str, runner: "OrderedRunner | None" = None):
         self.description = description
         self._done = threading.Event()
         self._result = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[["Work"], None]] = []
         self._lock = threading.Lock()
+        self._runner = runner  # the queue it waits in, if any (see run_here)
 
     def wait(self, timeout: float | None = None):
-        """Block until complete; return the result tensor or re-raise the collective's error."""
+        """Block until complete; return the result tensor or re-raise the collective's error.
+
+        Without a timeout, a call still queued runs on this thread (see ``run_here``)."""
+        if timeout is None:
+            self.run_here()
         if not self._done.wait(timeout):
             raise TimeoutError(f"{self.description} not complete after {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result
+
+    def run_here(self) -> None:
+        """If this call is still queued and the background thread is idle, run it on the calling
+        thread, after the calls queued before it; otherwise do nothing. The caller is about to
+        block on it: running it here saves waking the background thread."""
+        if self._runner is not None and not self._done.is_set():
+            self._runner._run_until(self)
 
     def is_completed(self) -> bool:
         return self._done.is_set()
@@ -95,7 +110,7 @@ class OrderedRunner:
         return self.submit(job, describe()).wait()
 
     def submit(self, job: Callable[[], object], description: str) -> Work:
-        work = Work(description)
+        work = Work(description, self)
         with self._cond:
             if self._stopping:
                 raise RuntimeError(f"{self._name}: submit after close")
@@ -116,16 +131,31 @@ class OrderedRunner:
                     return
                 job, work = self._queue.popleft()
                 self._running = True
-            try:
-                result = job()
-            except BaseException as e:  # delivered to the waiter, never lost on the thread
-                work._finish(error=e)
-            else:
-                work._finish(result=result)
-            finally:
-                with self._cond:
-                    self._running = False
-                    self._cond.notify_all()
+            self._execute(job, work)
+
+    def _run_until(self, target: Work) -> None:
+        """Run queued jobs on the calling thread, in order, until ``target``'s is done; stop as
+        soon as the background thread is running one (it then runs the rest)."""
+        while not target._done.is_set():
+            with self._cond:
+                if self._running or not self._queue:
+                    return
+                job, work = self._queue.popleft()
+                self._running = True
+            self._execute(job, work)
+
+    def _execute(self, job: Callable[[], object], work: Work) -> None:
+        """Run one dequeued job (``_running`` set) and complete its Work."""
+        try:
+            result = job()
+        except BaseException as e:  # delivered to the waiter, never lost on the thread
+            work._finish(error=e)
+        else:
+            work._finish(result=result)
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
 
     def drain(self) -> None:
         """Wait until every issued job has finished."""

@@ -74,7 +74,8 @@ def test_the_timeline_nests_steps_in_collectives_links_async_issues_and_merges(t
         flows = [e for e in events if e.get("cat") == "ddl.flow"]
         assert {e["ph"] for e in flows} == {"s", "f"}
         runner = [e for e in calls if e["name"] in ("allreduce #4", "allreduce #5", "allreduce #6")]
-        assert {threads[e["tid"]] for e in runner} == {f"ddl_triton-rank{rank}"}  # async: the runner thread
+        # async: the runner thread, or the thread that waited for a call the runner had not started
+        assert len(runner) == 3 and {threads[e["tid"]] for e in runner} <= {f"ddl_triton-rank{rank}", "MainThread"}
     out = tmp_path / "job.json"
     assert trace_cli.main(["merge", str(tmp_path), "-o", str(out)]) == 0
     merged = json.loads(out.read_text())

@@ -62,6 +62,13 @@ class FutureWork(dist.Work):
         self._future = future
         self._promise = promise
         self.source = None  # a receive from any source: a callable giving the sender's rank once done
+        self.parts = ()  # what it is done after: ddl_triton Works or other FutureWorks (see run_here)
+
+    def run_here(self) -> None:
+        """Run, on the calling thread, the queued ddl_triton calls this Work waits for, where no
+        background thread has started them (ddl_triton.work.Work.run_here)."""
+        for part in self.parts:
+            part.run_here()
 
     def _source_rank(self) -> int:
         """The rank a receive from any source got its message from (torch's ``recv(src=None)``)."""
@@ -73,6 +80,7 @@ class FutureWork(dist.Work):
     def wait(self, timeout=None) -> bool:
         """Block until done (ddl_triton's own deadline, DDL_TIMEOUT, bounds the wait); raise its error."""
         try:
+            self.run_here()
             self._future.wait()
         except Exception:
             original = self._promise.error if self._promise is not None else None
@@ -132,6 +140,7 @@ def torch_work(works, outputs, finish=None):
         promise.settle(error, finish, outputs)
 
     _when_all(works, done)
+    work.parts = works
     return work
 
 
@@ -173,7 +182,9 @@ def then(torch_work, outputs, finish=None):
         promise.settle(None, finish, outputs)
 
     torch_work.get_future().add_done_callback(done)
-    return promise.work()
+    work = promise.work()
+    work.parts = (torch_work,)
+    return work
 
 
 def join_torch_works(torch_works, outputs):
@@ -192,5 +203,7 @@ def join_torch_works(torch_works, outputs):
         promise.settle(error, None, outputs)
 
     torch.futures.collect_all([w.get_future() for w in torch_works]).add_done_callback(done)
-    return promise.work()
+    work = promise.work()
+    work.parts = tuple(torch_works)
+    return work
 
