@@ -51,6 +51,11 @@ from .errors import DDLError
 _MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 _POLL_FIRST = 1e-3   # seconds between the first store polls; doubled up to _POLL_MAX (waits yield the CPU)
 _POLL_MAX = 0.05
+# How long a rank that found a world-size mismatch waits for the other ranks it heard from to
+# find it too, before it raises: the rank serving the store (rank 0 under env://) exits when
+# it raises, and a rank that has not read the hello keys yet would then only learn that the
+# store went away, not why.
+_MISMATCH_LINGER = 5.0
 
 
 class BootstrapError(DDLError):
@@ -230,6 +235,7 @@ class StoreBootstrap:
                 if r not in seen:
                     seen[r] = pickle.loads(self.store.get(keys[r]))
                     if seen[r][0] != self.size:
+                        self._linger_after_mismatch(base, [a for a in arrived if a != self.rank])
                         raise ValueError(
                             f"rank {self.rank}: ddl_triton bootstrap: rank {r} (pid {seen[r][2]} on "
                             f"{seen[r][1].split('|')[0]}) was started with world size {seen[r][0]}, this rank "
@@ -238,12 +244,26 @@ class StoreBootstrap:
             extra = f"{base}/{self.size}"
             if self.store.check([extra]):
                 other = pickle.loads(self.store.get(extra))
+                self._linger_after_mismatch(base, [a for a in arrived if a != self.rank] + [self.size])
                 raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: a process started as rank {self.size} "
                                  f"(world size {other[0]}), outside this rank's world of size {self.size}; "
                                  "every rank needs the same WORLD_SIZE (or size=)")
 
         self._wait(keys, list(range(self.size)), "hello (every rank's first contact)", check)
         return [seen[r][1] for r in range(self.size)]
+
+    def _linger_after_mismatch(self, base: str, others: list[int]) -> None:
+        """Say that this rank found a world-size mismatch, then wait (at most _MISMATCH_LINGER
+        seconds) until ``others`` have said so too, so that each names the mismatch itself
+        before the rank serving the store exits. Best effort: a store already gone ends it."""
+        deadline = time.monotonic() + min(_MISMATCH_LINGER, self.timeout)
+        try:
+            self.store.set(f"{base}/mismatch/{self.rank}", b"1")
+            keys = [f"{base}/mismatch/{r}" for r in others]
+            while keys and not self.store.check(keys) and time.monotonic() < deadline:
+                time.sleep(_POLL_FIRST)
+        except RuntimeError:
+            pass
 
     def _wait(self, keys: list[str], ranks: list[int], what: str, check=None) -> None:
         """Return once every key exists; ``check(arrived ranks)`` runs at each poll and may
