@@ -18,6 +18,12 @@ Modes, timed in interleaved rounds (every mode once per round, the order rotatin
 - ``ddp no-comm``: DDP on "ddl" with a comm hook that communicates nothing and no buffer
   broadcast: DDP's own work (autograd hooks, copies into and out of its buckets), the best
   any backend can do under DDP; its replicas diverge, so they are not compared;
+- ``ddp lockstep``: DDP on "ddl" with a comm hook that allreduces 4 bytes per bucket
+  (asynchronously, as a real bucket) and leaves the gradients alone, buffer broadcast on:
+  everything "ddl" does but move the gradients, so ``ddl`` against it is the cost of the
+  gradient bytes, and it against ``ddp no-comm`` the cost of keeping the ranks in step (the
+  slower rank of each step sets the pace; the two ranks compute the same phase at once);
+  its replicas diverge, so they are not compared;
 - ``gloo``: DDP on torch's gloo;
 - ``ddl``: DDP on the "ddl" backend (DDP's own allreduce through the process group);
 - ``ddl+<hook>``: DDP on "ddl" with a comm hook from ddl_triton.torch.hooks.
@@ -57,6 +63,7 @@ from _timing import unchanged_bucket_hook  # bench/ is on the path when run as a
 BATCH = 32
 HOOKS = ("allreduce", "fp16", "bf16", "int8", "onebit")
 NO_COMM = "ddp no-comm"
+LOCKSTEP = "ddp lockstep"
 
 
 class _BasicBlock(nn.Module):
@@ -111,8 +118,8 @@ class _Trainer:
         net = build()
         self.name, self.rank = name, rank
         self.ddp = group is not None
-        # Identical replicas are checked where the mode communicates; "ddp no-comm" diverges.
-        self.synced = self.ddp and name != NO_COMM
+        # Identical replicas are checked where the mode communicates gradients.
+        self.synced = self.ddp and name not in (NO_COMM, LOCKSTEP)
         ddp_options = {"process_group": group, "bucket_cap_mb": bucket_cap_mb,
                        "gradient_as_bucket_view": bucket_view}
         if name == NO_COMM:
@@ -120,6 +127,8 @@ class _Trainer:
         self.model = DDP(net, **ddp_options) if self.ddp else net
         if name == NO_COMM:
             self.model.register_comm_hook(None, unchanged_bucket_hook)
+        elif name == LOCKSTEP:
+            self.model.register_comm_hook(comm, _lockstep_hook)
         elif name.startswith("ddl+"):
             from ddl_triton.torch import hooks
             hook = {"allreduce": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
@@ -148,6 +157,14 @@ class _Trainer:
         return h.hexdigest()
 
 
+
+
+def _lockstep_hook(comm, bucket):
+    """A DDP comm hook that waits for every rank's same bucket (a 4-byte allreduce, issued
+    asynchronously like a real bucket's) and returns the bucket unchanged."""
+    future = torch.futures.Future()
+    comm.allreduce(torch.zeros(1), async_op=True).add_done_callback(lambda _: future.set_result(bucket.buffer()))
+    return future
 
 
 def _setup(world) -> None:
@@ -254,7 +271,7 @@ def main() -> int:
     world = MPI.COMM_WORLD
     if world.size != 2:
         raise SystemExit("train_scaling.py: run it on 2 ranks (ddlrun -n 2 -- python bench/train_scaling.py)")
-    modes = args.modes.split(",") if args.modes else ["1 rank", "2 independent", NO_COMM, "gloo", "ddl"] + \
+    modes = args.modes.split(",") if args.modes else ["1 rank", "2 independent", NO_COMM, LOCKSTEP, "gloo", "ddl"] + \
         [f"ddl+{h}" for h in HOOKS]
     _setup(world)
     results = []

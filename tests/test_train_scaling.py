@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DDLRUN = Path(sys.executable).parent / "ddlrun"
-MODES = ["1 rank", "2 independent", "ddp no-comm", "gloo", "ddl", "ddl+allreduce", "ddl+int8"]
+MODES = ["1 rank", "2 independent", "ddp no-comm", "ddp lockstep", "gloo", "ddl", "ddl+allreduce", "ddl+int8"]
 
 
 def test_train_scaling_runs_every_kind_of_mode(tmp_path):
@@ -30,6 +30,7 @@ def test_train_scaling_runs_every_kind_of_mode(tmp_path):
         assert rows[mode]["step_ms"] > 0 and rows[mode]["efficiency"] > 0, rows[mode]
         assert len(rows[mode]["of_ceiling_rounds"]) == 2, rows[mode]
     assert rows["ddp no-comm"]["identical"] is None  # it communicates nothing: replicas diverge
+    assert rows["ddp lockstep"]["identical"] is None  # it communicates no gradients: the same
     for mode in ("gloo", "ddl", "ddl+allreduce", "ddl+int8"):
         assert rows[mode]["identical"] is True, rows[mode]
     assert "ddp no-comm" in proc.stdout and "NO" not in proc.stdout.split(), proc.stdout
