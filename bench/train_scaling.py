@@ -113,7 +113,7 @@ def _batches(rank: int, count: int = 4):
 class _Trainer:
     """One mode's replica: its own model and optimizer, trained across all rounds."""
 
-    def __init__(self, name: str, build, group, comm, rank: int, bucket_cap_mb: float, bucket_view: bool):
+    def __init__(self, name: str, build, group, comm, rank: int, bucket_cap_mb: float | None, bucket_view: bool):
         torch.manual_seed(0)  # the same initial weights on every rank and in every mode
         net = build()
         self.name, self.rank = name, rank
@@ -182,7 +182,7 @@ def _setup(world) -> None:
     dist.init_process_group("ddl", rank=world.rank, world_size=world.size)
 
 
-def run(model: str, steps: int, rounds: int, modes: list[str], world, bucket_cap_mb: float = 25.0,
+def run(model: str, steps: int, rounds: int, modes: list[str], world, bucket_cap_mb: float | None = None,
         bucket_view: bool = False) -> dict:
     import ddl_triton as ddl
     rank = world.rank
@@ -233,7 +233,7 @@ def run(model: str, steps: int, rounds: int, modes: list[str], world, bucket_cap
                      "of_ceiling_rounds": paired("2 independent", m),
                      "identical": (len(set(digests[m])) == 1) if m in digests else None})
     return {"model": model, "params": params, "batch_per_rank": BATCH, "steps": steps, "rounds": rounds,
-            "ranks": world.size, "gradient_as_bucket_view": bucket_view, "rows": rows}
+            "ranks": world.size, "gradient_as_bucket_view": bucket_view, "bucket_cap_mb": bucket_cap_mb, "rows": rows}
 
 
 def _median_or_none(values: list[float]) -> float | None:
@@ -242,6 +242,7 @@ def _median_or_none(values: list[float]) -> float | None:
 
 def _print(result: dict) -> None:
     view = ", gradient_as_bucket_view" if result["gradient_as_bucket_view"] else ""
+    view += f", bucket cap {result['bucket_cap_mb']} MB" if result["bucket_cap_mb"] is not None else ""
     print(f"# {result['model']}: {result['params'] / 1e6:.2f}M parameters, batch {result['batch_per_rank']} per "
           f"rank, {result['ranks']} ranks, median of {result['rounds']} rounds x {result['steps']} steps{view}")
     print(f"{'mode':>16} {'step ms':>9} {'cpu ms':>8} {'img/s':>8} {'efficiency':>10} {'of ceiling':>10} "
@@ -262,7 +263,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=10, help="short rounds, many of them: the host's noise "
                    "drifts over seconds, and every mode should see the same drift")
     p.add_argument("--modes", default="", help="comma list (default: every mode)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap (its default: 25)")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP's bucket cap (default: DDP's own, 25 MB after a first bucket of 1 MiB; a cap given "
+                   "explicitly applies to the first bucket too)")
     p.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's option: gradients live in its buckets (no copies into or out of them)")
     p.add_argument("--json", default=None)
