@@ -157,8 +157,6 @@ class _Trainer:
         return h.hexdigest()
 
 
-
-
 def _lockstep_hook(comm, bucket):
     """A DDP comm hook that waits for every rank's same bucket (a 4-byte allreduce, issued
     asynchronously like a real bucket's) and returns the bucket unchanged."""

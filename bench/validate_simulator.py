@@ -206,8 +206,6 @@ def _interpolated(points: list[tuple[int, float]], nbytes: int) -> float:
     return points[-1][1]
 
 
-
-
 class _null:
     def __enter__(self):
         return self
