@@ -10,12 +10,20 @@ yields the GIL. A thread that waits for an async call the background thread has
 not started yet runs it itself, with everything queued before it (in issue
 order, the background thread idle meanwhile): it was going to block anyway, and
 waking the background thread costs a hand-off of the core and the GIL.
+
+An issuer may also ask that the background thread not be woken for a call yet
+(``OrderedRunner.waking_later``): the call waits in the queue until ``release()``
+of its Work, a ``wait()`` on it, a later call, or ``drain``. The torch backend
+does this for calls DDP's C++ reducer makes in backward, which asks for the
+call's future right after issuing it: a thread woken in between takes the GIL,
+and backward would wait for it (ddl_triton/torch/process_group.py).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterator
 
 from .transports.base import run_in_background
 
@@ -40,6 +48,8 @@ class Work:
         Without a timeout, a call still queued runs on this thread (see ``run_here``)."""
         if timeout is None:
             self.run_here()
+        else:
+            self.release()
         if not self._done.wait(timeout):
             raise TimeoutError(f"{self.description} not complete after {timeout} s")
         if self._error is not None:
@@ -53,8 +63,17 @@ class Work:
         if self._runner is not None and not self._done.is_set():
             self._runner._run_until(self)
 
+    def release(self) -> None:
+        """Wake the background thread for this call if it was issued ``waking_later`` and no one
+        has woken it since; otherwise do nothing."""
+        if self._runner is not None and not self._done.is_set():
+            self._runner._wake_if_held()
+
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        if self._done.is_set():
+            return True
+        self.release()  # a caller polling it expects progress
+        return False
 
     def result(self):
         return self.wait()
@@ -93,6 +112,8 @@ class OrderedRunner:
         self._running = False  # a job is executing (inline or on the thread)
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._held = False  # queued calls the background thread was not woken for
+        self._issuer = threading.local()  # .later: this thread issues waking_later
 
     def run_sync(self, job: Callable[[], object], describe: Callable[[], str]):
         """Run ``job`` after everything issued before it; return its result."""
@@ -110,6 +131,8 @@ class OrderedRunner:
         return self.submit(job, describe()).wait()
 
     def submit(self, job: Callable[[], object], description: str) -> Work:
+        """Queue ``job``; the background thread runs it after everything queued before it. Inside
+        ``waking_later`` the thread, if idle, is not woken for it (see ``Work.release``)."""
         work = Work(description, self)
         with self._cond:
             if self._stopping:
@@ -118,8 +141,29 @@ class OrderedRunner:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            if getattr(self._issuer, "later", False):
+                self._held = True
+            else:
+                self._held = False
+                self._cond.notify_all()
         return work
+
+    @contextlib.contextmanager
+    def waking_later(self) -> Iterator[None]:
+        """Calls this thread submits inside the block do not wake the background thread; it runs
+        them once woken by ``Work.release()`` (or ``wait()``) of any of them, by a later call,
+        or by ``drain``. For an issuer that asks for the result's future right after issuing."""
+        self._issuer.later = True
+        try:
+            yield
+        finally:
+            self._issuer.later = False
+
+    def _wake_if_held(self) -> None:
+        if self._held:  # read without the lock: a stale True costs one spare notify
+            with self._cond:
+                self._held = False
+                self._cond.notify_all()
 
     def _loop(self) -> None:
         run_in_background()  # waits on this thread nap instead of competing for the application's cores
@@ -160,6 +204,8 @@ class OrderedRunner:
     def drain(self) -> None:
         """Wait until every issued job has finished."""
         with self._cond:
+            self._held = False
+            self._cond.notify_all()
             while self._queue or self._running:
                 self._cond.wait()
 

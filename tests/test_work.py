@@ -3,6 +3,7 @@ what the background thread has not started."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -101,3 +102,64 @@ def test_a_torch_work_waited_on_runs_its_calls_on_the_waiting_thread(runner):
     joined = futures.join_torch_works([outer], [t])
     assert joined.wait()
     assert ran == [("x", threading.current_thread().name)] and torch.equal(t, torch.full((2,), 3.0))
+
+
+def _idle_runner(name: str, ran: list) -> OrderedRunner:
+    """A runner whose background thread exists and sits idle, waiting to be woken."""
+    r = OrderedRunner(name)
+    assert r.submit(_job(ran, "warm-up"), "warm-up").wait(timeout=5) == "warm-up"
+    time.sleep(0.05)  # the thread is back in its wait for work
+    return r
+
+
+@pytest.mark.parametrize("how", ["release", "wait with a timeout", "is_completed", "a later call", "drain"])
+def test_a_call_issued_waking_later_runs_once_something_asks_for_it(how):
+    ran = []
+    r = _idle_runner("held-runner", ran)
+    with r.waking_later():
+        held = r.submit(_job(ran, "held"), "held")
+    time.sleep(0.1)
+    assert [name for name, _ in ran] == ["warm-up"], "the idle thread was woken for a call issued waking_later"
+    if how == "release":
+        held.release()
+    elif how == "wait with a timeout":
+        assert held.wait(timeout=5) == "held"
+    elif how == "is_completed":
+        deadline = time.monotonic() + 5
+        while not held.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)
+    elif how == "a later call":
+        assert r.submit(_job(ran, "later"), "later").wait(timeout=5) == "later"
+    else:
+        r.drain()
+    assert held.wait(timeout=5) == "held"
+    assert ran[1] == ("held", "held-runner")  # run by the background thread, before any later call
+    r.close()
+
+
+def test_waking_later_applies_to_the_issuing_thread_and_block_only():
+    ran = []
+    r = _idle_runner("held-runner-2", ran)
+    with r.waking_later():
+        other = []
+        t = threading.Thread(target=lambda: other.append(r.submit(_job(ran, "other thread"), "other thread")))
+        t.start()
+        t.join()
+    assert other[0].wait(timeout=5) == "other thread"
+    with r.waking_later():
+        pass
+    assert r.submit(_job(ran, "after the block"), "after").wait(timeout=5) == "after the block"
+    r.close()
+
+
+def test_get_future_of_a_torch_work_wakes_its_calls():
+    ran = []
+    r = _idle_runner("held-runner-3", ran)
+    t = torch.ones(2)
+    with r.waking_later():
+        work = futures.torch_work(lambda: [r.submit(_job(ran, "x"), "x")], [t])
+    time.sleep(0.1)
+    assert [name for name, _ in ran] == ["warm-up"], "the idle thread was woken for a call issued waking_later"
+    future = work.get_future()
+    assert future.wait()[0] is t and ran[-1] == ("x", "held-runner-3")
+    r.close()

@@ -28,6 +28,7 @@ import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import ddl_triton.torch  # noqa: E402  (registers the backend)
+from ddl_triton.work import OrderedRunner  # noqa: E402
 from _report import gather_and_report  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor & co. are "deprecated" in 2.13
@@ -400,9 +401,33 @@ def check_training(ck: Checker, r: int, w: int) -> None:
         ck.true("local-only training differs from the reference", worst > 100 * RTOL, f"only {worst:.3g}")
 
     # DDP on "ddl": a rank-specific init (DDP broadcasts rank 0's), one bucket per parameter.
-    model = make_model(0 if r == 0 else 100 + r)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1e-4)
-    close(ck, "DDP on ddl", train(ddp, xs, ys, shard), ref)
+    # DDP's reducer issues each bucket from C++ in backward, then asks for its future: those
+    # calls are issued without waking the communicator's thread (get_future wakes it); a
+    # Python-API call made in backward (from a tensor hook) wakes it at once.
+    held = []
+    waking_later = OrderedRunner.waking_later
+    OrderedRunner.waking_later = lambda self: (held.append(1), waking_later(self))[1]
+    try:
+        model = make_model(0 if r == 0 else 100 + r)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1e-4)
+        close(ck, "DDP on ddl", train(ddp, xs, ys, shard), ref)
+        ck.true("DDP's buckets are issued waking the thread later", len(held) >= STEPS, f"{len(held)} held")
+        before = len(held)
+        x = torch.ones(3, requires_grad=True)
+        summed = []
+
+        def python_api_in_backward(grad):
+            summed.append(dist.all_reduce(grad.clone(), async_op=True).get_future().wait()[0])
+            return grad
+
+        y = x * 2
+        y.register_hook(python_api_in_backward)
+        y.sum().backward()
+        ck.equal("all_reduce from a hook in backward", summed[0], torch.full((3,), float(w)))  # grad of y.sum() is 1
+        ck.true("a Python-API call in backward wakes the thread at once", len(held) == before,
+                f"{len(held) - before} held")
+    finally:
+        OrderedRunner.waking_later = waking_later
 
     # DDP on gloo, with the plain allreduce comm hook, through the shared default store.
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

@@ -70,6 +70,12 @@ class FutureWork(dist.Work):
         for part in self.parts:
             part.run_here()
 
+    def release(self) -> None:
+        """Wake the background thread for the calls this Work waits for, where they were issued
+        without waking it (ddl_triton.work.Work.release)."""
+        for part in self.parts:
+            part.release()
+
     def _source_rank(self) -> int:
         """The rank a receive from any source got its message from (torch's ``recv(src=None)``)."""
         self.wait()
@@ -90,10 +96,14 @@ class FutureWork(dist.Work):
         return True
 
     def get_future(self):
+        self.release()  # whoever asks for the future will wait for it
         return self._future
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        if self._future.done():
+            return True
+        self.release()  # a caller polling it expects progress
+        return False
 
     def is_success(self) -> bool:
         if not self._future.done():
