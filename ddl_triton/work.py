@@ -98,7 +98,7 @@ class Work:
             fn(self)
 
     def __repr__(self) -> str:
-        state = "done" if self.is_completed() else "pending"
+        state = "done" if self._done.is_set() else "pending"
         return f"Work({self.description}, {state})"
 
 
@@ -160,7 +160,7 @@ class OrderedRunner:
             self._issuer.later = False
 
     def _wake_if_held(self) -> None:
-        if self._held:  # read without the lock: a stale True costs one spare notify
+        if self._held:  # checked before taking the lock: nothing held is the common case
             with self._cond:
                 self._held = False
                 self._cond.notify_all()
