@@ -203,9 +203,8 @@ class OrderedRunner:
 
     def drain(self) -> None:
         """Wait until every issued job has finished."""
+        self._wake_if_held()
         with self._cond:
-            self._held = False
-            self._cond.notify_all()
             while self._queue or self._running:
                 self._cond.wait()
 

@@ -22,6 +22,7 @@ torch through ddl_triton/torch/backend.py, never directly.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -361,13 +362,12 @@ class DdlProcessGroup(dist.ProcessGroup):
             if finish is not None:
                 finish()
             return completed_work(outputs)
-        if not _called_from_cpp_backward():
-            return torch_work(lambda: [call(True) for call in calls], outputs, finish)
-        # DDP's reducer: it asks for the Work's future right after this returns, through a
-        # second call into Python. Woken now, the communicator's thread would take the GIL
-        # and backward would wait for it (0.4-0.7 ms per bucket on a busy core); get_future
-        # wakes it instead (as do wait, is_completed and any later call).
-        with self._comm._runner.waking_later():
+        # DDP's reducer asks for the Work's future right after this returns, through a second
+        # call into Python. Woken now, the communicator's thread would take the GIL and backward
+        # would wait for it (0.4-0.7 ms per bucket on a busy core); get_future wakes it instead
+        # (as do wait, is_completed and any later call).
+        issuing = self._comm._runner.waking_later() if _called_from_cpp_backward() else contextlib.nullcontext()
+        with issuing:
             return torch_work(lambda: [call(True) for call in calls], outputs, finish)
 
     def _alltoallv(self, outputs, inputs, out_splits, in_splits, opts, per_tensor=False):
