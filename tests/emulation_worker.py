@@ -8,6 +8,7 @@ import time
 import torch
 
 import ddl_triton as ddl
+from _report import print_line
 
 comm = ddl.init()
 x = torch.arange(250_000, dtype=torch.int64) * (comm.rank + 1)   # 2 MB
@@ -16,6 +17,6 @@ comm.allreduce(x)
 took = time.monotonic() - t0
 exact = torch.equal(x, torch.arange(250_000, dtype=torch.int64) * sum(range(1, comm.size + 1)))
 # Whatever the schedule, at least one message of this rank's share crosses the 10 MB/s link after 20 ms.
-print(f"EMULATED rank={comm.rank} exact={exact} seconds={took:.3f}", flush=True)
+print_line(f"EMULATED rank={comm.rank} exact={exact} seconds={took:.3f}")
 ddl.finalize()
 sys.exit(0 if exact else 1)

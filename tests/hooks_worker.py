@@ -47,6 +47,7 @@ import ddl_triton as ddl
 from ddl_triton import compressed
 from ddl_triton.kernels import dequantize_int8, quantize_int8
 from ddl_triton.torch import hooks
+from _report import print_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,7 +95,7 @@ class _Checker:
         self.checks += 1
         if not ok:
             self.failures += 1
-            print(f"FAIL rank {self.rank}: {what}", flush=True)
+            print_line(f"FAIL rank {self.rank}: {what}")
 
 
 def _bytes(comm) -> tuple[int, int]:

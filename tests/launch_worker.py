@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 import ddl_triton
 import ddl_triton.torch  # noqa: F401  (registers "ddl")
+from _report import print_line
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -160,12 +161,12 @@ def run_init() -> int:
         comm.barrier()
         t = torch.full((3,), comm.rank + 1, dtype=torch.int64)
         comm.allreduce(t)
-        print(f"launch_worker init: rank {comm.rank} of {comm.size}: allreduce gave {t.tolist()}", flush=True)
+        print_line(f"launch_worker init: rank {comm.rank} of {comm.size}: allreduce gave {t.tolist()}")
         ddl_triton.finalize()
         return 0
     except Exception as e:  # noqa: BLE001
-        print(f"launch_worker init: rank {rank} raised after {time.monotonic() - t0:.1f} s: "
-              f"{type(e).__name__}: {e}", flush=True)
+        print_line(f"launch_worker init: rank {rank} raised after {time.monotonic() - t0:.1f} s: "
+                   f"{type(e).__name__}: {e}")
         return 3
 
 
@@ -177,9 +178,9 @@ def run_mismatch() -> int:
     try:
         comm.allreduce(torch.ones(10 + (comm.rank == comm.size - 1)))  # the last rank calls another size
     except ddl_triton.DDLError as e:
-        print(f"launch_worker mismatch: rank {comm.rank}: {type(e).__name__}: {e}", flush=True)
+        print_line(f"launch_worker mismatch: rank {comm.rank}: {type(e).__name__}: {e}")
         return 0
-    print(f"launch_worker mismatch: rank {comm.rank} raised nothing", flush=True)
+    print_line(f"launch_worker mismatch: rank {comm.rank} raised nothing")
     return 2
 
 
@@ -195,11 +196,11 @@ def run_die() -> int:
         try:
             comm.allreduce(t)
         except ddl_triton.DDLError as e:
-            print(f"launch_worker die: rank {comm.rank} noticed after {time.monotonic() - t0:.2f} s: "
-                  f"{type(e).__name__}: {e}", flush=True)
+            print_line(f"launch_worker die: rank {comm.rank} noticed after {time.monotonic() - t0:.2f} s: "
+                       f"{type(e).__name__}: {e}")
             return 1
         time.sleep(0.01)
-    print(f"launch_worker die: rank {comm.rank} never noticed", flush=True)
+    print_line(f"launch_worker die: rank {comm.rank} never noticed")
     return 2
 
 

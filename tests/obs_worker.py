@@ -16,6 +16,7 @@ import time
 import torch
 
 import ddl_triton as ddl
+from _report import print_line
 
 
 def hang(comm) -> None:
@@ -46,8 +47,7 @@ def traced(comm) -> None:
     with torch.profiler.profile() as prof:
         comm.allreduce(torch.ones(4096))
     names = [e.name for e in prof.events()]
-    print(f"PROFILER rank={comm.rank} saw={any(n.startswith('ddl:allreduce(sum, 4096 x float32)') for n in names)}",
-          flush=True)
+    print_line(f"PROFILER rank={comm.rank} saw={any(n.startswith('ddl:allreduce(sum, 4096 x float32)') for n in names)}")
 
 
 def bounded(comm) -> None:
@@ -59,8 +59,7 @@ def bounded(comm) -> None:
     with open(os.path.join(os.environ["DDL_DUMP_DIR"], f"flight-rank{comm.rank}.json")) as f:
         dump = json.load(f)
     seqs = [r["seq"] for r in dump["records"]]
-    print(f"BOUNDED rank={comm.rank} reason={dump['reason']} records={len(seqs)} first={seqs[0]} last={seqs[-1]}",
-          flush=True)
+    print_line(f"BOUNDED rank={comm.rank} reason={dump['reason']} records={len(seqs)} first={seqs[0]} last={seqs[-1]}")
 
 
 def main() -> int:

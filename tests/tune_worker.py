@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 import ddl_triton as ddl
 from ddl_triton import tuning
+from _report import print_line
 
 world = MPI.COMM_WORLD
 failures = 0
@@ -24,7 +25,7 @@ failures = 0
 def report(name: str, ok: bool, detail: str) -> None:
     global failures
     failures += not ok
-    print(f"CASE {name} rank={world.rank} ok={int(ok)} detail={detail}", flush=True)
+    print_line(f"CASE {name} rank={world.rank} ok={int(ok)} detail={detail}")
 
 
 def expect_error(name: str, kind, needle: str, **options) -> None:
