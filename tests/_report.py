@@ -18,7 +18,8 @@ def print_line(text: str) -> None:
 def gather_and_report(heading: str, failures: list[str], cases: int, comm=None) -> int:
     """Rank 0 prints up to 50 failures and ``"<heading>, <cases> checks, <k> failures"``;
     returns the exit status (1 on rank 0 if any rank failed)."""
-    from mpi4py import MPI  # here, not at the top: importing it starts MPI, and print_line's users may not run under MPI
+    # Imported here, not at the top: importing it starts MPI, and print_line's users may not run under MPI.
+    from mpi4py import MPI
     comm = comm or MPI.COMM_WORLD
     every = comm.gather(failures, root=0)
     total = comm.reduce(cases, op=MPI.SUM, root=0)
