@@ -17,18 +17,18 @@ import torch
 from mpi4py import MPI
 
 import ddl_triton as ddl
+from _report import print_line
 
 
 def report(case: str, rank: int, error: BaseException | None, seconds: float, to_file: str = "") -> None:
     name = type(error).__name__ if error is not None else "none"
     msg = str(error).splitlines()[0] if error is not None else ""
-    line = f"FAULT case={case} rank={rank} error={name} seconds={seconds:.2f} msg={msg}\n"
+    line = f"FAULT case={case} rank={rank} error={name} seconds={seconds:.2f} msg={msg}"
     if to_file:  # also keep a file, written whole (rename) so that a reader never sees half a line
         with open(f"{to_file}.rank{rank}.tmp", "w") as f:
-            f.write(line)
+            f.write(line + "\n")
         os.replace(f"{to_file}.rank{rank}.tmp", f"{to_file}.rank{rank}")
-    sys.stdout.write(line)
-    sys.stdout.flush()
+    print_line(line)
 
 
 def mismatch_cases(rank: int, size: int):

@@ -47,7 +47,8 @@ def traced(comm) -> None:
     with torch.profiler.profile() as prof:
         comm.allreduce(torch.ones(4096))
     names = [e.name for e in prof.events()]
-    print_line(f"PROFILER rank={comm.rank} saw={any(n.startswith('ddl:allreduce(sum, 4096 x float32)') for n in names)}")
+    saw = any(n.startswith('ddl:allreduce(sum, 4096 x float32)') for n in names)
+    print_line(f"PROFILER rank={comm.rank} saw={saw}")
 
 
 def bounded(comm) -> None:
