@@ -38,6 +38,7 @@ otherwise an explicit store, torch's default process group's store, or the stand
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -56,6 +57,7 @@ _POLL_MAX = 0.05
 # it raises, and a rank that has not read the hello keys yet would then only learn that the
 # store went away, not why.
 _MISMATCH_LINGER = 5.0
+_HELLO = "hello (every rank's first contact)"
 
 
 class BootstrapError(DDLError):
@@ -169,10 +171,11 @@ class StoreBootstrap:
 
     def bcast(self, obj, root: int = 0):
         key = self._namespace("bcast")
-        if self.rank == root:
-            self.store.set(key, pickle.dumps(obj))
-        self._wait([key], [root], "bcast")
-        return pickle.loads(self.store.get(key))
+        with self._store_calls("bcast"):
+            if self.rank == root:
+                self.store.set(key, pickle.dumps(obj))
+            self._wait([key], [root], "bcast")
+            return pickle.loads(self.store.get(key))
 
     def barrier(self) -> None:
         self._exchange(b"", "barrier")
@@ -211,46 +214,64 @@ class StoreBootstrap:
         self._step += 1
         return f"{self.prefix}/{self._step}-{what}"
 
+    @contextlib.contextmanager
+    def _store_calls(self, what: str):
+        """Around a step's store calls: a store that went away (torch's DistNetworkError & co.)
+        becomes a BootstrapError that names this rank, the step and the likely cause. Any call
+        can meet it, the first as well as the last: the rank serving the store exits when it
+        fails, for example at its own deadline."""
+        try:
+            yield
+        except DDLError:
+            raise
+        except RuntimeError as e:
+            raise BootstrapError(
+                f"rank {self.rank}: ddl_triton bootstrap ({what}): lost the store ({str(e).splitlines()[0]}); "
+                "the process serving it (rank 0 under torchrun's env:// or RANK/MASTER_PORT) has probably "
+                "exited: see its error") from None
+
     def _exchange(self, value: bytes, what: str) -> list[bytes]:
         base = self._namespace(what)
-        self.store.set(f"{base}/{self.rank}", value)
         keys = [f"{base}/{r}" for r in range(self.size)]
-        self._wait(keys, list(range(self.size)), what)
-        return [self.store.get(k) for k in keys]
+        with self._store_calls(what):
+            self.store.set(f"{base}/{self.rank}", value)
+            self._wait(keys, list(range(self.size)), what)
+            return [self.store.get(k) for k in keys]
 
     def _hello(self, host: str) -> list[str]:
         """Post (size, host, pid); return every rank's host once all have posted the same size."""
         base = self._namespace("hello")
-        claims = self.store.add(f"{base}/claims/{self.rank}", 1)
-        me = pickle.dumps((self.size, host, os.getpid()))
-        self.store.set(f"{base}/{self.rank}", me)
-        if claims > 1:
-            raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: another process already started as "
-                             f"rank {self.rank} on this store; every process needs its own RANK")
-        keys = [f"{base}/{r}" for r in range(self.size)]
-        seen: dict[int, tuple] = {}
+        with self._store_calls(_HELLO):
+            claims = self.store.add(f"{base}/claims/{self.rank}", 1)
+            me = pickle.dumps((self.size, host, os.getpid()))
+            self.store.set(f"{base}/{self.rank}", me)
+            if claims > 1:
+                raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: another process already started as "
+                                 f"rank {self.rank} on this store; every process needs its own RANK")
+            keys = [f"{base}/{r}" for r in range(self.size)]
+            seen: dict[int, tuple] = {}
 
-        def check(arrived: list[int]) -> None:
-            for r in arrived:
-                if r not in seen:
-                    seen[r] = pickle.loads(self.store.get(keys[r]))
-                    if seen[r][0] != self.size:
-                        self._linger_after_mismatch(base, [a for a in arrived if a != self.rank])
-                        raise ValueError(
-                            f"rank {self.rank}: ddl_triton bootstrap: rank {r} (pid {seen[r][2]} on "
-                            f"{seen[r][1].split('|')[0]}) was started with world size {seen[r][0]}, this rank "
-                            f"with {self.size}; every rank needs the same WORLD_SIZE (or size=)")
-            # A rank told of a larger world than ours writes a key we never wait for: look for it too.
-            extra = f"{base}/{self.size}"
-            if self.store.check([extra]):
-                other = pickle.loads(self.store.get(extra))
-                self._linger_after_mismatch(base, [a for a in arrived if a != self.rank] + [self.size])
-                raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: a process started as rank {self.size} "
-                                 f"(world size {other[0]}), outside this rank's world of size {self.size}; "
-                                 "every rank needs the same WORLD_SIZE (or size=)")
+            def check(arrived: list[int]) -> None:
+                for r in arrived:
+                    if r not in seen:
+                        seen[r] = pickle.loads(self.store.get(keys[r]))
+                        if seen[r][0] != self.size:
+                            self._linger_after_mismatch(base, [a for a in arrived if a != self.rank])
+                            raise ValueError(
+                                f"rank {self.rank}: ddl_triton bootstrap: rank {r} (pid {seen[r][2]} on "
+                                f"{seen[r][1].split('|')[0]}) was started with world size {seen[r][0]}, this rank "
+                                f"with {self.size}; every rank needs the same WORLD_SIZE (or size=)")
+                # A rank told of a larger world than ours writes a key we never wait for: look for it too.
+                extra = f"{base}/{self.size}"
+                if self.store.check([extra]):
+                    other = pickle.loads(self.store.get(extra))
+                    self._linger_after_mismatch(base, [a for a in arrived if a != self.rank] + [self.size])
+                    raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: a process started as rank {self.size} "
+                                     f"(world size {other[0]}), outside this rank's world of size {self.size}; "
+                                     "every rank needs the same WORLD_SIZE (or size=)")
 
-        self._wait(keys, list(range(self.size)), "hello (every rank's first contact)", check)
-        return [seen[r][1] for r in range(self.size)]
+            self._wait(keys, list(range(self.size)), _HELLO, check)
+            return [seen[r][1] for r in range(self.size)]
 
     def _linger_after_mismatch(self, base: str, others: list[int]) -> None:
         """Say that this rank found a world-size mismatch, then wait (at most _MISMATCH_LINGER
@@ -267,19 +288,14 @@ class StoreBootstrap:
 
     def _wait(self, keys: list[str], ranks: list[int], what: str, check=None) -> None:
         """Return once every key exists; ``check(arrived ranks)`` runs at each poll and may
-        raise. Past ``timeout``: BootstrapTimeout naming the ranks not heard from."""
+        raise. Past ``timeout``: BootstrapTimeout naming the ranks not heard from. Callers
+        hold ``_store_calls``."""
         deadline = time.monotonic() + self.timeout
         pause = _POLL_FIRST
         while True:
-            try:
-                if check is None and self.store.check(keys):
-                    return  # the common case: one round trip
-                present = [self.store.check([k]) for k in keys]
-            except RuntimeError as e:  # torch's DistNetworkError & co.
-                raise BootstrapError(
-                    f"rank {self.rank}: ddl_triton bootstrap ({what}): lost the store ({str(e).splitlines()[0]}); "
-                    "the process serving it (rank 0 under torchrun's env:// or RANK/MASTER_PORT) has probably "
-                    "exited: see its error") from None
+            if check is None and self.store.check(keys):
+                return  # the common case: one round trip
+            present = [self.store.check([k]) for k in keys]
             if check is not None:
                 check([r for r, p in zip(ranks, present) if p])
             if all(present):
@@ -311,7 +327,8 @@ def store_from_env(timeout: float, environ=None):
     ``env://`` reads them. Rank 0 serves a TCPStore on MASTER_PORT (unless torchrun's agent
     already serves one there: TORCHELASTIC_USE_AGENT_STORE), the others connect to it.
     Nobody waits for the others here: the bootstrap's first step does, bounded by ``timeout``,
-    and names what is wrong. ValueError names a missing or malformed variable."""
+    and names what is wrong. ValueError names a missing or malformed variable; BootstrapError
+    a store this rank can neither serve (the port is taken) nor reach (within ``timeout``)."""
     import torch.distributed as dist
 
     env = os.environ if environ is None else environ
@@ -328,6 +345,15 @@ def store_from_env(timeout: float, environ=None):
     if size < 1 or not 0 <= rank < size:
         raise ValueError(f"rank {rank}: ddl_triton.init: RANK={rank} is not a rank of WORLD_SIZE={size}")
     serve = rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-    store = dist.TCPStore(env["MASTER_ADDR"], port, size, serve, timedelta(seconds=timeout),
-                          wait_for_workers=False)
+    address = f"{env['MASTER_ADDR']}:{port}"
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], port, size, serve, timedelta(seconds=timeout),
+                              wait_for_workers=False)
+    except RuntimeError as e:  # torch's DistNetworkError: its text says what the socket met, not who we are
+        if serve:
+            raise BootstrapError(f"rank {rank}: ddl_triton.init: cannot serve the store on {address} "
+                                 f"({str(e).splitlines()[0]}); choose a free MASTER_PORT") from None
+        raise BootstrapError(f"rank {rank}: ddl_triton.init: could not reach the store at {address} "
+                             f"({str(e).splitlines()[0]}); is rank 0 running, with the same MASTER_ADDR and "
+                             "MASTER_PORT?") from None
     return store, rank, size

@@ -113,7 +113,8 @@ def test_rank_that_never_arrives_is_named_at_the_deadline():
     outs, codes, elapsed = _ranks([3, 3], "init", DDL_TIMEOUT="4")
     assert codes == [3, 3], outs
     assert "BootstrapTimeout" in outs[0] and "rank(s) 2 of 3 never arrived" in outs[0], outs[0]
-    assert "Bootstrap" in outs[1], outs[1]  # its own timeout, or the store gone with rank 0
+    # Its own timeout, or the store gone with rank 0 (which timed out first): either way named as rank 1's.
+    assert re.search(r"Bootstrap(Timeout|Error): rank 1: ddl_triton bootstrap", outs[1]), outs[1]
     assert elapsed < 60, f"took {elapsed:.0f} s"
 
 
@@ -158,6 +159,76 @@ def test_init_arguments_are_checked_before_anything_starts():
     StoreBootstrap(store, 0, 1, timeout=1, prefix="p")
     with pytest.raises(ValueError, match="another process already started as rank 0"):
         StoreBootstrap(store, 0, 1, timeout=1, prefix="p")
+
+
+class _StoreThatDies:
+    """A HashStore whose calls raise torch's DistNetworkError once ``calls_left`` are spent, as
+    the calls of a rank whose store server (rank 0) has exited do."""
+
+    def __init__(self, calls_left: int):
+        import torch.distributed as dist
+
+        self._store, self.calls_left = dist.HashStore(), calls_left
+
+    def __getattr__(self, name: str):
+        import torch.distributed as dist
+
+        method = getattr(self._store, name)
+
+        def call(*args):
+            if self.calls_left == 0:
+                raise dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed.")
+            self.calls_left -= 1
+            return method(*args)
+        return call
+
+
+def test_a_store_lost_at_any_call_of_a_bootstrap_step_is_a_bootstrap_error_naming_the_rank():
+    from ddl_triton.bootstrap import BootstrapError, BootstrapTimeout, StoreBootstrap
+
+    # hello in a world of 2 whose rank 1 never comes: the store dies at its 1st, 2nd, ... call,
+    # until it outlives the 0.2 s deadline.
+    calls = 0
+    while True:
+        try:
+            StoreBootstrap(_StoreThatDies(calls), 0, 2, timeout=0.2)
+        except BootstrapTimeout:
+            break
+        except BootstrapError as e:
+            assert str(e).startswith("rank 0: ddl_triton bootstrap (hello") and "lost the store (Failed to recv" \
+                in str(e), (calls, e)
+        calls += 1
+    assert calls >= 5, calls  # add, set, check, and the arrival check's get and check of a larger world's key
+    # allgather, bcast and barrier in a world of 1, each with 3 calls: set, check, get.
+    for step, run in (("allgather", lambda b: b.allgather(7)), ("bcast", lambda b: b.bcast(7)),
+                      ("barrier", lambda b: b.barrier())):
+        for left in range(4):
+            store = _StoreThatDies(10**6)
+            boot = StoreBootstrap(store, 0, 1, timeout=5)
+            store.calls_left = left
+            if left == 3:
+                run(boot)
+                continue
+            with pytest.raises(BootstrapError, match=rf"^rank 0: ddl_triton bootstrap \({step}\): lost the store"):
+                run(boot)
+
+
+def test_a_store_that_cannot_be_served_or_reached_is_named_with_the_rank_and_address():
+    from ddl_triton.bootstrap import BootstrapError, store_from_env
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        with pytest.raises(BootstrapError, match=rf"^rank 0: ddl_triton.init: cannot serve the store on "
+                                                 rf"127.0.0.1:{port} \(.*\); choose a free MASTER_PORT"):
+            store_from_env(1.0, env)
+    # The port is free now, and nobody serves it.
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    with pytest.raises(BootstrapError, match=rf"^rank 1: ddl_triton.init: could not reach the store at "
+                                             rf"127.0.0.1:{port} \(.*\); is rank 0 running"):
+        store_from_env(1.0, env)
 
 
 def test_store_bootstrap_steps_on_one_store():
