@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
-# tests/test_demo.py runs these two commands at a reduced size, so a broken demo cannot land.
+# tests/multirank/test_demo.py runs these two commands at a reduced size, so a broken demo cannot land.
 demo: $(STAMP)
 	$(VENV)/bin/ddlrun -n $(RANKS) -- $(PY) examples/demo.py
 	$(VENV)/bin/ddlrun -n $(RANKS) -- $(PY) examples/train_cnn.py --hook int8
@@ -34,11 +34,11 @@ clean:
 
 # torch's own distributed test suite (DistributedTest._DistTestBase, ~290 tests, each spawning its
 # ranks through torch.multiprocessing) on "ddl", then on gloo for reference, then the table. About
-# 20 minutes per backend on 2 cores, so not part of `make test` (tests/test_torch_suite.py runs a subset).
+# 20 minutes per backend on 2 cores, so not part of `make test` (tests/multirank/test_torch_suite.py runs a subset).
 .PHONY: torch-suite
 TORCH_SUITE_WORLD ?= 2
 torch-suite: $(STAMP)
 	mkdir -p build
-	cd tests && nice -n 19 ../$(PY) torch_suite.py --backend ddl --world-size $(TORCH_SUITE_WORLD) --json ../build/torch_suite-ddl.json > ../build/torch_suite-ddl.log 2>&1 || true
-	cd tests && nice -n 19 ../$(PY) torch_suite.py --backend gloo --world-size $(TORCH_SUITE_WORLD) --json ../build/torch_suite-gloo.json > ../build/torch_suite-gloo.log 2>&1 || true
-	$(PY) tests/torch_suite.py --table build/torch_suite-ddl.json build/torch_suite-gloo.json
+	cd tests && nice -n 19 ../$(PY) multirank/torch_suite.py --backend ddl --world-size $(TORCH_SUITE_WORLD) --json ../build/torch_suite-ddl.json > ../build/torch_suite-ddl.log 2>&1 || true
+	cd tests && nice -n 19 ../$(PY) multirank/torch_suite.py --backend gloo --world-size $(TORCH_SUITE_WORLD) --json ../build/torch_suite-gloo.json > ../build/torch_suite-gloo.log 2>&1 || true
+	$(PY) tests/multirank/torch_suite.py --table build/torch_suite-ddl.json build/torch_suite-gloo.json

@@ -1,5 +1,5 @@
 """Every bad input the test suite tries, and the error each raised: the table for the
-reliability notes. Reuses tests/mpi_worker.py's bad-input cases with a recording checker.
+reliability notes. Reuses tests/multirank/multirank_worker.py's bad-input cases with a recording checker.
 
     mpiexec -n 2 python bench/bad_inputs.py
 
@@ -12,12 +12,13 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+sys.path[:0] = [_TESTS, os.path.join(_TESTS, "multirank")]  # multirank_worker, and the support/ it imports
 
 from mpi4py import MPI  # noqa: E402
 
 import ddl_triton as ddl  # noqa: E402
-import mpi_worker  # noqa: E402
+import multirank_worker  # noqa: E402
 
 
 class Recorder:
@@ -42,7 +43,7 @@ class Recorder:
 def main() -> int:
     comm = ddl.init()
     rec = Recorder()
-    mpi_worker.run_bad_input(rec, comm, "")
+    multirank_worker.run_bad_input(rec, comm, "")
     bad = [r for r in rec.rows if r[1] != r[2]]
     if comm.rank == 0:
         print(f"| bad input ({comm.size} ranks) | expected | raised | s | message (rank 0) |")

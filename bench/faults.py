@@ -3,7 +3,7 @@
 Run: python bench/faults.py [--ranks 3] [--runs 3] [--kill-all-runs 20]
 
 1. For each rank position v and each transport (shm, MPI), ``--runs`` jobs of
-   tests/fault_worker.py under ``ddlrun`` (``mpiexec -disable-auto-cleanup``, each rank
+   tests/multirank/faults_worker.py under ``ddlrun`` (``mpiexec -disable-auto-cleanup``, each rank
    below its guard, so nobody kills the survivors for them): rank v SIGKILLs itself in
    the middle of a stream of 4 MiB allreduces; each survivor records the error it raised
    and the seconds from the kill to the error.
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER = ROOT / "tests" / "fault_worker.py"
+WORKER = ROOT / "tests" / "multirank" / "faults_worker.py"
+_WORKER_PATH = {"PYTHONPATH": str(ROOT / "tests")}  # the worker imports tests/support
 
 
 def _mpiexec() -> str:
@@ -47,7 +48,7 @@ def kill_one(ranks: int, victim: int, timeout: float, transport: str) -> tuple[l
     """One job under ddlrun in which rank ``victim`` SIGKILLs itself; returns the survivors'
     (rank, error, seconds from the kill to the error) and ddlrun's line naming the killed rank."""
     stamp = tempfile.mktemp(prefix="ddl-kill-")
-    env = dict(os.environ, DDL_TRANSPORT=transport, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, DDL_TRANSPORT=transport, PYTHONUNBUFFERED="1", **_WORKER_PATH)
     proc = subprocess.run([_ddlrun(), "-n", str(ranks), "--timeout", str(timeout), "--", sys.executable, str(WORKER),
                            "kill", str(victim), "--stamp", stamp], env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout + 120)
@@ -65,7 +66,7 @@ def kill_one(ranks: int, victim: int, timeout: float, transport: str) -> tuple[l
 def kill_all(ranks: int, rng: random.Random) -> int:
     """SIGKILL every rank at a random moment; return the ddl_triton segments left behind."""
     before = _segments()
-    env = dict(os.environ, DDL_TIMEOUT="30")
+    env = dict(os.environ, DDL_TIMEOUT="30", **_WORKER_PATH)
     proc = subprocess.Popen([_mpiexec(), "-n", str(ranks), sys.executable, str(WORKER), "kill", str(ranks),
                              "--stamp", tempfile.mktemp(prefix="ddl-killall-")], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -9,7 +9,7 @@ Sections, each wrapped so that a failure in one does not stop the others:
                 first on the path of this process and of every child process. The project itself is
                 made importable from the checkout when it is not installed (see
                 ``make_project_importable``).
-2. cuda tests   ``pytest -q --noconftest tests/test_gpu.py`` in a child process without
+2. cuda tests   ``pytest -q --noconftest tests/gpu/test_gpu.py`` in a child process without
                 TRITON_INTERPRET, so the Triton kernels run compiled (tests/conftest.py would set
                 TRITON_INTERPRET=1 for the CPU tier, hence --noconftest).
 3. nvshmem      ``ddl_triton.transports.nvshmem.smoke_test()`` at 1 PE, in a child process: NVSHMEM
@@ -336,20 +336,20 @@ def section_cuda_tests(report: Report) -> None:
              f"{counts.get('skipped', 0)} skipped")
     if child["timed_out"]:
         print(_tail(output), flush=True)
-        report.row("cuda tests", "tests/test_gpu.py", f"timed out after {timeout:.0f} s; {value}", "TIMEOUT",
+        report.row("cuda tests", "tests/gpu/test_gpu.py", f"timed out after {timeout:.0f} s; {value}", "TIMEOUT",
                    failure=True)
     elif counts.get("failed", 0) or counts.get("errors", 0) or child["rc"] not in (0, 5):
         print(_tail(output), flush=True)
-        report.row("cuda tests", "tests/test_gpu.py", value, "FAIL", failure=True)
+        report.row("cuda tests", "tests/gpu/test_gpu.py", value, "FAIL", failure=True)
         for name in failing[:5]:
             report.row("cuda tests", "failed", name, "FAIL")
     elif counts.get("passed", 0) == 0:
         # On a GPU machine the tier must run: all skipped means the kernels were not tested.
         print(_tail(output), flush=True)
-        report.row("cuda tests", "tests/test_gpu.py", f"{value} (nothing ran: see the skip reasons)", "FAIL",
+        report.row("cuda tests", "tests/gpu/test_gpu.py", f"{value} (nothing ran: see the skip reasons)", "FAIL",
                    failure=True)
     else:
-        report.row("cuda tests", "tests/test_gpu.py", value, "PASS")
+        report.row("cuda tests", "tests/gpu/test_gpu.py", value, "PASS")
 
 
 def _junit_counts(path: str) -> tuple[dict, list[str]]:

@@ -29,8 +29,8 @@ from mpi4py import MPI
 
 import ddl_triton as ddl
 from _timing import time_per_call
-from ddl_triton import flight
-from ddl_triton import tracer as tracer_mod
+from ddl_triton.observability import flight
+from ddl_triton.observability import tracer as tracer_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 

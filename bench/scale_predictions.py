@@ -14,7 +14,7 @@ Run: python bench/scale_predictions.py [--json out.json]
 3. Sensitivity: every input tagged [U] or "assumed" is moved to the ends of its plausible
    range (or x0.5 and x2 when none is published); inputs that move a prediction by more
    than one point are marked. One input the specifications do not give at all is added:
-   the spread of per-GPU compute time (stragglers; ddl_triton/scale.py straggler_factor).
+   the spread of per-GPU compute time (stragglers; ddl_triton/simulation/iteration.py straggler_factor).
 4. Our schedules on Minsky, ResNet-50 and ResNet-101-22k, with and without int8 compression.
 
 No input is fitted to the published 95% and 89%: the gaps are the result.
@@ -26,9 +26,9 @@ import dataclasses
 import json
 import sys
 
-from ddl_triton import scale
-from ddl_triton.cluster import load
-from ddl_triton.workload import load_layers
+from ddl_triton.simulation import iteration as scale
+from ddl_triton.simulation.cluster import load
+from ddl_triton.simulation.workload import load_layers
 
 GPUS = [8, 16, 32, 64, 128, 256, 512, 1024]
 

@@ -26,7 +26,8 @@ from mpi4py import MPI
 
 import ddl_triton as ddl
 from _timing import time_per_call
-from ddl_triton import schedules, tuning
+from ddl_triton import schedules
+from ddl_triton.tuning import table as tuning
 
 
 def main() -> int:

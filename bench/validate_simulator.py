@@ -17,7 +17,7 @@ that state (``--calibration cached`` uses the cached tables instead).
 Part 2, a training iteration at 2 ranks as two emulated nodes (``DDL_TOPOLOGY=1x2``, so the
 gradients cross the MPI link), with and without emulation: examples/train_cnn.py's CNN
 under DDP through the ``allreduce`` comm hook (0.1 MB buckets: several allreduces overlap
-backward). Measured: the median step of the slowest rank. Predicted: ddl_triton/scale.py's
+backward). Measured: the median step of the slowest rank. Predicted: ddl_triton/simulation/iteration.py's
 iteration model with the compute time measured in the same job, the layers traced from the
 model on the meta device, and each bucket's allreduce from the fitted model plus the bucket's
 overhead. "Compute" is everything but the communication: the same DDP model stepped with a
@@ -86,7 +86,7 @@ def worker_train(steps: int, blocks: int) -> None:
 
     import ddl_triton as ddl
     from ddl_triton.torch import hooks
-    from ddl_triton.workload import layers_from_module
+    from ddl_triton.simulation.workload import layers_from_module
     from _timing import unchanged_bucket_hook
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
@@ -250,11 +250,11 @@ def main() -> int:
 
     import torch
 
-    from ddl_triton import scale, simulate
-    from ddl_triton.cluster import load, local_model
-    from ddl_triton.planner import Planner
-    from ddl_triton.topology import parse
-    from ddl_triton.workload import Layer
+    from ddl_triton.simulation import iteration as scale, cli as simulate
+    from ddl_triton.simulation.cluster import load, local_model
+    from ddl_triton.planning.planner import Planner
+    from ddl_triton.planning.topology import parse
+    from ddl_triton.simulation.workload import Layer
 
     sizes = SIZES[:4] if args.quick else SIZES
     rounds = 5 if args.quick else args.rounds

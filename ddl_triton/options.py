@@ -30,10 +30,13 @@ class Options:
     check_calls (DDL_CHECK_CALLS)         compare every call's fingerprint across ranks first (default 1)
     status_dir (DDL_STATUS_DIR)           folder for per-rank status files (set by ddlrun; see status.py)
     tuning_file (DDL_TUNING_FILE)         a tuning table from ddl-tune; "" (default): the cached table whose
-                                          key matches this machine, if any; "off": none (ddl_triton/tuning.py)
-    trace (DDL_TRACE)                     folder for a Chrome-trace timeline per rank (ddl_triton/tracer.py);
+                                          key matches this machine, if any; "off": none (ddl_triton/tuning/table.py)
+    tuning_dir (DDL_TUNING_DIR)           the folder of cached tuning tables, where ddl-tune writes and init
+                                          looks ("" (default): $XDG_CACHE_HOME/ddl_triton/tuning, else
+                                          ~/.cache/ddl_triton/tuning)
+    trace (DDL_TRACE)                     folder for a Chrome-trace timeline per rank (ddl_triton/observability/tracer.py);
                                           "" (default): no timeline
-    flight_entries (DDL_FLIGHT_ENTRIES)   collectives the flight recorder keeps (ddl_triton/flight.py; 2000)
+    flight_entries (DDL_FLIGHT_ENTRIES)   collectives the flight recorder keeps (ddl_triton/observability/flight.py; 2000)
     dump_dir (DDL_DUMP_DIR)               where flight-recorder dumps go ("": $TMPDIR/ddl_triton-flight-<uid>)
     debug (DDL_DEBUG)                     print each call shape's plan and why, the transports per peer and the
                                           tuning table in use, on stderr (default 0)
@@ -52,6 +55,7 @@ class Options:
     check_calls: bool = True
     status_dir: str = ""
     tuning_file: str = ""
+    tuning_dir: str = ""
     trace: str = ""
     flight_entries: int = 2000
     dump_dir: str = ""

@@ -32,7 +32,7 @@ R_{k+1} once its parent has read R_k (two messages back), and it has: the
 node already consumed B_{k-1}, which the parent sends after its R_k. Every
 rank orders its steps by the same key (phase, chunk, tree), so each pair's
 messages are received in the order they are sent even where two ranks are
-linked in both trees. ``tests/test_schedules_tree_rhd.py`` runs the two
+linked in both trees. ``tests/unit/test_schedules_tree_rhd.py`` runs the two
 interleaved trees on the two-slot simulator.
 
 A node's parent and children come from :func:`btree` (ranks by lowest set

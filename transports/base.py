@@ -71,7 +71,7 @@ _LIVENESS_PERIOD = 0.25
 # long enough for a same-node wait to find and name the dead rank by its pid first.
 _NOTICE_GRACE = 0.5
 
-# The wait that has outlasted its spin, for the flight recorder (ddl_triton/flight.py):
+# The wait that has outlasted its spin, for the flight recorder (ddl_triton/observability/flight.py):
 # (peer, what, since) or None. Only set on the slow path, so it costs the fast path nothing.
 current_wait: tuple[int, str, float] | None = None
 # The last wait that gave up (same shape): what a timed-out collective was waiting for.

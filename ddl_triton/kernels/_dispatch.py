@@ -24,9 +24,11 @@ def set_backend(name: str) -> None:
 
 
 def get_backend() -> str:
-    """The backend in force; read from ``DDL_KERNELS`` on first use when never set."""
+    """The backend in force: the one ``init`` set (``Options.kernels``), else, on first use outside a
+    communicator, the environment's (``DDL_KERNELS``, read through ``Options.from_env``)."""
     if _backend is None:
-        set_backend(os.environ.get("DDL_KERNELS", "auto") or "auto")
+        from ..options import Options
+        set_backend(Options.from_env().kernels)
     return _backend  # type: ignore[return-value]
 
 

@@ -13,7 +13,7 @@ Error bound, per element, for finite x (proof below the worked example; the test
     s > 0:  |fp32(q*s) - x| <= s * (1/2 + 2**-16)
     s = 0:  q = 0 and |x| < 2**-119
 The exact-arithmetic bound is s/2; the 2**-16 covers the two fp32 roundings (of x/s and of q*s),
-and it is needed: tests/test_kernels.py holds an input that exceeds s/2 by 5.5e-6*s (2**-17.5*s).
+and it is needed: tests/unit/test_kernels.py holds an input that exceeds s/2 by 5.5e-6*s (2**-17.5*s).
 16-bit x enters exactly (fp16/bf16 -> fp32 is exact), so the bound holds against x itself.
 Dequantized into a 16-bit out, the value is fp32(q*s) rounded once more (to nearest even), so
 add half an ulp of the out dtype there: |v|*2**-11 for fp16, |v|*2**-8 for bf16 (normal range).

@@ -16,7 +16,7 @@ Worked example:
 How one launch reaches every tensor: an int64 table of ``data_ptr()`` values, cast back to typed
 pointers in the kernel (``tl.load(table + t).to(tl.pointer_type(...))``, the grouped-GEMM
 tutorial's pattern). This works under ``TRITON_INTERPRET=1`` for CPU tensors: the interpreter
-dereferences raw host addresses (checked by tests/test_kernels.py). It cannot work for CUDA
+dereferences raw host addresses (checked by tests/unit/test_kernels.py). It cannot work for CUDA
 tensors under the interpreter, which copies only the kernel's own arguments to the host; that
 combination raises. The grid is 1-D over the blocks of all tensors (not tensors x max blocks),
 so one large tensor among many small ones launches no idle programs; a per-program table maps

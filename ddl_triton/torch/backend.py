@@ -5,7 +5,7 @@
 
 torch calls ``create_process_group`` with the group's store, this process's rank in the
 group and the group's size. The group's ranks find each other one of two ways
-(ddl_triton/bootstrap.py):
+(ddl_triton/runtime/bootstrap.py):
 
 - launched by MPI (``mpiexec``/``ddlrun``/``srun`` with PMI): over MPI, as MPI ranks. The
   default group is the world communicator (``ddl_triton.init()``); torch's rank and size
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .. import topology
-from ..bootstrap import StoreBootstrap, host_id, launched_by_mpi
+from ..planning import topology
+from ..runtime.bootstrap import StoreBootstrap, host_id, launched_by_mpi
 from . import rendezvous
 from .point_to_point import GlooPointToPoint, MpiPointToPoint
 from .process_group import BACKEND_NAME, DdlProcessGroup
@@ -49,13 +49,14 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
     from mpi4py import MPI
 
     import ddl_triton as ddl
+    from ..runtime.world import current as current_world
 
     world = MPI.COMM_WORLD
     rank, size = common_opts.group_rank, common_opts.group_size
     members = list(common_opts.global_ranks_in_group)
     if not members:  # the default group
         rendezvous.check_matches_mpi(rank, size, world)
-        owns = getattr(ddl, "_world", None) is None
+        owns = current_world() is None
         comm = ddl.init()
         return DdlProcessGroup(comm, MpiPointToPoint(world.Dup(), comm.options.timeout, comm.rank), owns_comm=owns)
     if dist.get_rank() != world.Get_rank():
@@ -81,12 +82,13 @@ def _over_store(common_opts) -> DdlProcessGroup:
     """The group over the store torch made for it (already private to this group: torch
     prefixes it with the group's name)."""
     import ddl_triton as ddl
-    from ddl_triton.communicator import Communicator
+    from ddl_triton.runtime.communicator import Communicator
+    from ..runtime.world import current as current_world
     from ddl_triton.options import Options
 
     store, rank, size = common_opts.store, common_opts.group_rank, common_opts.group_size
     if not list(common_opts.global_ranks_in_group):  # the default group: the world communicator
-        owns = getattr(ddl, "_world", None) is None
+        owns = current_world() is None
         comm = ddl.init(store=store, rank=rank, size=size)
     else:
         opts, host = Options.from_env(), None

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 import ddl_triton
 
-from .. import compressed
+from ..runtime import compressed
 
 __all__ = ["HookState", "allreduce_hook", "bf16_compress_hook", "fp16_compress_hook", "int8_compress_hook",
            "onebit_compress_hook"]

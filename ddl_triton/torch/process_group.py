@@ -2,7 +2,7 @@
 
 Semantics: every operation has torch.distributed's meaning (same arguments, same results,
 in place where torch's is), runs on CPU tensors, or on CUDA tensors through the
-communicator's GPU path (ddl_triton/gpu_path.py; not send/recv or uneven all-to-all, which
+communicator's GPU path (ddl_triton/runtime/gpu_path.py; not send/recv or uneven all-to-all, which
 move host memory), and returns a ``Work`` whose ``get_future()`` resolves with the output
 tensors when the operation completes, or carries its error (futures.py). Calls issued with
 ``async_op=False`` run inline; the others run on the communicator's background thread,
@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 from torch.distributed import ReduceOp
 
-from .. import gpu_path
+from ..runtime import gpu_path
 from .futures import completed_work, join_torch_works, then, torch_work
 from .staging import copy_stage, reduce_stage, shares, unflatten_into
 
@@ -521,9 +521,9 @@ def _chain(fns):
 
 
 def _close_communicator(comm) -> None:
-    import ddl_triton as ddl
+    from ..runtime import world
 
-    if comm is getattr(ddl, "_world", None):
-        ddl.finalize()
+    if comm is world.current():
+        world.finalize()
     else:
         comm.close()

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
-from ..bootstrap import launched_by_mpi
+from ..runtime.bootstrap import launched_by_mpi
 
 RENDEZVOUS_SCHEME = "ddl"
 

@@ -1,0 +1,105 @@
+"""The parent of one rank under ``ddlrun``: it turns a rank's death by a signal into an
+ordinary non-zero exit, and records which rank died.
+
+Usage (``ddlrun`` writes this; nobody types it)::
+
+    mpiexec -disable-auto-cleanup -n N python .../ddl_triton/launch/rank_guard.py COMMAND [ARGS...]
+
+Why it exists: MPICH's hydra proxy SIGKILLs every process of the job as soon as one of its
+children ends *by a signal*, whatever ``-disable-auto-cleanup`` says (``pmip.c``: the
+``WIFSIGNALED`` branch after ``waitpid``). A rank that is SIGKILLed would therefore take the
+survivors with it before they can notice the loss, report it and exit on their own. With
+this guard between hydra and the rank, hydra's child (the guard) exits normally with
+``128 + signal``, so hydra only notifies the survivors (SIGUSR1, which ``ddl_triton.init``
+catches) and the survivors' own deadlines and liveness checks do the rest.
+
+Semantics:
+- The rank runs as a child in the guard's process group, inheriting every descriptor
+  (hydra's PMI connection is one) and the environment. If the guard itself dies, the kernel
+  SIGKILLs the rank (``PR_SET_PDEATHSIG``), so no rank outlives its guard.
+- Signals sent to the process group (Ctrl-C, hydra's signals) reach the rank directly; the
+  guard ignores SIGINT and SIGUSR1 and passes SIGTERM on (a SIGTERM sent to the guard's
+  pid alone must still stop the rank).
+- Exit status: the rank's own; ``128 + N`` when the rank was killed by signal N, after
+  writing ``rank<r>.killed`` (pid and signal name) into ``DDL_STATUS_DIR`` and one line on
+  stderr naming the rank, its pid and the signal. The status is also written there as
+  ``rank<r>.returncode``.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _rank_from_environment() -> int:
+    """This rank's number as the launcher set it (MPICH: PMI_RANK; Open MPI; PMIx)."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return -1
+
+
+def _prepare_child() -> None:
+    """In the child, before exec: undo the guard's ignored signals (an ignored disposition
+    survives exec) and be SIGKILLed when the guard dies (Linux only; else skipped)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _record(rank: int, event: str, text: str) -> None:
+    """Write ``rank<r>.<event>`` into DDL_STATUS_DIR with ddl_triton/launch/status.py's writer, loaded
+    from its file: importing the package would import torch in every guard."""
+    folder = os.environ.get("DDL_STATUS_DIR", "")
+    if folder:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "status.py")
+        spec = importlib.util.spec_from_file_location("_ddl_status", path)
+        status = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(status)
+        status.record(folder, rank, event, text)
+
+
+def _record_kill(rank: int, pid: int, signum: int) -> None:
+    name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+    _record(rank, "killed", f"{pid} {name}")
+    # SIGUSR1 is hydra's notice that another process of the job ended; ddl_triton.init
+    # catches it and the exit guard ignores it, so only a rank outside that window dies of it.
+    why = (" (MPICH's notice that another process of the job ended; ranks survive it from ddl_triton.init on)"
+           if signum == signal.SIGUSR1 else "")
+    print(f"ddlrun: rank {rank} (pid {pid}) was killed by {name}{why}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(f"usage: python {__file__} COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the rank gets the group's Ctrl-C and decides
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # hydra's "a process died" notice is for the rank
+    try:
+        # close_fds=False: the rank needs hydra's PMI descriptor (PMI_FD) and any others.
+        child = subprocess.Popen(argv, close_fds=False, preexec_fn=_prepare_child)
+    except OSError as e:
+        print(f"ddlrun: rank {_rank_from_environment()}: cannot start {argv[0]!r}: {e}", file=sys.stderr)
+        return 127
+    signal.signal(signal.SIGTERM, lambda s, _f: child.poll() is None and child.send_signal(s))
+    status = child.wait()
+    rank = _rank_from_environment()
+    if status < 0:
+        _record_kill(rank, child.pid, -status)
+        status = 128 - status
+    _record(rank, "returncode", str(status))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

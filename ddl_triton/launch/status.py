@@ -1,0 +1,53 @@
+"""Per-rank status files, so a launcher can say which rank died and what the others saw.
+
+When ``Options.status_dir`` (``DDL_STATUS_DIR``, set by ``ddlrun``) names a folder, each
+rank of the world communicator writes there:
+
+    rank<r>.start   its pid, at init
+    rank<r>.error   the message of a collective error (timeout, lost peer, mismatch)
+    rank<r>.exit    at interpreter exit, however it ends short of being killed
+
+A rank with a ``start`` file and no ``exit`` file was killed (SIGKILL, OOM, a crash).
+The launcher reads them back (launcher._read_status) without importing this package.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+
+_folder = ""
+_rank = -1
+
+
+def start(folder: str, rank: int) -> None:
+    """Begin recording for ``rank`` into ``folder`` (no-op when ``folder`` is empty)."""
+    global _folder, _rank
+    if not folder:
+        return
+    _folder, _rank = folder, rank
+    _write("start", str(os.getpid()))
+    atexit.register(lambda: _write("exit", "") if _folder else None)
+
+
+def error(message: str) -> None:
+    if _folder:
+        _write("error", message)
+
+
+def exiting() -> None:
+    """Mark a deliberate exit that skips atexit handlers (the exit guard's os._exit)."""
+    if _folder:
+        _write("exit", "")
+
+
+def _write(event: str, text: str) -> None:
+    record(_folder, _rank, event, text)
+
+
+def record(folder: str, rank: int, event: str, text: str) -> None:
+    """Write ``rank<rank>.<event>`` in ``folder``; also used by the rank guard (rank_guard.py)."""
+    try:
+        with open(os.path.join(folder, f"rank{rank}.{event}"), "w") as f:
+            f.write(text)
+    except OSError:
+        pass  # status is advisory: never fail a job over it

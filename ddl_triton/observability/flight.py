@@ -1,0 +1,187 @@
+"""The flight recorder: the last N collectives of this process, always on, dumped when it matters.
+
+Semantics: every collective a communicator issues gets a ``Record`` at issue time, kept in
+a bounded ring (``Options.flight_entries`` / ``DDL_FLIGHT_ENTRIES``, default 2,000, shared
+by every communicator of the process; the oldest records fall off). A record holds
+
+    seq, collective, fingerprint text ("allreduce(sum, 1000 x float32)"), bytes, the
+    schedule once planned, state (issued -> started -> done | failed), the label of the
+    step reached, the wait in progress when the dump was taken, timestamps (issue, start,
+    end; seconds since the epoch) and the Python call site (the first frame outside
+    ddl_triton and torch, e.g. "train.py:88").
+
+``dump`` writes every communicator's records, and this rank's identity, to
+``<dump_dir>/flight-rank<R>.json``. The communicator dumps on ``CollectiveTimeout`` and
+``CollectiveMismatch``; ``SIGUSR2`` dumps at once (``ddlrun`` sends it to every rank when a
+rank is lost, and passes on a SIGUSR2 it receives). ``python -m ddl_triton.trace why DIR``
+reads the dumps (ddl_triton/observability/diagnose.py).
+
+Cost: one small object, one deque append and one walk up the Python stack per call (about
+1 us; measured in the README), and an attribute store per executed step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # ddl_triton/, above observability/
+_SKIP = (_PACKAGE_DIR, os.path.dirname(_PACKAGE_DIR) + os.sep + "transports",
+         os.path.dirname(_PACKAGE_DIR) + os.sep + "schedules")
+
+
+def _torch_dir() -> str:
+    """torch's folder, found without importing torch (observability needs neither torch nor MPI)."""
+    import importlib.util
+    spec = importlib.util.find_spec("torch")
+    return os.path.dirname(os.path.abspath(spec.origin)) if spec is not None and spec.origin else "<no torch>"
+
+
+class Record:
+    """One collective, as the flight recorder keeps it (see the module doc). ``call`` is
+    (collective, op, input numel, dtype, root), formatted only when dumped."""
+
+    __slots__ = ("comm", "seq", "call", "schedule", "state", "step", "t_issue", "t_start", "t_end", "site", "error",
+                 "waiting")
+
+    def __init__(self, comm: int, seq: int, call: tuple, site):
+        self.comm, self.seq, self.call, self.site = comm, seq, call, site
+        self.schedule = self.step = self.error = ""
+        self.state = "issued"
+        self.t_issue = time.time()
+        self.t_start = self.t_end = 0.0
+        self.waiting = None
+
+    @property
+    def collective(self) -> str:
+        return self.call[0]
+
+    def to_json(self) -> dict:
+        collective, _, numel, dtype, _ = self.call
+        site = f"{os.path.basename(self.site[0])}:{self.site[1]}" if self.site else "?"
+        return {"comm": self.comm, "seq": self.seq, "collective": collective, "call": describe(self.call),
+                "bytes": numel * dtype.itemsize if dtype is not None else 0,
+                "dtype": str(dtype).replace("torch.", "") if dtype is not None else "", "schedule": self.schedule,
+                "state": self.state, "step": self.step, "t_issue": self.t_issue, "t_start": self.t_start,
+                "t_end": self.t_end, "site": site, "error": self.error, "waiting": self.waiting}
+
+
+def describe(call: tuple) -> str:
+    """ "allreduce(sum, 1000 x float32)", "broadcast(root 0, 10 x int64)", "barrier" for a record's call."""
+    collective, op, numel, dtype, root = call
+    if dtype is None:
+        return collective
+    args = [op] if op else []
+    if root is not None:
+        args.append(f"root {root}")
+    args.append(f"{numel} x {str(dtype).replace('torch.', '')}")
+    return f"{collective}({', '.join(args)})"
+
+
+class FlightRecorder:
+    """The process's ring of records, and its dumps."""
+
+    def __init__(self, capacity: int = 2000):
+        self.records: deque[Record] = deque(maxlen=max(1, capacity))
+        self.rank = -1
+        self.size = 0
+        self.dump_dir = ""
+        self._lock = threading.Lock()
+        self._skip = _SKIP + (_torch_dir(),)
+        self._ours: dict = {}  # id(code object) -> (the code object, whether it is ddl_triton's or torch's)
+        self.dumped: list[str] = []
+
+    def configure(self, *, rank: int, size: int, capacity: int, dump_dir: str) -> None:
+        """Called by the world communicator's init: who this rank is and where dumps go."""
+        self.rank, self.size = rank, size
+        self.dump_dir = dump_dir or default_dump_dir()
+        if capacity != self.records.maxlen:
+            self.records = deque(self.records, maxlen=max(1, capacity))
+
+    def issue(self, comm: int, seq: int, call: tuple) -> Record:
+        """A new record for a collective being issued now (``call``: see ``Record``)."""
+        record = Record(comm, seq, call, self._call_site())
+        self.records.append(record)
+        return record
+
+    def _call_site(self):
+        """(file, line) of the first caller outside ddl_triton and torch, formatted only when
+        dumped; whether a code object is ours is remembered (this runs on every call)."""
+        frame = sys._getframe(2)
+        ours = self._ours
+        while frame is not None:
+            code = frame.f_code
+            # Keyed by identity: a code object hashes its whole body, constants and nested code
+            # included (~10 us for a module's top level, which a script's loop runs in). The
+            # entry holds the code object, so its id is not reused while the entry exists.
+            known = ours.get(id(code))
+            if known is None or known[0] is not code:
+                known = ours[id(code)] = (code, code.co_filename.startswith(self._skip))
+            if not known[1]:
+                return code.co_filename, frame.f_lineno
+            frame = frame.f_back
+        return None
+
+    def dump(self, reason: str) -> str:
+        """Write ``flight-rank<R>.json`` (see the module doc); returns its path ("" if it
+        could not be written: a dump must never turn one failure into two)."""
+        with self._lock:
+            waiting = _current_wait()
+            records = list(self.records)
+            rows = [r.to_json() for r in records]
+            for r, row in zip(records, rows):
+                if r.state == "started" and waiting is not None:
+                    row["waiting"] = waiting
+            data = {"format": "ddl_triton-flight", "version": 1, "rank": self.rank, "size": self.size,
+                    "pid": os.getpid(), "host": os.uname().nodename, "time": time.time(), "reason": reason,
+                    "capacity": self.records.maxlen, "records": rows}
+            try:
+                os.makedirs(self.dump_dir, exist_ok=True)
+                path = os.path.join(self.dump_dir, f"flight-rank{self.rank}.json")
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(data, f, indent=1)
+                os.replace(tmp, path)
+            except OSError:
+                return ""
+            self.dumped.append(path)
+            return path
+
+    def install_sigusr2(self) -> bool:
+        """Dump on SIGUSR2 when nobody else handles it (main thread only)."""
+        from ..transports.failure_notice import install_if_default
+        return install_if_default(signal.SIGUSR2, _on_sigusr2)
+
+
+def _current_wait(wait=None):
+    from ..transports import base
+    wait = wait or base.current_wait
+    if wait is None:
+        return None
+    peer, what, since = wait
+    return {"peer": peer, "what": what, "since": since}
+
+
+def stuck_wait():
+    """The wait that last gave up (for the record of a collective that timed out)."""
+    from ..transports import base
+    return _current_wait(base.last_stuck) if base.last_stuck else None
+
+
+def default_dump_dir() -> str:
+    """``$DDL_DUMP_DIR`` is read into Options at init; without it dumps go here."""
+    return os.path.join(tempfile.gettempdir(), f"ddl_triton-flight-{os.getuid()}")
+
+
+RECORDER = FlightRecorder()
+
+
+def _on_sigusr2(_signum, _frame) -> None:
+    path = RECORDER.dump("SIGUSR2")
+    print(f"ddl_triton: rank {RECORDER.rank}: flight recorder dumped to {path or '(could not write)'}",
+          file=sys.stderr, flush=True)

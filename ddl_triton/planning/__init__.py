@@ -1,0 +1,8 @@
+"""Planning: how a collective will run, decided before it runs.
+
+Here live the topology (the grid of ranks, innermost level first: ranks per node, nodes, ...), the
+planner (forced schedule, else the tuning table, else the cost model: one ``Plan`` with its reason)
+and the α-β-γ cost model that costs a schedule's steps. Planning reads the tables that
+``ddl_triton.tuning`` writes and the schedules of ``schedules/``; it imports no torch at module level
+and never talks to other ranks (the runtime agrees on the table across ranks before planning).
+"""

@@ -1,0 +1,359 @@
+"""Bootstrap: how the ranks of a communicator first find each other, under any launcher.
+
+Semantics. A bootstrap is what the transports need before any data moves, and nothing
+more:
+
+    rank, size             who this process is among the communicator's ranks
+    world_rank, world_size who it is in the job (the flight recorder's and tracer's names)
+    allgather(obj)         every rank's small picklable object, in rank order (init-time
+                           control data: host names, tuning-table digests; never tensors)
+    bcast(obj, root)       the root's object on every rank
+    barrier()              return once every rank has entered
+    host_of_rank()         for each rank, the lowest rank on its host (who can share memory)
+    split(color)           the bootstrap of the ranks that passed the same ``color`` (collective
+                           over every rank; ranks keep their order)
+    close()
+
+Two implementations:
+
+- ``MpiBootstrap``: an MPI communicator (launched by ``mpiexec``/``ddlrun``/``srun``), as
+  ddl_triton always did. Hosts come from ``Split_type(COMM_TYPE_SHARED)``; the inter-node
+  transport is MPI (transports/mpi.py).
+- ``StoreBootstrap``: a ``torch.distributed.Store`` (TCPStore, FileStore, HashStore, or any
+  store torch hands to a backend), with the rank and size the launcher gave. This is how
+  ddl_triton runs under ``torchrun``, ``torch.multiprocessing.spawn``, SLURM with ``env://``
+  and torch's test harnesses, whose processes MPI sees as singletons of size 1. Hosts come
+  from the host name and boot id every rank posts; the inter-node transport is torch's gloo
+  (transports/gloo.py), on a process group over the same store.
+
+Every wait of a ``StoreBootstrap`` is bounded by ``timeout`` (Options.timeout) and polled,
+so a bad start fails clearly instead of hanging: a rank whose ``size`` disagrees with
+another's, two processes claiming one rank, or a rank out of range raise ``ValueError`` as
+soon as the disagreeing ranks have arrived; a rank that never arrives raises
+``BootstrapTimeout`` naming it.
+
+``ddl_triton.init`` picks the bootstrap (see its docstring): an MPI launch means MPI;
+otherwise an explicit store, torch's default process group's store, or the standard
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables (``store_from_env``).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import time
+from datetime import timedelta
+
+from ..errors import DDLError
+
+# Environment variables an MPI launcher (hydra's mpiexec, Open MPI's, MVAPICH's, srun with PMI/PMIx)
+# sets in every process it starts.
+_MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+_POLL_FIRST = 1e-3   # seconds between the first store polls; doubled up to _POLL_MAX (waits yield the CPU)
+_POLL_MAX = 0.05
+# How long a rank that found a world-size mismatch waits for the other ranks it heard from to
+# find it too, before it raises: the rank serving the store (rank 0 under env://) exits when
+# it raises, and a rank that has not read the hello keys yet would then only learn that the
+# store went away, not why.
+_MISMATCH_LINGER = 5.0
+_HELLO = "hello (every rank's first contact)"
+
+
+class BootstrapError(DDLError):
+    """The ranks could not complete a bootstrap step (the store became unreachable, say)."""
+
+
+class BootstrapTimeout(BootstrapError):
+    """A rank did not arrive at a bootstrap step within Options.timeout."""
+
+
+def launched_by_mpi() -> bool:
+    """True when an MPI launcher (mpiexec, ddlrun, srun with PMI) started this process."""
+    return any(v in os.environ for v in _MPI_LAUNCH_VARS)
+
+
+def as_bootstrap(comm_or_bootstrap):
+    """A bootstrap as it is, or an mpi4py communicator wrapped (not duplicated) as one."""
+    if isinstance(comm_or_bootstrap, (MpiBootstrap, StoreBootstrap)):
+        return comm_or_bootstrap
+    return MpiBootstrap(comm_or_bootstrap, dup=False)
+
+
+# -- MPI ---------------------------------------------------------------------------------------------
+class MpiBootstrap:
+    """The bootstrap over an MPI communicator; ``comm`` is a private duplicate (``dup``), which
+    the MPI transport then uses too, so ddl_triton's messages never meet the application's."""
+
+    kind = "mpi"
+
+    def __init__(self, mpi_comm, *, dup: bool = True):
+        from mpi4py import MPI
+
+        self.comm = mpi_comm.Dup() if dup else mpi_comm
+        self._owned = dup
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        self.world_rank: int = MPI.COMM_WORLD.Get_rank()
+        self.world_size: int = MPI.COMM_WORLD.Get_size()
+
+    def allgather(self, obj) -> list:
+        return self.comm.allgather(obj)  # control path: small objects, at init
+
+    def bcast(self, obj, root: int = 0):
+        return self.comm.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def host_of_rank(self) -> list[int]:
+        from mpi4py import MPI
+
+        if self.size == 1:
+            return [0]
+        host = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        try:
+            return self.comm.allgather(host.allreduce(self.rank, op=MPI.MIN))
+        finally:
+            host.Free()
+
+    def split(self, color: int) -> "MpiBootstrap":
+        sub = MpiBootstrap(self.comm.Split(color, self.rank), dup=False)
+        sub._owned = True
+        return sub
+
+    def close(self) -> None:
+        from mpi4py import MPI
+
+        if self._owned and not MPI.Is_finalized():
+            self.comm.Free()
+        self._owned = False
+
+    def __repr__(self) -> str:
+        return f"MpiBootstrap(rank={self.rank}, size={self.size})"
+
+
+# -- torch.distributed.Store -------------------------------------------------------------------------
+class StoreBootstrap:
+    """The bootstrap over a ``torch.distributed.Store``: every step is a set of keys under a
+    namespace of its own (``prefix``/step number), read back once every rank has written.
+
+    Creating it is the first step, "hello": every rank posts its size, host and pid; the
+    constructor checks them (see the module doc) and keeps the hosts for ``host_of_rank``.
+    ``split`` and ``store_for`` hand out fresh namespaces, so a communicator's node groups,
+    its gloo group and later communicators never share a key. ``host`` replaces this
+    process's host identity (ranks with equal ``host`` share memory): a sub-group of a world
+    with emulated nodes (DDL_TOPOLOGY) names its emulated node there."""
+
+    kind = "store"
+
+    def __init__(self, store, rank: int, size: int, *, timeout: float, prefix: str = "ddl_triton",
+                 world_rank: int | None = None, world_size: int | None = None, host: str | None = None):
+        for name, value in (("rank", rank), ("size", size)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"ddl_triton bootstrap: {name} must be an int, got {value!r}")
+        if size < 1 or not 0 <= rank < size:
+            raise ValueError(f"rank {rank}: ddl_triton bootstrap: rank {rank} is not a rank of a world of "
+                             f"size {size} (check RANK and WORLD_SIZE)")
+        self.store = store
+        self.rank = rank
+        self.size = size
+        self.timeout = float(timeout)
+        self.prefix = prefix
+        self.world_rank = rank if world_rank is None else world_rank
+        self.world_size = size if world_size is None else world_size
+        self._step = 0
+        self._hosts = self._hello(host_id() if host is None else host)
+
+    # -- the steps ------------------------------------------------------------------------------
+    def allgather(self, obj) -> list:
+        return [pickle.loads(v) for v in self._exchange(pickle.dumps(obj), "allgather")]
+
+    def bcast(self, obj, root: int = 0):
+        key = self._namespace("bcast")
+        with self._store_calls("bcast"):
+            if self.rank == root:
+                self.store.set(key, pickle.dumps(obj))
+            self._wait([key], [root], "bcast")
+            return pickle.loads(self.store.get(key))
+
+    def barrier(self) -> None:
+        self._exchange(b"", "barrier")
+
+    def host_of_rank(self) -> list[int]:
+        first: dict[str, int] = {}
+        return [first.setdefault(h, r) for r, h in enumerate(self._hosts)]
+
+    def split(self, color: int) -> "StoreBootstrap":
+        colors = self.allgather(int(color))
+        members = [r for r, c in enumerate(colors) if c == color]
+        sub = object.__new__(StoreBootstrap)
+        sub.store, sub.timeout = self.store, self.timeout
+        sub.rank, sub.size = members.index(self.rank), len(members)
+        sub.prefix = f"{self._namespace('split')}/{color}"
+        sub.world_rank, sub.world_size = self.world_rank, self.world_size
+        sub._step = 0
+        sub._hosts = [self._hosts[r] for r in members]
+        return sub
+
+    def store_for(self, name: str):
+        """A ``PrefixStore`` in a namespace of its own (for a gloo group). Collective: every
+        rank must ask in the same order."""
+        import torch.distributed as dist
+
+        return dist.PrefixStore(self._namespace(name) + "/", self.store)
+
+    def close(self) -> None:
+        """Nothing to release: the store belongs to the caller."""
+
+    def __repr__(self) -> str:
+        return f"StoreBootstrap(rank={self.rank}, size={self.size}, prefix={self.prefix!r})"
+
+    # -- mechanics -----------------------------------------------------------------------------
+    def _namespace(self, what: str) -> str:
+        self._step += 1
+        return f"{self.prefix}/{self._step}-{what}"
+
+    @contextlib.contextmanager
+    def _store_calls(self, what: str):
+        """Around a step's store calls: a store that went away (torch's DistNetworkError & co.)
+        becomes a BootstrapError that names this rank, the step and the likely cause. Any call
+        can meet it, the first as well as the last: the rank serving the store exits when it
+        fails, for example at its own deadline."""
+        try:
+            yield
+        except DDLError:
+            raise
+        except RuntimeError as e:
+            raise BootstrapError(
+                f"rank {self.rank}: ddl_triton bootstrap ({what}): lost the store ({str(e).splitlines()[0]}); "
+                "the process serving it (rank 0 under torchrun's env:// or RANK/MASTER_PORT) has probably "
+                "exited: see its error") from None
+
+    def _exchange(self, value: bytes, what: str) -> list[bytes]:
+        base = self._namespace(what)
+        keys = [f"{base}/{r}" for r in range(self.size)]
+        with self._store_calls(what):
+            self.store.set(f"{base}/{self.rank}", value)
+            self._wait(keys, list(range(self.size)), what)
+            return [self.store.get(k) for k in keys]
+
+    def _hello(self, host: str) -> list[str]:
+        """Post (size, host, pid); return every rank's host once all have posted the same size."""
+        base = self._namespace("hello")
+        with self._store_calls(_HELLO):
+            claims = self.store.add(f"{base}/claims/{self.rank}", 1)
+            me = pickle.dumps((self.size, host, os.getpid()))
+            self.store.set(f"{base}/{self.rank}", me)
+            if claims > 1:
+                raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: another process already started as "
+                                 f"rank {self.rank} on this store; every process needs its own RANK")
+            keys = [f"{base}/{r}" for r in range(self.size)]
+            seen: dict[int, tuple] = {}
+
+            def check(arrived: list[int]) -> None:
+                for r in arrived:
+                    if r not in seen:
+                        seen[r] = pickle.loads(self.store.get(keys[r]))
+                        if seen[r][0] != self.size:
+                            self._linger_after_mismatch(base, [a for a in arrived if a != self.rank])
+                            raise ValueError(
+                                f"rank {self.rank}: ddl_triton bootstrap: rank {r} (pid {seen[r][2]} on "
+                                f"{seen[r][1].split('|')[0]}) was started with world size {seen[r][0]}, this rank "
+                                f"with {self.size}; every rank needs the same WORLD_SIZE (or size=)")
+                # A rank told of a larger world than ours writes a key we never wait for: look for it too.
+                extra = f"{base}/{self.size}"
+                if self.store.check([extra]):
+                    other = pickle.loads(self.store.get(extra))
+                    self._linger_after_mismatch(base, [a for a in arrived if a != self.rank] + [self.size])
+                    raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: a process started as rank {self.size} "
+                                     f"(world size {other[0]}), outside this rank's world of size {self.size}; "
+                                     "every rank needs the same WORLD_SIZE (or size=)")
+
+            self._wait(keys, list(range(self.size)), _HELLO, check)
+            return [seen[r][1] for r in range(self.size)]
+
+    def _linger_after_mismatch(self, base: str, others: list[int]) -> None:
+        """Say that this rank found a world-size mismatch, then wait (at most _MISMATCH_LINGER
+        seconds) until ``others`` have said so too, so that each names the mismatch itself
+        before the rank serving the store exits. Best effort: a store already gone ends it."""
+        deadline = time.monotonic() + min(_MISMATCH_LINGER, self.timeout)
+        try:
+            self.store.set(f"{base}/mismatch/{self.rank}", b"1")
+            keys = [f"{base}/mismatch/{r}" for r in others]
+            while keys and not self.store.check(keys) and time.monotonic() < deadline:
+                time.sleep(_POLL_FIRST)
+        except RuntimeError:
+            pass
+
+    def _wait(self, keys: list[str], ranks: list[int], what: str, check=None) -> None:
+        """Return once every key exists; ``check(arrived ranks)`` runs at each poll and may
+        raise. Past ``timeout``: BootstrapTimeout naming the ranks not heard from. Callers
+        hold ``_store_calls``."""
+        deadline = time.monotonic() + self.timeout
+        pause = _POLL_FIRST
+        while True:
+            if check is None and self.store.check(keys):
+                return  # the common case: one round trip
+            present = [self.store.check([k]) for k in keys]
+            if check is not None:
+                check([r for r, p in zip(ranks, present) if p])
+            if all(present):
+                return
+            if time.monotonic() > deadline:
+                missing = [r for r, p in zip(ranks, present) if not p]
+                raise BootstrapTimeout(
+                    f"rank {self.rank}: ddl_triton bootstrap ({what}) timed out after {self.timeout:g} s: "
+                    f"rank(s) {', '.join(map(str, missing))} of {self.size} never arrived. A rank that "
+                    "did not start or crashed, a WORLD_SIZE larger than the number of processes, or ranks "
+                    "given different stores (MASTER_ADDR/MASTER_PORT, init file)")
+            time.sleep(pause)
+            pause = min(_POLL_MAX, pause * 2)
+
+
+def host_id() -> str:
+    """What tells this host from others: processes with the same id share /dev/shm."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}|{boot}"
+
+
+# -- the standard variables ----------------------------------------------------------------------------
+def store_from_env(timeout: float, environ=None):
+    """(store, rank, size) from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torch's
+    ``env://`` reads them. Rank 0 serves a TCPStore on MASTER_PORT (unless torchrun's agent
+    already serves one there: TORCHELASTIC_USE_AGENT_STORE), the others connect to it.
+    Nobody waits for the others here: the bootstrap's first step does, bounded by ``timeout``,
+    and names what is wrong. ValueError names a missing or malformed variable; BootstrapError
+    a store this rank can neither serve (the port is taken) nor reach (within ``timeout``)."""
+    import torch.distributed as dist
+
+    env = os.environ if environ is None else environ
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+    if missing:
+        raise ValueError(f"ddl_triton.init: not launched by MPI, and {', '.join(missing)} not set: launch with "
+                         "mpiexec/ddlrun, or torchrun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or "
+                         "pass store=, rank= and size=")
+    try:
+        rank, size, port = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["MASTER_PORT"])
+    except ValueError:
+        raise ValueError(f"ddl_triton.init: RANK={env['RANK']!r}, WORLD_SIZE={env['WORLD_SIZE']!r} and "
+                         f"MASTER_PORT={env['MASTER_PORT']!r} must be integers") from None
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank {rank}: ddl_triton.init: RANK={rank} is not a rank of WORLD_SIZE={size}")
+    serve = rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    address = f"{env['MASTER_ADDR']}:{port}"
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], port, size, serve, timedelta(seconds=timeout),
+                              wait_for_workers=False)
+    except RuntimeError as e:  # torch's DistNetworkError: its text says what the socket met, not who we are
+        if serve:
+            raise BootstrapError(f"rank {rank}: ddl_triton.init: cannot serve the store on {address} "
+                                 f"({str(e).splitlines()[0]}); choose a free MASTER_PORT") from None
+        raise BootstrapError(f"rank {rank}: ddl_triton.init: could not reach the store at {address} "
+                             f"({str(e).splitlines()[0]}); is rank 0 running, with the same MASTER_ADDR and "
+                             "MASTER_PORT?") from None
+    return store, rank, size

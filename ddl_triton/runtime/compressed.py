@@ -1,0 +1,390 @@
+"""Compressed allreduce: int8 and 1-bit gradients on the wire, reduced through the compression kernels.
+
+Three lossy allreduces on a :class:`~ddl_triton.Communicator`, each a *two-shot* exchange:
+
+    1. compress this rank's tensor chunk by chunk      (chunk q will be reduced by rank q)
+    2. all_to_all: rank q receives chunk q of every rank, compressed
+    3. rank q reduces its n received chunks in rank order and compresses the result once
+    4. all_gather: every rank receives every reduced chunk, compressed
+    5. decompress into the caller's tensor              (in place)
+
+Every rank decompresses the same gathered bytes with the same operations, so the results are
+bitwise identical on all ranks. The compressors are the kernels of ``ddl_triton.kernels``:
+
+``allreduce_int8`` (block-quantized, error feedback)
+    worker:  v = x + residual; q, s = quantize_int8(v, block); residual = v - dequantize(q, s)
+    server:  reduce_int8(q_0..q_{n-1}) = quantize(sum_p dequant(q_p) [* 1/n for avg])  (fused)
+    Chunk boundaries are multiples of ``block``, so no quantization block spans two chunks.
+    Error: per element, the worker's step loses at most s_w*(1/2 + 2**-16) (kept in the residual
+    and sent at a later call); the server's requantization adds at most s_r*(1/2 + 2**-16), where
+    s_w, s_r are the absmax/127 of the element's block before and after the reduction.
+
+``allreduce_onebit`` (DeepSpeed 1-bit Adam style, error feedback on both sides)
+    worker:  per chunk, bits, scale = sign_compress(x + residual)   (residual keeps the error)
+    server:  avg = sum_p sign_decompress(bits_p, scale_p) [* 1/n]; sign_compress(avg + server_residual)
+    Each value leaves as +-scale of its chunk (scale = mean |v| over the chunk; optionally one
+    scale per ``groups`` segment): one call is crude, but what it loses is re-sent later. Over
+    T calls, sum_t y_t = sum_t mean_t - mean_p(residual_p) - server_residual exactly, up to fp32
+    rounding (tests/multirank/hooks_worker.py checks this identity).
+
+``allreduce_16bit`` (fp16 or bf16 on the wire; inputs and result each rounded once to it)
+    worker:  the tensor rounded once to ``wire_dtype``
+    server:  fp32 sum in rank order [* 1/n], rounded once to ``wire_dtype``
+    Unlike ``Communicator.allreduce`` on a 16-bit tensor (which carries fp32 partial sums on
+    multi-hop schedules, i.e. 4 bytes per element), this sends 2 bytes per element both ways.
+
+Bytes each rank sends (payload, as counted by ``comm.transport_bytes``), n ranks, N elements,
+chunk C elements (``chunk_bounds``), against a bandwidth-optimal fp32 allreduce's 2(n-1)/n * 4N:
+
+    int8   2(n-1) * (C + 4*C/block)       ~ 2(n-1)/n * N * (1 + 4/block)   (3.94x fewer, block 256)
+    1-bit  2(n-1) * (C/8 + 4*S)           ~ 2(n-1)/n * N/8                 (~32x fewer)
+    16-bit 2(n-1) * 2C                    ~ 2(n-1)/n * 2N                  (2x fewer)
+
+(S: scales per chunk, 1 unless ``groups`` is given.) ``wire_bytes`` gives the exact figure.
+C rounds N/n up to a multiple of the block (int8), of 32 (1-bit) or of 1 (16-bit): on small
+tensors the padding shows (int8, N = 10_000, n = 4: C = 2560, 3.85x fewer rather than 3.94x;
+N = 138_698: 3.94x, 3.93x, 3.92x at 2, 3, 4 ranks).
+
+Worked example (2 ranks, N = 8, block = 4, op "avg", no residual):
+    rank 0: x = [1, 2, 3, 4,   8, 0, 0, 0]     rank 1: x = [3, 2, 1, 0,   0, 0, 0, -8]
+    chunks: [0, 4) reduced by rank 0, [4, 8) by rank 1 (C = 4)
+    chunk 0 leaves rank 0 as q = [32, 64, 95, 127], s = 4/127 and rank 1 as q = [127, 85, 42, 0], s = 3/127;
+    rank 0's reduce_int8 dequantizes, averages -> [2.003937, 2.011811, 1.992126, 2.0] and requantizes:
+    q = [127, 127, 126, 126], s = 2.011811/127. Rank 1 does the same for chunk 1 (mean [4, 0, 0, -4],
+    exact in int8). After the all_gather both ranks hold
+      [2.011811, 2.011811, 1.995970, 1.995970,   4.0, 0.0, 0.0, -4.0]
+    (exact mean [2, 2, 2, 2, 4, 0, 0, -4]; every element within (s_w + s_r)(1/2 + 2**-16) of it).
+
+Asynchrony: with ``async_op=True`` the functions return a :class:`~ddl_triton.Work` right after
+issuing both collectives (all_to_all, then all_gather) on ``comm``'s ordered queue. The server
+reduction runs in the all_to_all's done-callback, which the queue runs before it starts the next
+collective, so the all_gather always reads the reduced chunk (``ddl_triton.work``: callbacks run
+inside the job's completion, before the queue moves on). Issue these calls in the same order on
+every rank, as any collective. Should the server step raise on one rank (a bug, memory), that
+rank's Work reports the error; its peers are not told and receive that chunk unreduced (zeros).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import gpu_path
+from ..kernels import dequantize_int8, quantize_int8, reduce_int8, sign_compress, sign_decompress
+from .work import Work
+
+__all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "wire_bytes"]
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_ONEBIT_ALIGN = 32  # 32 sign bits = one int32 word: a chunk's bits fill whole words
+
+
+def chunk_bounds(numel: int, size: int, align: int = 1) -> list[tuple[int, int]]:
+    """The ``size`` chunks ``[start, stop)`` of ``numel`` elements: rank q reduces chunk q.
+
+    Every chunk but the trailing ones holds C = ceil(ceil(numel / align) / size) * align
+    elements; the last non-empty one may be shorter, and chunks past the end are empty.
+    Example: chunk_bounds(10, 3, align=4) -> [(0, 4), (4, 8), (8, 10)];
+             chunk_bounds(5, 3, align=4)  -> [(0, 4), (4, 5), (5, 5)].
+    """
+    c = _chunk_elems(numel, size, align)
+    return [(min(q * c, numel), min((q + 1) * c, numel)) for q in range(size)]
+
+
+def wire_bytes(kind: str, numel: int, size: int, *, block: int = 256, groups=None) -> int:
+    """Exact payload bytes one rank sends for one call of ``allreduce_<kind>`` on ``numel`` elements.
+
+    kind: "int8" (with ``block``), "onebit" (with its ``groups``, if any), or "16bit".
+    0 when size == 1 or numel == 0.
+    Example: wire_bytes("int8", 1 << 20, 4) -> 6 * 4 * (65536 + 1024) = 1_597_440
+             (fp32 ring: 2*3/4 * 4 MiB = 6_291_456 bytes, 3.94x more).
+    """
+    if size == 1 or numel == 0:
+        return 0
+    bounds = chunk_bounds(numel, size, _align(kind, block))
+    scales = max(len(g) for g in _segments(bounds, groups)) if kind == "onebit" else 1
+    words = _slot_words(kind, _chunk_elems(numel, size, _align(kind, block)), block, scales)
+    return 2 * (size - 1) * words * (2 if kind == "16bit" else 4)
+
+
+def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 256,
+                   residual: torch.Tensor | None = None, async_op: bool = False):
+    """Allreduce ``tensor`` in place with int8 block quantization on the wire (see module doc).
+
+    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum".
+    block: quantization block, a power of two in [4, 65536]. residual: fp32 with tensor.numel()
+    elements on the tensor's device, the error feedback, updated in place (None: no error
+    feedback). Returns ``tensor``, or a Work resolving to it.
+    Example (2 ranks, no residual): rank 0 x = [1, 2, 3, 4], rank 1 x = [3, 2, 1, 0], block 4
+             -> both [2.011811, 2.011811, 1.995970, 1.995970] (exact mean: 2, each within 4/127).
+    """
+    flat, size, n = _prepare(comm, tensor, op, "allreduce_int8", residual)
+    if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
+        raise ValueError(f"rank {comm.rank}: allreduce_int8: block must be a power of two in [4, 65536], "
+                         f"got {block!r}")
+    if n == 0:
+        return _done(tensor, async_op)
+    c = _chunk_elems(n, size, block)
+    words = _slot_words("int8", c, block)
+    sq = c // 4  # where a slot's scales start, in words
+    bounds = chunk_bounds(n, size, block)
+    if residual is not None:
+        residual.add_(flat)  # v = x + residual: x upcast exactly
+        q, s = quantize_int8(residual, block=block)
+        residual.sub_(dequantize_int8(q, s, block=block))  # what this call lost, sent next call
+    else:
+        q, s = quantize_int8(flat, block=block)
+    send = torch.zeros(size * words, dtype=torch.int32, device=flat.device)
+    sb, sf = send.view(torch.int8), send.view(torch.float32)
+    for p, (a, b) in enumerate(bounds):
+        nb = -(-(b - a) // block)
+        sb[p * words * 4: p * words * 4 + b - a].copy_(q[a:b])
+        sf[p * words + sq: p * words + sq + nb].copy_(s[a // block: a // block + nb])
+    recv = torch.empty_like(send)
+    gin = torch.zeros(words, dtype=torch.int32, device=flat.device)
+    gout = torch.empty(size * words, dtype=torch.int32, device=flat.device)
+    a, b = bounds[comm.rank]
+    mine, nbm = b - a, -(-(b - a) // block)
+    scale = 1.0 / size if op == "avg" else None
+
+    def server() -> None:
+        rb, rf = recv.view(torch.int8), recv.view(torch.float32)
+        qs = [rb[p * words * 4: p * words * 4 + mine] for p in range(size)]
+        ss = [rf[p * words + sq: p * words + sq + nbm] for p in range(size)]
+        qr, sr = reduce_int8(qs, ss, block=block, scale=scale)
+        gin.view(torch.int8)[:mine].copy_(qr)
+        gin.view(torch.float32)[sq: sq + nbm].copy_(sr)
+
+    def finish() -> None:
+        ob, of = gout.view(torch.int8), gout.view(torch.float32)
+        for p, (a, b) in enumerate(bounds):
+            nb = -(-(b - a) // block)
+            dequantize_int8(ob[p * words * 4: p * words * 4 + b - a], of[p * words + sq: p * words + sq + nb],
+                            out=flat[a:b], block=block)
+
+    return _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish,
+                     f"allreduce_int8({op}, {n} x {tensor.dtype}, block {block})", async_op)
+
+
+def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: torch.Tensor | None = None,
+                     server_residual: torch.Tensor | None = None, groups=None, async_op: bool = False):
+    """Allreduce ``tensor`` in place with 1 bit per element on the wire (see module doc).
+
+    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU. op: "avg" or "sum".
+    residual: fp32, tensor.numel() elements on the tensor's device, the worker error feedback.
+    server_residual: fp32 with as many elements as this rank's chunk
+    (``chunk_bounds(numel, size, 32)[rank]``), the server error feedback. Both are updated in
+    place; None: no error feedback on that side. groups: element offsets where a new scale
+    starts (e.g. where each parameter of a DDP bucket starts), rounded down to a multiple of 8;
+    chunk boundaries always start one. Default: one scale per chunk. Each scale is 4 more bytes
+    on the wire. Returns ``tensor``, or a Work resolving to it.
+    Example (2 ranks, no residuals, N = 4: rank 0 reduces all of it):
+             rank 0 x = [0.5, -1.5, 2.0, 0.0] -> +-1.0 (scale mean|x| = 1.0), signs + - + +
+             rank 1 x = [1.0,  1.0, 1.0, 1.0] -> +-1.0,                         signs + + + +
+             avg of the decompressed = [1, 0, 1, 1] -> scale 0.75, signs + + + +
+             -> both ranks: [0.75, 0.75, 0.75, 0.75]
+    """
+    flat, size, n = _prepare(comm, tensor, op, "allreduce_onebit", residual)
+    bounds = chunk_bounds(n, size, _ONEBIT_ALIGN)
+    a, b = bounds[comm.rank]
+    mine = b - a
+    if server_residual is not None:
+        _check_residual(comm, server_residual, mine, "allreduce_onebit: server_residual", tensor.device)
+    if n == 0:
+        return _done(tensor, async_op)
+    c = _chunk_elems(n, size, _ONEBIT_ALIGN)
+    segs = _segments(bounds, groups)
+    words = _slot_words("onebit", c, 0, max(len(g) for g in segs))
+    ss = c // 32  # the word holding a slot's first scale
+    worker = residual if residual is not None else torch.zeros(n, dtype=torch.float32, device=flat.device)
+    send = torch.zeros(size * words, dtype=torch.int32, device=flat.device)
+    su, sf = send.view(torch.uint8), send.view(torch.float32)
+    for p, (a, _) in enumerate(bounds):
+        for j, (s, e) in enumerate(segs[p]):
+            bits = p * words * 4 + (s - a) // 8
+            _, sc = sign_compress(flat[s:e], worker[s:e], out=su[bits: bits + _nbytes(e - s)])
+            sf[p * words + ss + j].copy_(sc[0])
+    recv = torch.empty_like(send)
+    gin = torch.zeros(words, dtype=torch.int32, device=flat.device)
+    gout = torch.empty(size * words, dtype=torch.int32, device=flat.device)
+    inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None
+    a0, mysegs = bounds[comm.rank][0], segs[comm.rank]
+
+    def server() -> None:
+        ru, rf = recv.view(torch.uint8), recv.view(torch.float32)
+        acc = torch.zeros(mine, dtype=torch.float32, device=flat.device)
+        for p in range(size):  # rank order: the same sum wherever it is computed
+            for j, (s, e) in enumerate(mysegs):
+                bits = p * words * 4 + (s - a0) // 8
+                acc[s - a0: e - a0].add_(sign_decompress(ru[bits: bits + _nbytes(e - s)],
+                                                         rf[p * words + ss + j: p * words + ss + j + 1], e - s))
+        if inv is not None:
+            acc.mul_(inv)
+        srv = server_residual if server_residual is not None else \
+            torch.zeros(mine, dtype=torch.float32, device=flat.device)
+        gu, gf = gin.view(torch.uint8), gin.view(torch.float32)
+        for j, (s, e) in enumerate(mysegs):
+            bits = (s - a0) // 8
+            _, sc = sign_compress(acc[s - a0: e - a0], srv[s - a0: e - a0], out=gu[bits: bits + _nbytes(e - s)])
+            gf[ss + j].copy_(sc[0])
+
+    def finish() -> None:
+        ou, of = gout.view(torch.uint8), gout.view(torch.float32)
+        for p, (a, _) in enumerate(bounds):
+            for j, (s, e) in enumerate(segs[p]):
+                bits = p * words * 4 + (s - a) // 8
+                sign_decompress(ou[bits: bits + _nbytes(e - s)], of[p * words + ss + j: p * words + ss + j + 1],
+                                e - s, out=flat[s:e])
+
+    return _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish,
+                     f"allreduce_onebit({op}, {n} x {tensor.dtype})", async_op)
+
+
+def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = torch.float16, op: str = "avg",
+                    async_op: bool = False):
+    """Allreduce ``tensor`` in place with ``wire_dtype`` (fp16 or bf16) values on the wire.
+
+    The result is the fp32 sum in rank order of the inputs rounded to ``wire_dtype`` ([* fp32(1/n)]
+    for "avg"), rounded once to ``wire_dtype``, then stored in tensor's dtype: bitwise identical
+    on every rank. Returns ``tensor``, or a Work resolving to it.
+    Example (2 ranks, bf16): rank 0 [1.0, 3.0], rank 1 [1.00390625, 0.1]
+             -> bf16 inputs [1.0, 3.0] and [1.0, 0.10009765625]; fp32 mean [1.0, 1.550048828125]
+             -> both ranks [1.0, 1.546875] (the nearest bf16).
+    """
+    if wire_dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"rank {comm.rank}: allreduce_16bit: wire_dtype must be float16 or bfloat16, got {wire_dtype}")
+    flat, size, n = _prepare(comm, tensor, op, "allreduce_16bit", None)
+    if n == 0:
+        return _done(tensor, async_op)
+    c = _chunk_elems(n, size, 1)
+    send = torch.zeros(size * c, dtype=wire_dtype, device=flat.device)
+    send[:n].copy_(flat)  # the one rounding of the inputs
+    recv = torch.empty_like(send)
+    gin = torch.zeros(c, dtype=wire_dtype, device=flat.device)
+    gout = torch.empty_like(send)
+    a, b = chunk_bounds(n, size, 1)[comm.rank]
+    mine = b - a
+    inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None
+
+    def server() -> None:
+        acc = recv[:mine].to(torch.float32)
+        for p in range(1, size):
+            acc.add_(recv[p * c: p * c + mine])  # upcast exactly, added in fp32
+        if inv is not None:
+            acc.mul_(inv)
+        gin[:mine].copy_(acc)  # the one rounding of the result
+
+    def finish() -> None:
+        flat.copy_(gout[:n])  # chunks are laid end to end: the padding is all at the end
+
+    return _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish,
+                     f"allreduce_16bit({op}, {n} x {tensor.dtype} as {wire_dtype})", async_op)
+
+
+# ------------------------------------------------------------------------------------------------
+# private helpers
+# ------------------------------------------------------------------------------------------------
+
+def _align(kind: str, block: int) -> int:
+    if kind == "int8":
+        return block
+    if kind == "onebit":
+        return _ONEBIT_ALIGN
+    if kind == "16bit":
+        return 1
+    raise ValueError(f"unknown compression kind {kind!r}; valid: int8, onebit, 16bit")
+
+
+def _chunk_elems(numel: int, size: int, align: int) -> int:
+    units = -(-numel // align)
+    return max(1, -(-units // size)) * align
+
+
+def _slot_words(kind: str, c: int, block: int, scales: int = 1) -> int:
+    """Elements of one all_to_all block: int32 words (int8, onebit) or 16-bit values."""
+    if kind == "int8":
+        return c // 4 + c // block  # c int8 values, then c/block fp32 scales
+    if kind == "onebit":
+        return c // 32 + max(1, scales)  # c sign bits, then the fp32 scales of the chunk's groups
+    return c
+
+
+def _segments(bounds: list[tuple[int, int]], groups) -> list[list[tuple[int, int]]]:
+    """Per chunk, its scale groups [s, e): the chunk split at ``groups`` offsets rounded down to 8."""
+    starts = sorted({g - g % 8 for g in (groups or ())})
+    out = []
+    for a, b in bounds:
+        cuts = [a] + [g for g in starts if a < g < b] + [b]
+        out.append([(s, e) for s, e in zip(cuts, cuts[1:]) if e > s])
+    return out
+
+
+def _nbytes(bits: int) -> int:
+    return (bits + 7) // 8
+
+
+def _prepare(comm, tensor, op, name, residual):
+    """Validate before any communication; return (flat contiguous work tensor, size, numel)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"rank {comm.rank}: {name}: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in _FLOATS:
+        raise TypeError(f"rank {comm.rank}: {name}: tensor must be float32, float16 or bfloat16, got {tensor.dtype}")
+    if not tensor.is_cpu and not (tensor.is_cuda and gpu_path.available()):
+        raise ValueError(f"rank {comm.rank}: {name}: tensor is on {tensor.device}; only CPU and (with CUDA "
+                         "available) CUDA tensors are supported")
+    if op not in ("avg", "sum"):
+        raise ValueError(f"rank {comm.rank}: {name}: op must be 'avg' or 'sum', got {op!r}")
+    n = tensor.numel()
+    if residual is not None:
+        _check_residual(comm, residual, n, f"{name}: residual", tensor.device)
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+    return flat, comm.size, n
+
+
+def _check_residual(comm, residual, n: int, what: str, device: torch.device) -> None:
+    if not isinstance(residual, torch.Tensor) or residual.dtype != torch.float32 or residual.device != device:
+        raise TypeError(f"rank {comm.rank}: {what} must be an fp32 tensor on {device}, like the tensor")
+    if residual.numel() != n or not residual.is_contiguous():
+        raise ValueError(f"rank {comm.rank}: {what} must be contiguous with {n} elements, "
+                         f"has {residual.numel()}")
+
+
+def _done(tensor: torch.Tensor, async_op: bool):
+    if not async_op:
+        return tensor
+    work = Work("compressed allreduce of 0 elements")
+    work._finish(result=tensor)
+    return work
+
+
+def _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish, description: str, async_op: bool):
+    """all_to_all(recv <- send); server() fills gin; all_gather(gout <- gin); finish() decompresses.
+
+    Both collectives are issued now, in this order, on comm's queue. server() runs in the
+    all_to_all's done-callback: on the queue's thread before the queue starts the all_gather, or
+    here, before the all_gather is issued, if the all_to_all is already complete.
+    """
+    result = Work(description)
+    failed: list[BaseException] = []
+
+    def after_exchange(work) -> None:
+        try:  # never raise into the queue's thread
+            work.wait()
+            server()
+        except BaseException as e:  # noqa: BLE001 - delivered through result
+            failed.append(e)
+
+    def after_gather(work) -> None:
+        try:
+            if failed:
+                raise failed[0]
+            work.wait()
+            finish()
+            if flat.data_ptr() != tensor.data_ptr():
+                tensor.copy_(flat.view(tensor.shape))  # a strided tensor went through a contiguous copy
+        except BaseException as e:  # noqa: BLE001
+            result._finish(error=e)
+        else:
+            result._finish(result=tensor)
+
+    comm.all_to_all(recv, send, async_op=True).add_done_callback(after_exchange)
+    comm.all_gather(gout, gin, async_op=True).add_done_callback(after_gather)
+    return result if async_op else result.wait()

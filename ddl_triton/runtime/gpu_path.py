@@ -1,0 +1,125 @@
+"""The GPU path of a communicator: executors and transports for CUDA tensors.
+
+Semantics: a collective on CUDA tensors computes exactly what the CPU path computes (same
+schedules, same reduction order, same kernels' semantics) and returns once its result is
+in the tensors, like the CPU path. Within the call everything is stream-ordered on the
+current torch stream: the reductions are the Triton kernels, the chunk steps are queued
+without a host synchronisation per chunk, and the only host wait is the transports'
+end-of-collective check (an event polled against the deadline, see transports/nvshmem.py),
+plus what MPI staging needs (transports/mpi_device.py).
+
+Transports, per peer, for CUDA tensors:
+- same node: NVSHMEM (peers' symmetric buffers read in place by the kernels) when
+  nvshmem4py is importable, the communicator spans every rank of its node, and
+  ``Options.transport`` is not "mpi"; otherwise MPI.
+- other nodes: MPI, host-staged through pinned buffers, or with the device buffers
+  themselves when ``Options.mpi_cuda_aware`` is set.
+
+Built on the first CUDA collective (a collective step: every rank reaches it at the same
+call, which the call fingerprint, carrying "on CUDA", has just checked), for the device of
+that tensor; a later CUDA tensor on another device is refused.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from .executor import Executor
+from ..transports.mpi_device import DeviceMpiTransport
+from ..transports.self import SelfTransport
+
+
+def available() -> bool:
+    """Whether CUDA tensors can be used at all in this process."""
+    return torch.cuda.is_available()
+
+
+def unavailable_reason(t: torch.Tensor) -> str:
+    if t.is_cuda:
+        return "torch.cuda.is_available() is False"
+    return f"only CPU and CUDA tensors are supported, not {t.device.type}"
+
+
+def nvshmem_importable() -> bool:
+    return importlib.util.find_spec("nvshmem") is not None
+
+
+class GpuPath:
+    """Lazily built executor and transports of one communicator for one CUDA device."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self.device: torch.device | None = None
+        self.transports: list = []
+        self.intra_node = ""     # "nvshmem", "mpi" or "" (no peer on the node)
+        self.why = ""            # why intra-node traffic takes MPI, when it does
+        self._executor: Executor | None = None
+
+    def executor(self, device: torch.device) -> Executor:
+        if self._executor is None:
+            self._build(device)
+        elif device != self.device:
+            raise ValueError(f"rank {self._comm.rank}: this communicator runs on {self.device}; "
+                             f"a tensor on {device} needs its own communicator")
+        return self._executor  # type: ignore[return-value]
+
+    def _build(self, device: torch.device) -> None:
+        comm = self._comm
+        opts = comm.options
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        size, rank = comm.size, comm.rank
+        nvshmem = None
+        if size == 1 and opts.transport != "nvshmem":
+            loop = SelfTransport()
+            self.transports = [loop]
+            self._executor = Executor(rank, size, [loop], timeout=opts.timeout, depth=opts.pipeline_depth)
+            return
+        mpi = DeviceMpiTransport(comm._comm.Dup(), device, cuda_aware=opts.mpi_cuda_aware)
+        self.transports.append(mpi)
+        on_node = comm._on_node
+        if opts.transport == "mpi":
+            self.why = "Options.transport is 'mpi'"
+        elif not nvshmem_importable():
+            self.why = "nvshmem4py is not installed"
+        elif max(comm._node_of_rank.count(n) for n in set(comm._node_of_rank)) == 1 and opts.transport != "nvshmem":
+            # Decided from the whole layout, not this node alone: opening NVSHMEM is collective.
+            self.why = "no node holds more than one rank"
+        else:
+            nvshmem = self._open_nvshmem(on_node, device)
+        if nvshmem is None and opts.transport == "nvshmem":
+            raise ValueError(f"rank {rank}: DDL_TRANSPORT=nvshmem but NVSHMEM cannot be used: {self.why}")
+        if nvshmem is not None:
+            self.transports.append(nvshmem)
+        self.intra_node = "" if len(on_node) == 1 else ("nvshmem" if nvshmem is not None else "mpi")
+        intra = nvshmem or mpi
+        route = [SelfTransport()] if size == 1 else \
+            [None if p == rank else intra if p in on_node else mpi for p in range(size)]
+        self._executor = Executor(rank, size, route, timeout=opts.timeout, depth=opts.pipeline_depth,
+                                  transports=self.transports)
+
+    def _open_nvshmem(self, on_node: list[int], device: torch.device):
+        """NVSHMEM over this node's ranks, or None (with ``why``) where it cannot serve.
+        Collective over the communicator: every rank takes the same branch."""
+        from mpi4py import MPI
+        from ..transports.nvshmem import NvshmemTransport
+        comm = self._comm
+        node = comm._comm.Split(comm._node_of_rank[comm.rank], comm.rank)
+        try:
+            world_of_node = node.allgather(MPI.COMM_WORLD.Get_rank())
+            return NvshmemTransport(node, on_node, slot_bytes=comm.options.chunk_bytes,
+                                    depth=comm.options.pipeline_depth, device=device,
+                                    world_ranks=world_of_node)
+        except ValueError as e:  # e.g. a sub-communicator that does not span its node
+            self.why = str(e)
+            return None
+        finally:
+            node.Free()
+
+    def close(self) -> None:
+        for t in self.transports:
+            t.close()
+        self.transports = []
+        self._executor = None

@@ -1,0 +1,189 @@
+"""The world's life cycle: ``init`` creates a communicator (the world's, once), ``finalize``
+releases it, and an exit guard keeps a survivor of a lost peer from hanging in MPI_Finalize.
+
+This is the only module that holds process-wide runtime state: the world communicator and
+whether this process made one (the exit rendezvous needs to know).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..options import Options
+from ..transports import failure_notice
+from .communicator import Communicator
+
+_world: Communicator | None = None
+_exit_guard_installed = False
+
+
+def _install_exit_guard() -> None:
+    """At exit, skip MPI_Finalize when a peer was lost or timed out.
+
+    MPI_Finalize waits for every rank, so a survivor of a dead peer would hang there
+    after its CollectiveTimeout. The guard flushes output and ends the process with
+    exit code 1 without finalizing (MPI_Abort would also kill the other survivors
+    before they report). mpi4py finalizes MPI in a C-level exit function, after every
+    atexit handler, so the guard always runs first. In every case the guard then
+    ignores the launcher's SIGUSR1 notice for the rest of the process's life.
+    """
+    global _exit_guard_installed
+    if _exit_guard_installed:
+        return
+    import atexit
+
+    def guard() -> None:
+        from .communicator import peers_lost
+        lost = peers_lost() or not _exit_rendezvous()
+        # Decided: from here on the launcher's notice can change nothing, and the
+        # interpreter's teardown would put SIGUSR1 back to its default action (death)
+        # while a faster peer's clean exit is still being announced.
+        failure_notice.ignore_from_now_on()
+        if lost:
+            import os
+            from ..launch import status
+            status.exiting()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
+    atexit.register(guard)
+    _exit_guard_installed = True
+
+
+_world_created = False  # this process created a world communicator (every rank of the world did)
+
+
+def _exit_rendezvous() -> bool:
+    """Before MPI_Finalize, which waits for every rank with no way out: wait for every rank
+    in an ``Ibarrier`` that ends early when the launcher reports a process that ended
+    without finalizing (failure_notice.py). Returns False, after dumping the flight
+    recorder, when such a peer makes finalizing hopeless. A rank that is merely slow (still
+    writing a checkpoint, say) is waited for as long as it takes."""
+    from mpi4py import MPI
+
+    if not _world_created or not MPI.Is_initialized() or MPI.Is_finalized():
+        return True
+    from ..observability import flight
+    from ..launch import status
+    from ..transports.base import PeerTimeout, wait_until
+
+    request = MPI.COMM_WORLD.Ibarrier()
+    try:
+        wait_until(request.Test, float("inf"), -1, "every rank at exit")
+    except PeerTimeout as e:
+        message = (f"rank {MPI.COMM_WORLD.Get_rank()}: at exit, before MPI_Finalize: {e}; "
+                   "leaving without finalizing")
+        path = flight.RECORDER.dump(message)
+        status.error(message)
+        print(f"ddl_triton: {message}" + (f" [flight recorder: {path}]" if path else ""), file=sys.stderr, flush=True)
+        return False
+    return True
+
+
+def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int | None = None,
+         size: int | None = None, **overrides) -> Communicator:
+    """Create a communicator: the world's (by default), or one over ``mpi_comm``.
+
+    How the ranks find each other (ddl_triton/bootstrap.py), in this order:
+
+    1. ``mpi_comm``: that MPI communicator (a sub-group: ``ddl_triton.init(sub_comm)``).
+    2. ``store``, ``rank``, ``size``: a ``torch.distributed.Store`` (TCPStore, FileStore, ...)
+       and this process's place in a world of ``size`` ranks: the world communicator.
+    3. The world, launched by MPI (mpiexec, ddlrun, srun with PMI): ``MPI.COMM_WORLD``.
+    4. The world, not launched by MPI: torch's default process group, when one is
+       initialized (its store, ranks and size); else the standard variables RANK, WORLD_SIZE,
+       MASTER_ADDR and MASTER_PORT (torchrun sets them; rank 0 serves a TCPStore on
+       MASTER_PORT); else a world of one.
+
+    Under MPI the inter-node transport is MPI; over a store it is gloo (a gloo process
+    group on the same store). Within a host it is shared memory either way.
+
+    The world communicator is created once: a later ``init()`` over the world returns it,
+    and raises ``ValueError`` when given options, a rank or a size that differ from the
+    ones it was created with (they could not be honoured; a communicator's options never
+    change). For other options, make another communicator over a duplicate of the world:
+    ``ddl_triton.init(MPI.COMM_WORLD.Dup(), schedule="ring")``, or ``finalize()`` first.
+    ``options`` defaults to ``Options.from_env()`` (the ``DDL_*`` variables, read
+    here and only here); keyword ``overrides`` replace single fields.
+    """
+    global _world
+    from mpi4py import MPI
+
+    if store is not None and mpi_comm is not None:
+        raise ValueError("ddl_triton.init: pass an MPI communicator or a store, not both")
+    if (store is None) != (rank is None) or (store is None) != (size is None):
+        raise ValueError("ddl_triton.init: store=, rank= and size= go together (all three or none)")
+    world = store is not None or mpi_comm is None or mpi_comm == MPI.COMM_WORLD
+    if world and _world is not None:
+        _check_same_options(_world, options, overrides)
+        if store is not None and (rank, size) != (_world.rank, _world.size):
+            raise ValueError(f"rank {_world.rank}: ddl_triton.init: the world communicator already exists as rank "
+                             f"{_world.rank} of {_world.size}, not rank {rank} of {size}; call "
+                             "ddl_triton.finalize() first")
+        return _world
+    opts = options.replace(**overrides) if options is not None else Options.from_env(**overrides)
+    _install_exit_guard()
+    failure_notice.install()  # survive the launcher's "a rank died" signal, and act on it
+    if mpi_comm is not None:
+        comm = Communicator(mpi_comm, opts)
+    else:
+        comm = Communicator(_world_bootstrap(opts, store, rank, size), opts)
+    if world:
+        global _world_created
+        _world = comm
+        _world_created = comm._bootstrap.kind == "mpi"  # the exit rendezvous is MPI's (see _exit_rendezvous)
+        from ..launch import status
+        status.start(opts.status_dir, comm.rank)
+    return comm
+
+
+_store_worlds = 0  # world communicators made over stores in this process: each gets its own key namespace
+
+
+def _world_bootstrap(opts: Options, store, rank, size):
+    """The world's bootstrap, chosen as ``init`` documents (steps 2-4)."""
+    global _store_worlds
+    from .bootstrap import MpiBootstrap, StoreBootstrap, launched_by_mpi, store_from_env
+
+    if store is None:
+        if launched_by_mpi():
+            from mpi4py import MPI
+            return MpiBootstrap(MPI.COMM_WORLD)
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+            store, rank, size = _get_default_store(), dist.get_rank(), dist.get_world_size()
+        elif any(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+            store, rank, size = store_from_env(opts.timeout)
+        else:
+            from mpi4py import MPI
+            return MpiBootstrap(MPI.COMM_WORLD)  # a world of one (an MPI singleton)
+    _store_worlds += 1
+    return StoreBootstrap(store, rank, size, timeout=opts.timeout, prefix=f"ddl_triton/world{_store_worlds}")
+
+
+def _check_same_options(world: Communicator, options: Options | None, overrides: dict) -> None:
+    """Refuse options the existing world communicator was not created with (see ``init``)."""
+    created = world._requested_options
+    asked = (options.replace(**overrides) if options is not None else created.replace(**overrides)) \
+        if (options is not None or overrides) else created
+    differ = [f"{name}={getattr(asked, name)!r} (it has {getattr(created, name)!r})"
+              for name in Options.__dataclass_fields__ if getattr(asked, name) != getattr(created, name)]
+    if differ:
+        raise ValueError(f"rank {world.rank}: ddl_triton.init: the world communicator already exists and cannot "
+                         f"take {', '.join(differ)}; create another with ddl_triton.init(MPI.COMM_WORLD.Dup(), ...) "
+                         "or call ddl_triton.finalize() first")
+
+
+def current() -> Communicator | None:
+    """The world communicator, or None before ``init`` (and after ``finalize``)."""
+    return _world
+
+
+def finalize() -> None:
+    """Finish outstanding work and release the world communicator's resources."""
+    global _world
+    if _world is not None:
+        _world.close()
+        _world = None

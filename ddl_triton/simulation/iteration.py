@@ -1,0 +1,226 @@
+"""Predict allreduce times and training iterations at scale, from the schedule IR.
+
+**One allreduce** (``allreduce_time``) of B bytes over ``gpus`` GPUs of a cluster, with a
+schedule by name:
+
+- up to ``_WALK_LIMIT`` GPUs the real schedule is built for the whole cluster grid and
+  walked by the cost model (ddl_triton/planning/costmodel.py), intra-node links as one class,
+  inter-node as the other: exactly what the planner does;
+- beyond it, by symmetry, from real schedules of one representative line per level:
+  ``multidim`` and ``hierarchical`` run their dimensions one after another (reduce-scatter
+  along X, Y, Z, all-gather back), every line of a dimension alike and on its own links,
+  so the time is the sum over dimensions of one line's allreduce (the schedule built for
+  that dimension's size and algorithm, on the bytes it owns then, on that level's link).
+  Cross-level pipelining of super-chunks is ignored (slightly pessimistic; the suite
+  checks the decomposition against the full walk on small grids). ``rhd`` over a grid of
+  powers of two is the same exchange as ``multidim`` with rhd on every dimension. A flat
+  ``ring`` over N GPUs spanning nodes runs each of its 2(N-1) steps at the slowest link:
+  the ring of 16 GPUs on that link with the same bytes per step, scaled by (N-1)/15.
+  ``tree`` adds, beyond 64 GPUs, two latency-bound hops per doubling.
+
+**Compression** (``--compress``) sends fewer bytes (int8 3.94x, fp16/bf16 2x, 1-bit 31.96x,
+the ratios measured by this project's hooks) and pays its kernels: three passes over the
+fp32 bucket at memory speed (quantize, dequantize-add-requantize, dequantize).
+
+**One training iteration** (``iteration``): forward then backward on each GPU; layer i's
+backward takes ``backward_over_forward`` x its forward time, forward time per layer is
+proportional to its multiply-adds; gradients become ready layer by layer in backward order
+and fill DDP-style buckets (``bucket_mb``, in reverse layer order); a bucket's allreduce
+starts when it is full and the previous allreduce is done, overlapping the rest of
+backward (on a cluster whose spec says ``overlap = false``, such as this host, whose ranks
+have no spare core, communication adds to the computation instead); the optimizer step
+waits for the last allreduce. Concurrent allreduces are
+modelled as one FIFO: allreduces in flight at once share the same links, so running them
+one after another finishes the last at the same time and keeps the model simple (a
+communicator here runs its collectives in issue order anyway).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import schedules
+from .cluster import Cluster
+from ..planning.costmodel import CostModel
+from ..schedules import grid as grid_mod
+from .workload import Layer
+
+_WALK_LIMIT = 32
+_CHUNKS = 64                 # schedules are costed at most this many chunks long (as the planner does)
+COMPRESSION = {"none": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 3.94, "onebit": 31.96}
+SCHEDULES = ("ring", "rhd", "tree", "hierarchical", "multidim")
+
+
+def _walk(model: CostModel, name: str, nranks: int, count: int, chunk_elems: int, link_of, grid=None,
+          algos=None) -> float:
+    """Seconds of one allreduce of ``count`` fp32 elements by walking the real schedule."""
+    if count == 0 or nranks == 1:
+        return 0.0
+    model_count = min(count, _CHUNKS * chunk_elems)
+    sched = schedules.build(name, "allreduce", nranks, model_count, chunk_elems=chunk_elems, grid=grid, algos=algos)
+    return model.time(sched, link_of, 4) * count / model_count
+
+
+def _level_name(d: int) -> str:
+    return ("intra", "inter", "rack")[min(d, 2)]
+
+
+_LINES: dict = {}
+_RING_SAMPLE = 16
+
+
+def _line(cluster: Cluster, d: int, size: int, count: int, chunk: int, algo: str) -> float:
+    """One line of ``size`` GPUs along dimension ``d``: allreduce of ``count`` with ``algo``.
+    Lines longer than 16: a ring is the ring of 16 with the same bytes per step, scaled by
+    (size-1)/15 (every step alike); rhd is walked whole (log steps); direct is not a
+    candidate (size^2 messages)."""
+    key = (cluster.name, d, size, count, chunk, algo)
+    if key not in _LINES:
+        model = cluster.level_model(_level_name(d))
+        flat = lambda a, b: "shm"  # noqa: E731 - one link class along a line
+        if size > _RING_SAMPLE and algo == "ring":
+            small = _walk(model, "multidim", _RING_SAMPLE, max(1, count * _RING_SAMPLE // size), chunk, flat,
+                          grid=(_RING_SAMPLE,), algos=("ring",))
+            _LINES[key] = small * (size - 1) / (_RING_SAMPLE - 1)
+        elif size > _RING_SAMPLE and algo == "direct":
+            _LINES[key] = math.inf
+        else:
+            _LINES[key] = _walk(model, "multidim", size, count, chunk, flat, grid=(size,), algos=(algo,))
+    return _LINES[key]
+
+
+def best_line_algorithm(cluster: Cluster, d: int, size: int, count: int, chunk: int) -> tuple[str, float]:
+    return min(((a, _line(cluster, d, size, count, chunk, a)) for a in grid_mod.PHASE_ALGORITHMS),
+               key=lambda t: t[1])
+
+
+def allreduce_time(cluster: Cluster, gpus: int, nbytes: int, schedule: str, *, chunk_bytes: int = 4 << 20,
+                   compress: str = "none") -> tuple[float, str]:
+    """(seconds, how it was costed) for one fp32 allreduce of ``nbytes`` on ``gpus`` GPUs."""
+    if compress not in COMPRESSION:
+        raise ValueError(f"unknown compression {compress!r}; valid: {', '.join(COMPRESSION)}")
+    kernels = 0.0
+    if compress != "none":
+        kernels = 3 * nbytes / (cluster.hbm_gbps * 1e9)
+        nbytes = int(nbytes / COMPRESSION[compress])
+    count = max(1, nbytes // 4)
+    chunk = max(1, chunk_bytes // 4)
+    dims = cluster.grid(gpus)
+    if gpus <= _WALK_LIMIT:
+        model = cluster.two_level_model()
+        x = dims[0]
+        link_of = lambda a, b: "shm" if a // x == b // x else "mpi"  # noqa: E731
+        grid, algos = (dims, None) if schedules.uses_grid(schedule) else (None, None)
+        if schedule == "multidim" and len(dims) > 1:
+            algos = tuple(best_line_algorithm(cluster, d, dims[d], count, chunk)[0] for d in range(len(dims)))
+        return kernels + _walk(model, schedule, gpus, count, chunk, link_of, grid, algos), "full schedule walk"
+    if schedule in ("multidim", "hierarchical", "rhd"):
+        plan = dims if schedule != "hierarchical" else (dims[0], gpus // dims[0])
+        total, owned, how = 0.0, count, []
+        for d, size in enumerate(plan):
+            if size == 1:
+                continue
+            if schedule == "multidim":
+                algo, t = best_line_algorithm(cluster, d, size, owned, chunk)
+            else:
+                algo = "rhd" if schedule == "rhd" else "ring"
+                t = _line(cluster, d, size, owned, chunk, algo)
+            total += t
+            how.append(f"{algo}x{size}")
+            owned = max(1, owned // size)
+        return kernels + total, "per-dimension lines: " + " + ".join(how)
+    if schedule == "ring":
+        slowest = 1 if gpus > dims[0] else 0
+        return kernels + _line(cluster, slowest, gpus, count, chunk, "ring"), \
+            f"ring of {_RING_SAMPLE} on the {_level_name(slowest)} link, scaled"
+    if schedule == "tree":
+        model = cluster.two_level_model()
+        base = 64
+        x = dims[0]
+        t = _walk(model, "tree", base, count, chunk, lambda a, b: "shm" if a // x == b // x else "mpi")
+        hop = cluster.links["inter"]["alpha"] + cluster.step_overhead + min(count, chunk) * 4 * cluster.links["inter"]["beta"]
+        return kernels + t + 2 * math.log2(gpus / base) * hop, f"tree of {base}, plus two hops per doubling"
+    raise ValueError(f"schedule {schedule!r} cannot be simulated at scale; valid: {', '.join(SCHEDULES)}")
+
+
+@dataclass(frozen=True)
+class Iteration:
+    gpus: int
+    compute: float        # forward + backward of one GPU, seconds
+    iteration: float      # with communication
+    exposed: float        # communication not hidden behind backward
+    allreduce_total: float
+    buckets: int
+
+    @property
+    def efficiency(self) -> float:
+        """Against one GPU with no communication at all."""
+        return self.compute / self.iteration
+
+
+def compute_seconds(cluster: Cluster, layers: list[Layer], batch: int, img_per_s: float | None = None,
+                    reference_macs: float | None = None) -> float:
+    """Forward + backward seconds of one GPU for ``batch`` samples of ``layers``.
+
+    ``img_per_s`` (default the cluster's) is measured on the cluster's reference model; another
+    model's rate is scaled by multiply-adds (``reference_macs``: that model's per sample)."""
+    rate = img_per_s or cluster.img_per_s
+    macs = sum(l.fwd_macs for l in layers)
+    if reference_macs:
+        rate = rate * reference_macs / macs
+    return batch / rate
+
+
+def straggler_factor(gpus: int, jitter: float) -> float:
+    """Expected slowest of ``gpus`` compute times whose coefficient of variation is ``jitter``,
+    relative to the mean: 1 + jitter * E[max of n standard normals] (Blom's approximation).
+    Synchronous training waits for the slowest rank at every allreduce; one GPU waits for nobody."""
+    if gpus <= 1 or jitter <= 0:
+        return 1.0
+    from statistics import NormalDist
+    return 1.0 + jitter * NormalDist().inv_cdf((gpus - 0.375) / (gpus + 0.25))
+
+
+def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *, batch: int,
+              compute: float, bucket_mb: float = 25.0, compress: str = "none",
+              allreduce=None, jitter: float = 0.0, bucket_overhead=None, overlapped_overhead=None) -> Iteration:
+    """One data-parallel iteration on ``gpus`` GPUs (see the module doc). ``allreduce(nbytes)``
+    overrides the allreduce time. ``bucket_overhead``: seconds each bucket costs beside its
+    allreduce (the comm hook, the hand-off to the communicator's thread; default the
+    cluster's), a number or a function of the bucket's bytes. ``overlapped_overhead``: the
+    same for a bucket issued while backward still computes (default: ``bucket_overhead``);
+    where communication shares compute's cores, as on this host, overlapping costs more than
+    the hand-off (bench/validate_simulator.py measures both). ``jitter``: the
+    per-GPU compute time's coefficient of variation ([U]; 0 = identical GPUs): every GPU
+    count above one computes at the expected pace of its slowest GPU (``straggler_factor``)."""
+    ratio = cluster.backward_over_forward
+    total_macs = sum(l.fwd_macs for l in layers) or 1
+    forward = compute * straggler_factor(gpus, jitter) / (1 + ratio)
+    t = forward
+    ready = []
+    for layer in reversed(layers):           # backward: last layer first
+        t += ratio * forward * layer.fwd_macs / total_macs
+        ready.append((t, layer.params * 4))
+    backward_end = t
+    cap = bucket_mb * 1e6
+    buckets, size, at = [], 0, 0.0
+    for when, nbytes in ready:
+        size += nbytes
+        at = when
+        if size >= cap:
+            buckets.append((at, size))
+            size = 0
+    if size:
+        buckets.append((at, size))
+    cost = allreduce or (lambda nbytes: allreduce_time(cluster, gpus, nbytes, schedule, compress=compress)[0])
+    per_bucket = cluster.bucket_overhead if bucket_overhead is None else bucket_overhead
+    per_overlapped = per_bucket if overlapped_overhead is None else overlapped_overhead
+    end, spent = 0.0, 0.0
+    if gpus > 1:
+        for when, nbytes in buckets:
+            extra = per_overlapped if when < backward_end else per_bucket
+            took = cost(nbytes) + (extra(nbytes) if callable(extra) else extra)
+            end = max(end, when) + took
+            spent += took
+    finished = max(backward_end, end) if cluster.overlap else backward_end + spent
+    return Iteration(gpus, compute, finished, finished - backward_end, spent, len(buckets))

@@ -1,0 +1,1 @@
+"""ddl_triton.tuning."""

@@ -1,0 +1,501 @@
+"""Multi-rank test body, run under ``mpiexec -n N python tests/multirank/multirank_worker.py [--quick]``.
+
+One launch runs many cases (a launch costs ~2 s). Every rank runs the same
+sequence of collectives whatever the outcome of a check, so a wrong result is
+reported instead of desynchronising the ranks into a hang. Data is
+integer-valued, so every reduction order gives the exact answer and results
+are compared with ``==``; each result is also checked to be bitwise identical
+on every rank. Exits 1 (printing every failed case) if anything was wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import torch
+from mpi4py import MPI
+
+import ddl_triton as ddl
+from support.report import gather_and_report
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64]
+OPS = ["sum", "avg", "min", "max"]
+
+
+class Checker:
+    def __init__(self, mpi_comm):
+        self.mpi = mpi_comm
+        self.group = mpi_comm  # the ranks whose results must agree (a sub-group's own MPI comm)
+        self.rank = mpi_comm.Get_rank()
+        self.failures: list[str] = []
+        self.cases = 0
+
+    def equal(self, what: str, got: torch.Tensor, expected: torch.Tensor) -> None:
+        self.cases += 1
+        if got.dtype != expected.dtype or got.shape != expected.shape or not torch.equal(got, expected):
+            bad = (got != expected).nonzero()[:3].flatten().tolist() if got.shape == expected.shape else "shape"
+            self.failures.append(f"rank {self.rank}: {what}: wrong at {bad}; got {got.flatten()[:6].tolist()} "
+                                 f"expected {expected.flatten()[:6].tolist()}")
+
+    def identical(self, what: str, t: torch.Tensor) -> None:
+        """Every rank holds the same bits in ``t`` (checked through MPI on raw bytes)."""
+        raw = t.contiguous().view(-1).view(torch.uint8).numpy() if t.numel() else torch.empty(0, dtype=torch.uint8).numpy()
+        allv = torch.empty(self.group.Get_size() * raw.size, dtype=torch.uint8).numpy()
+        self.group.Allgather([raw, MPI.BYTE], [allv, MPI.BYTE])
+        self.cases += 1
+        for q in range(self.group.Get_size()):
+            if not (allv[q * raw.size:(q + 1) * raw.size] == raw).all():
+                self.failures.append(f"rank {self.rank}: {what}: result differs from rank {q}'s bits")
+                return
+
+    def raises(self, what: str, exc: type, fn) -> None:
+        self.cases += 1
+        try:
+            fn()
+        except exc as e:
+            if f"rank {self.rank}" not in str(e):
+                self.failures.append(f"rank {self.rank}: {what}: error does not name the rank: {e}")
+        except Exception as e:  # noqa: BLE001
+            self.failures.append(f"rank {self.rank}: {what}: raised {type(e).__name__} instead of {exc.__name__}: {e}")
+        else:
+            self.failures.append(f"rank {self.rank}: {what}: did not raise {exc.__name__}")
+
+
+def rank_data(count: int, rank: int, size: int, dtype: torch.dtype, op: str) -> torch.Tensor:
+    """Small integers, distinct per rank and element; multiples of ``size`` for avg so the mean is exact."""
+    base = (torch.arange(count, dtype=torch.int64) * 7 + 3 * rank) % 23 - 11
+    if op == "avg":
+        base = base * size
+    return base.to(dtype)
+
+
+def expected_reduction(count: int, size: int, dtype: torch.dtype, op: str) -> torch.Tensor:
+    stack = torch.stack([rank_data(count, q, size, torch.int64, op) for q in range(size)]) if count else \
+        torch.zeros((size, 0), dtype=torch.int64)
+    if op == "sum":
+        r = stack.sum(0)
+    elif op == "avg":
+        r = stack.sum(0) // size  # exact: every value is a multiple of size
+    elif op == "min":
+        r = stack.min(0).values
+    else:
+        r = stack.max(0).values
+    return r.to(dtype)
+
+
+def valid_op(op: str, dtype: torch.dtype) -> bool:
+    return not (op == "avg" and not dtype.is_floating_point)
+
+
+def run_allreduce(ck: Checker, comm, sizes, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype in DTYPES:
+        for op in OPS:
+            if not valid_op(op, dtype):
+                continue
+            for count in sizes:
+                t = rank_data(count, r, n, dtype, op)
+                out = comm.allreduce(t, op=op)
+                what = f"{tag} allreduce {op} {dtype} n={count}"
+                ck.equal(what, t, expected_reduction(count, n, dtype, op))
+                ck.cases += 1
+                if out is not t:
+                    ck.failures.append(f"rank {r}: {what}: did not return its tensor")
+                ck.identical(what, t)
+
+
+def run_reduce_scatter(ck: Checker, comm, sizes, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype in DTYPES:
+        for op in OPS:
+            if not valid_op(op, dtype):
+                continue
+            for m in sizes:
+                inp = rank_data(n * m, r, n, dtype, op)
+                out = torch.full((m,), 99, dtype=dtype)  # poisoned: unwritten elements show
+                comm.reduce_scatter(out, inp, op=op)
+                full = expected_reduction(n * m, n, dtype, op)
+                ck.equal(f"{tag} reduce_scatter {op} {dtype} m={m}", out, full[r * m:(r + 1) * m])
+                ck.equal(f"{tag} reduce_scatter keeps input {dtype} m={m}", inp, rank_data(n * m, r, n, dtype, op))
+
+
+def run_all_gather(ck: Checker, comm, sizes, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype in DTYPES:
+        for m in sizes:
+            inp = rank_data(m, r, n, dtype, "sum")
+            out = torch.full((n * m,), 99, dtype=dtype)
+            comm.all_gather(out, inp)
+            exp = torch.cat([rank_data(m, q, n, dtype, "sum") for q in range(n)]) if m else out.new_empty(0)
+            ck.equal(f"{tag} all_gather {dtype} m={m}", out, exp)
+            ck.identical(f"{tag} all_gather {dtype} m={m}", out)
+
+
+def run_all_to_all(ck: Checker, comm, sizes, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype in (torch.float32, torch.bfloat16, torch.int32, torch.int64):
+        for m in sizes:
+            # Element i of block q on rank r encodes (r, q, i), so misrouted data shows.
+            inp = (torch.arange(n * m) + 1000 * r).to(dtype) if m else torch.empty(0, dtype=dtype)
+            out = torch.full((n * m,), 99, dtype=dtype)
+            comm.all_to_all(out, inp)
+            exp = torch.cat([(torch.arange(r * m, (r + 1) * m) + 1000 * q) for q in range(n)]).to(dtype) if m \
+                else out.new_empty(0)
+            ck.equal(f"{tag} all_to_all {dtype} m={m}", out, exp)
+
+
+def run_broadcast(ck: Checker, comm, sizes, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for root in range(n):
+            for count in sizes:
+                t = rank_data(count, r, n, dtype, "sum") if r == root else torch.full((count,), 77, dtype=dtype)
+                comm.broadcast(t, root=root)
+                ck.equal(f"{tag} broadcast root={root} {dtype} n={count}", t, rank_data(count, root, n, dtype, "sum"))
+
+
+def run_random_floats(ck: Checker, comm, tag: str) -> None:
+    """Non-integer data: ranks must still agree bit for bit, and stay within the dtype's rounding."""
+    n, r = comm.size, comm.rank
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for count in (5, 4097, 70001):
+            g = torch.Generator().manual_seed(1000 + r)
+            x = torch.randn(count, generator=g, dtype=torch.float64)
+            t = x.to(dtype)
+            ref = torch.zeros(count, dtype=torch.float64)
+            for q in range(n):
+                ref += torch.randn(count, generator=torch.Generator().manual_seed(1000 + q), dtype=torch.float64).to(dtype).double()
+            comm.allreduce(t, op="sum")
+            ck.identical(f"{tag} random {dtype} n={count}", t)
+            # fp32 accumulation then one rounding: within one output ulp plus the fp32 sum error.
+            eps = torch.finfo(dtype).eps
+            bound = ref.abs() * eps + n * n * torch.finfo(torch.float32).eps * ref.abs().clamp(min=1) * 4 + 1e-30
+            ck.cases += 1
+            err = (t.double() - ref).abs()
+            if not (err <= bound).all():
+                ck.failures.append(f"rank {r}: {tag} random {dtype} n={count}: max error {err.max().item():.3g} "
+                                   f"over bound")
+
+
+def run_small_path_is_one_shot(ck: Checker, world, tag: str) -> None:
+    """The small-message path (ddl_triton/runtime/small_allreduce.py) gives the one_shot schedule's bits
+    on random (non-integer) data, for every dtype and op it serves, up to its size limit."""
+    from ddl_triton.runtime.small_allreduce import LIMIT_BYTES
+    fast = ddl.init(world.Dup())
+    general = ddl.init(world.Dup(), schedule="one_shot")
+    general._small = None  # the same schedule through the executor
+    if fast._small is None:  # not every peer on shm: nothing to compare
+        fast.close()
+        general.close()
+        return
+    r = fast.rank
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+        limit = LIMIT_BYTES // dtype.itemsize
+        for count in (1, 2, 3, 255, limit):
+            g = torch.Generator().manual_seed(7000 + 31 * r + count)
+            x = torch.randn(count, generator=g, dtype=torch.float64) * 1e3
+            x = x.to(dtype) if dtype.is_floating_point else x.round().to(dtype)
+            for op in ("sum", "min", "max") + (("avg",) if dtype.is_floating_point else ()):
+                want = x.clone()
+                general.allreduce(want, op=op)
+                # Every entry to the path: the first call of a shape (the general entry), a repeat (the
+                # synchronous fast entry), async, a strided view, and ranks mixing entries in one call.
+                for entry in ("first", "repeat", "async", "strided", "mixed"):
+                    a = _small_path_entry(fast, x, op, entry if entry != "mixed" else
+                                          ("repeat", "async", "strided")[r % 3])
+                    ck.cases += 1
+                    if not torch.equal(a.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)):
+                        ck.failures.append(f"rank {r}: {tag} small path ({entry}) {op} {dtype} n={count}: "
+                                           "bits differ from one_shot")
+                    ck.identical(f"{tag} small path ({entry}) {op} {dtype} n={count}", a)
+    fast.close()
+    general.close()
+
+
+def _small_path_entry(comm, x: torch.Tensor, op: str, entry: str) -> torch.Tensor:
+    """Allreduce a copy of ``x`` through one entry of the communicator; returns the result."""
+    if entry == "async":
+        a = x.clone()
+        comm.allreduce(a, op=op, async_op=True).wait()
+        return a
+    if entry == "strided":
+        holder = torch.zeros(x.numel(), 2, dtype=x.dtype)
+        holder[:, 1] = x
+        comm.allreduce(holder[:, 1], op=op)
+        return torch.empty(x.numel(), dtype=x.dtype).copy_(holder[:, 1])
+    a = x.clone()
+    comm.allreduce(a, op=op)
+    return a
+
+
+def run_noncontiguous(ck: Checker, comm, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype in (torch.float32, torch.bfloat16, torch.int32):
+        base = rank_data(6 * 37, r, n, dtype, "sum").reshape(6, 37)
+        t = base.t()  # strided view
+        comm.allreduce(t, op="sum")
+        ck.equal(f"{tag} allreduce transposed {dtype}", t,
+                 expected_reduction(6 * 37, n, dtype, "sum").reshape(6, 37).t())
+        ck.equal(f"{tag} allreduce transposed writes through {dtype}", base,
+                 expected_reduction(6 * 37, n, dtype, "sum").reshape(6, 37))
+        col = rank_data(40 * 3, r, n, dtype, "sum").reshape(40, 3)
+        out = torch.full((n * 40, 3), 99, dtype=dtype)[:, 1]  # strided output column
+        comm.all_gather(out, col[:, 2])
+        exp = torch.cat([rank_data(120, q, n, dtype, "sum").reshape(40, 3)[:, 2] for q in range(n)])
+        ck.equal(f"{tag} all_gather strided {dtype}", out, exp)
+
+
+def run_async(ck: Checker, comm, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    tensors = [rank_data(c, r, n, torch.float32, "sum") for c in (1, 1000, 50000, 3, 300001, 17)]
+    works = [comm.allreduce(t, op="sum", async_op=True) for t in tensors]
+    extra = rank_data(999, r, n, torch.int64, "max")
+    comm.allreduce(extra, op="max")  # a synchronous call queues behind the async ones
+    ck.equal(f"{tag} sync after async", extra, expected_reduction(999, n, torch.int64, "max"))
+    for w, t, c in zip(reversed(works), reversed(tensors), reversed((1, 1000, 50000, 3, 300001, 17))):
+        res = w.wait()
+        ck.equal(f"{tag} async allreduce n={c}", res, expected_reduction(c, n, torch.float32, "sum"))
+        ck.equal(f"{tag} async result is the tensor n={c}", t, res)
+    # Mixed collectives in flight at once complete in issue order.
+    ag_out = torch.empty(n * 5, dtype=torch.int32)
+    w1 = comm.all_gather(ag_out, torch.full((5,), r, dtype=torch.int32), async_op=True)
+    b = torch.full((11,), r, dtype=torch.float64)
+    w2 = comm.broadcast(b, root=n - 1, async_op=True)
+    w3 = comm.barrier(async_op=True)
+    w3.wait()
+    ck.cases += 1
+    if not (w1.is_completed() and w2.is_completed()):
+        ck.failures.append(f"rank {r}: {tag}: barrier completed before earlier async collectives")
+    ck.equal(f"{tag} async all_gather", w1.wait(), torch.arange(n, dtype=torch.int32).repeat_interleave(5))
+    ck.equal(f"{tag} async broadcast", b, torch.full((11,), n - 1, dtype=torch.float64))
+
+
+def run_reduce_op_enum(ck: Checker, comm, tag: str) -> None:
+    import torch.distributed as dist
+    n, r = comm.size, comm.rank
+    for op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.MAX, "max"), (dist.ReduceOp.MIN, "min"),
+                     (dist.ReduceOp.AVG, "avg")):
+        t = rank_data(33, r, n, torch.float32, name)
+        comm.allreduce(t, op=op)
+        ck.equal(f"{tag} ReduceOp {name}", t, expected_reduction(33, n, torch.float32, name))
+
+
+def run_bad_input(ck: Checker, comm, tag: str) -> None:
+    """Refused on every rank before any communication, so the ranks stay in step."""
+    n = comm.size
+    ck.raises(f"{tag} reduce_scatter size mismatch", ValueError,
+              lambda: comm.reduce_scatter(torch.empty(3), torch.empty(3 * n + 1)))
+    ck.raises(f"{tag} all_gather size mismatch", ValueError,
+              lambda: comm.all_gather(torch.empty(2 * n + 1), torch.empty(2)))
+    ck.raises(f"{tag} avg on integers", ValueError, lambda: comm.allreduce(torch.ones(4, dtype=torch.int32), op="avg"))
+    ck.raises(f"{tag} unknown op", ValueError, lambda: comm.allreduce(torch.ones(4), op="prod"))
+    ck.raises(f"{tag} unsupported dtype", TypeError, lambda: comm.allreduce(torch.ones(4, dtype=torch.complex64)))
+    ck.raises(f"{tag} broadcast root out of range", ValueError, lambda: comm.broadcast(torch.ones(4), root=n))
+    ck.raises(f"{tag} expanded tensor", ValueError, lambda: comm.allreduce(torch.ones(1).expand(8)))
+    ck.raises(f"{tag} dtype pair mismatch", TypeError,
+              lambda: comm.all_gather(torch.empty(2 * n, dtype=torch.float64), torch.empty(2)))
+    ck.raises(f"{tag} tensor on a non-CPU device", ValueError, lambda: comm.allreduce(torch.ones(4, device="meta")))
+    ck.raises(f"{tag} tensor that requires grad", ValueError,
+              lambda: comm.allreduce(torch.ones(4, requires_grad=True)))
+    ck.raises(f"{tag} not a tensor", TypeError, lambda: comm.allreduce([1.0, 2.0]))
+    ck.raises(f"{tag} reduce_scatter output dtype differs", TypeError,
+              lambda: comm.reduce_scatter(torch.empty(2, dtype=torch.int32), torch.empty(2 * n)))
+    ck.raises(f"{tag} all_to_all size mismatch", ValueError,
+              lambda: comm.all_to_all(torch.empty(3 * n), torch.empty(3 * n + 1)))
+    ck.raises(f"{tag} overlapping out/inp", ValueError,
+              lambda: (lambda buf: comm.all_gather(buf, buf[:4]))(torch.empty(4 * n)))
+
+
+TOPOLOGIES = {1: ["1"], 2: ["2", "1x2", "2x1"], 3: ["3", "3x1", "1x3"], 4: ["4", "2x2", "1x4", "4x1", "2x1x2"]}
+
+
+def run_matrix(ck: Checker, world) -> None:
+    """Every schedule, forced, on every topology of this world size, over the exact cases.
+
+    Collectives a forced schedule does not implement fall back to the planner's choice,
+    so every schedule is also exercised beside the others in one communicator.
+    """
+    from ddl_triton import schedules
+    n = world.Get_size()
+    for topo in TOPOLOGIES[n]:
+        for name in schedules.names():
+            # 512-byte chunks: most cases span many chunks and reuse the two slots constantly.
+            comm = ddl.init(world.Dup(), schedule=name, topology=topo, chunk_bytes=512, pipeline_depth=2)
+            tag = f"{name}@{topo}"
+            run_allreduce(ck, comm, [0, 1, 7, 131, 1031], tag)
+            run_reduce_scatter(ck, comm, [1, 29], tag)
+            run_all_gather(ck, comm, [1, 29], tag)
+            run_broadcast(ck, comm, [1, 300], tag)
+            comm.close()
+    if n == 4:
+        check_hierarchical_bytes(ck, world)
+
+
+def run_fuzz(ck: Checker, world, seed: int, cases: int) -> None:
+    """Seeded random cases, identical on every rank: schedule x topology x dtype x op x size x
+    async mixing (up to 3 in flight), each result checked exactly against its reference."""
+    import random
+    from ddl_triton import schedules
+    n, r = world.Get_size(), world.Get_rank()
+    rng = random.Random(seed)
+    pool = {}
+    for _ in range(6):  # a few communicators, each with a forced schedule on an emulated topology
+        key = (rng.choice(schedules.names()), rng.choice(TOPOLOGIES[n]), rng.choice([256, 1024, 1 << 20]))
+        if key not in pool:
+            pool[key] = ddl.init(world.Dup(), schedule=key[0], topology=key[1], chunk_bytes=key[2])
+    keys = sorted(pool)
+    pending = []
+    for i in range(cases):
+        key = rng.choice(keys)
+        comm = pool[key]
+        dtype = rng.choice(DTYPES)
+        op = rng.choice([o for o in OPS if valid_op(o, dtype)])
+        count = rng.choice([0, 1, 2, 3, 5, 17, 129, 1000, 4099, 20011])
+        async_op = rng.random() < 0.4
+        kind = rng.choice(["allreduce", "allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"])
+        tag = f"fuzz#{i} {kind} {op} {dtype} n={count} on {key}"
+        if kind == "allreduce":
+            t = rank_data(count, r, n, dtype, op)
+            w = comm.allreduce(t, op=op, async_op=async_op)
+            pending.append((w, tag, t, expected_reduction(count, n, dtype, op)))
+        elif kind == "reduce_scatter":
+            out = torch.full((count,), 99, dtype=dtype)
+            w = comm.reduce_scatter(out, rank_data(n * count, r, n, dtype, op), op=op, async_op=async_op)
+            pending.append((w, tag, out, expected_reduction(n * count, n, dtype, op)[r * count:(r + 1) * count]))
+        elif kind == "all_gather":
+            out = torch.full((n * count,), 99, dtype=dtype)
+            w = comm.all_gather(out, rank_data(count, r, n, dtype, "sum"), async_op=async_op)
+            exp = torch.cat([rank_data(count, q, n, dtype, "sum") for q in range(n)]) if count else out.new_empty(0)
+            pending.append((w, tag, out, exp))
+        elif kind == "broadcast":
+            root = rng.randrange(n)
+            t = rank_data(count, r, n, dtype, "sum")
+            w = comm.broadcast(t, root=root, async_op=async_op)
+            pending.append((w, tag, t, rank_data(count, root, n, dtype, "sum")))
+        else:
+            inp = (torch.arange(n * count) % 101 + 3 * r).to(dtype)
+            out = torch.full((n * count,), 99, dtype=dtype)
+            w = comm.all_to_all(out, inp, async_op=async_op)
+            exp = torch.cat([(torch.arange(r * count, (r + 1) * count) % 101 + 3 * q) for q in range(n)]).to(dtype) \
+                if count else out.new_empty(0)
+            pending.append((w, tag, out, exp))
+        if not async_op or len(pending) >= 3:
+            for w_, tag_, got, exp in pending:
+                if w_ is not None and hasattr(w_, "wait"):
+                    w_.wait()
+                ck.equal(tag_, got, exp)
+            pending = []
+    for w_, tag_, got, exp in pending:
+        if hasattr(w_, "wait"):
+            w_.wait()
+        ck.equal(tag_, got, exp)
+    for comm in pool.values():
+        comm.close()
+
+
+def check_hierarchical_bytes(ck: Checker, world) -> None:
+    """On 2x2, hierarchical sends 1/X of the intra-node volume over MPI, as its schedule says."""
+    from ddl_triton import schedules
+    comm = ddl.init(world.Dup(), schedule="hierarchical", topology="2x2", chunk_bytes=4096)
+    count = 4 * 4096
+    t = torch.ones(count)
+    before = comm.transport_bytes
+    comm.allreduce(t)
+    after = comm.transport_bytes
+    sent = {k: after[k]["sent"] - before[k]["sent"] for k in after}
+    plan = comm.explain("allreduce", count * 4, torch.float32)
+    sched = schedules.build("hierarchical", "allreduce", 4, count, chunk_elems=plan.chunk_elems, grid=plan.grid,
+                            algos=plan.algos)
+    node = comm.rank // 2
+    expect = {"shm": 0, "mpi": 0}
+    for st in sched.steps[comm.rank]:
+        for p in st.send:
+            expect["shm" if p // 2 == node else "mpi"] += st.count * 4
+    ck.cases += 3
+    if sent != expect:
+        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 bytes {sent}, schedule says {expect}")
+    if expect["mpi"] * 2 != expect["shm"]:
+        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 MPI bytes {expect['mpi']} are not 1/X of the "
+                           f"intra-node {expect['shm']}")
+    if not torch.equal(t, torch.full((count,), 4.0)):
+        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 wrong sum")
+    comm.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true", help="fewer sizes (used for the extra transport/kernel runs)")
+    p.add_argument("--matrix", action="store_true", help="every schedule on every topology of this world size")
+    p.add_argument("--fuzz", type=int, default=None, metavar="SEED", help="seeded random cases")
+    args = p.parse_args()
+    world = MPI.COMM_WORLD
+    ck = Checker(world)
+    n = world.Get_size()
+    if args.matrix:
+        body = lambda: run_matrix(ck, world)  # noqa: E731
+    elif args.fuzz is not None:
+        body = lambda: run_fuzz(ck, world, args.fuzz, 200)  # noqa: E731
+    else:
+        body = lambda: run_suite(ck, world, args.quick)  # noqa: E731
+    try:
+        body()
+        ddl.finalize()
+    except Exception:  # noqa: BLE001
+        # An exception would leave the other ranks waiting: report it and end the whole job.
+        ck.failures.append(f"rank {ck.rank}: exception\n{traceback.format_exc()}")
+        sys.stdout.write("\n".join(ck.failures) + "\n")
+        sys.stdout.flush()
+        world.Abort(1)
+    return report(ck, world)
+
+
+def run_suite(ck: Checker, world, quick: bool) -> None:
+    """The exact cases on the world communicator, plus tiny chunks and a sub-group."""
+    sizes = [0, 1, 2, 3, 7, 13, 127, 1000, 4099, 65537] if not quick else [0, 1, 7, 131, 1031]
+    big = [300007]  # prime, larger than a chunk: many pipelined chunks, uneven blocks
+    comm = ddl.init()
+    ck.cases += 2
+    if ddl.init() is not comm:
+        ck.failures.append("init() is not idempotent")
+    world.Barrier()
+    left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
+    if left:  # segments are unlinked inside init, once every peer has mapped them
+        ck.failures.append(f"rank {ck.rank}: shared-memory segments visible after init: {left}")
+    run_allreduce(ck, comm, sizes + ([] if quick else big), "world")
+    run_reduce_scatter(ck, comm, sizes, "world")
+    run_all_gather(ck, comm, sizes, "world")
+    run_broadcast(ck, comm, [0, 1, 1000, 70001], "world")
+    run_all_to_all(ck, comm, [0, 1, 7, 3001], "world")
+    if not quick:
+        run_random_floats(ck, comm, "world")
+        run_small_path_is_one_shot(ck, world, "world")
+        run_noncontiguous(ck, comm, "world")
+        run_async(ck, comm, "world")
+        run_reduce_op_enum(ck, comm, "world")
+        run_bad_input(ck, comm, "world")
+        # Tiny chunks and the shallowest pipeline: many chunks, slots reused constantly.
+        tiny = ddl.init(world.Dup(), chunk_bytes=256, pipeline_depth=2)
+        run_allreduce(ck, tiny, [0, 1, 63, 64, 65, 1031], "tiny-chunks")
+        run_reduce_scatter(ck, tiny, [1, 97], "tiny-chunks")
+        run_all_gather(ck, tiny, [1, 97], "tiny-chunks")
+        run_broadcast(ck, tiny, [1, 97], "tiny-chunks")
+        run_all_to_all(ck, tiny, [1, 97], "tiny-chunks")
+        tiny.close()
+        # A sub-group: even and odd ranks form separate communicators.
+        sub_mpi = world.Split(world.Get_rank() % 2, world.Get_rank())
+        sub = ddl.init(sub_mpi)
+        ck.group = sub_mpi
+        run_allreduce(ck, sub, [0, 5, 1000, 70001], f"subgroup{world.Get_rank() % 2}")
+        ck.group = world
+        sub.close()
+        sub_mpi.Free()
+
+
+def report(ck: Checker, world) -> int:
+    return gather_and_report(f"multirank_worker: {world.Get_size()} ranks", ck.failures, ck.cases, world)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,382 @@
+"""ddlrun (ddl_triton.launch.ddlrun): the pre-launch checks, the printed command, and real 2-rank launches."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from ddl_triton.launch import ddlrun as launcher
+from ddl_triton.launch.ddlrun import main
+
+JOB_TIMEOUT_S = 60
+_CONSOLE_SCRIPT = Path(sys.executable).parent / "ddlrun"
+
+RANK_REPORT = """\
+import os, sys
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+sys.stdout.write(f"rank {comm.Get_rank()} of {comm.Get_size()} topology {os.environ['DDL_TOPOLOGY']}\\n")
+"""
+
+EXIT_3_ON_RANK_1 = """\
+import sys
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 1:
+    sys.exit(3)
+"""
+
+WAIT_FOREVER = """\
+import os, sys, time
+from pathlib import Path
+from mpi4py import MPI
+ready = Path(sys.argv[1], f"ready-{MPI.COMM_WORLD.Get_rank()}")
+Path(f"{ready}.tmp").write_text(str(os.getpid()))
+os.replace(f"{ready}.tmp", ready)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    """A script that exists; dry runs never run it."""
+    path = tmp_path / "train.py"
+    path.write_text("raise SystemExit('a dry run must not run the script')\n")
+    return str(path)
+
+
+def write_script(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def ddlrun(*args: str) -> list[str]:
+    """The installed console script when there is one, else the module: the way a user starts it."""
+    program = [str(_CONSOLE_SCRIPT)] if _CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "ddl_triton.launch.ddlrun"]
+    return [*program, *args]
+
+
+def ddlrun_without_torch(*args: str) -> list[str]:
+    """ddlrun from launcher.py alone: the console script imports the ddl_triton package, and so torch (~3 s)."""
+    load = ("import importlib.util, sys; "
+            f"spec = importlib.util.spec_from_file_location('ddlrun_launcher', {launcher.__file__!r}); "
+            "module = sys.modules[spec.name] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+            "sys.exit(module.main())")
+    return [sys.executable, "-c", load, *args]
+
+
+def run_ddlrun(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(ddlrun(*args), capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def refused(capsys, argv: list[str]) -> str:
+    """Run main(argv), require the check failure (exit 2, one ddlrun line, nothing on stdout); return the line."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddlrun: "), err
+    return lines[0]
+
+
+# --- pre-launch checks ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("topology", ["2by2", "4", "2x", "x2", "2x0", "0x4", "2x2x2x1", "2x-2", "2X2"])
+def test_topology_must_be_XxY_or_XxYxZ(capsys, script, topology):
+    line = refused(capsys, ["-n", "4", "--topology", topology, "--", sys.executable, script])
+    assert line.startswith(f"ddlrun: --topology {topology!r} is not XxY[xZ]")
+
+
+def test_topology_must_cover_every_rank(capsys, script):
+    line = refused(capsys, ["-n", "4", "--topology", "3x2", "--", sys.executable, script])
+    assert line == "ddlrun: --topology 3x2 has 6 ranks but -n is 4"
+
+
+def test_three_level_topology_is_accepted(capsys, script):
+    assert main(["-n", "8", "--topology", "2x2x2", "--dry-run", "--", sys.executable, script]) == 0
+    assert "DDL_TOPOLOGY=2x2x2 " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ranks", ["0", "-1"])
+def test_ranks_must_be_at_least_one(capsys, script, ranks):
+    assert refused(capsys, ["-n", ranks, sys.executable, script]) == f"ddlrun: -n must be at least 1, got {ranks}"
+
+
+@pytest.mark.parametrize("seconds", ["0", "-5", "inf", "nan"])
+def test_timeout_must_be_positive(capsys, script, seconds):
+    assert "--timeout must be a positive number" in refused(capsys, ["-n", "2", "--timeout", seconds,
+                                                                      sys.executable, script])
+
+
+def test_missing_script_is_refused(capsys, tmp_path):
+    missing = str(tmp_path / "nope.py")
+    assert refused(capsys, ["-n", "2", "--", sys.executable, "-u", missing]).startswith(
+        f"ddlrun: script {missing!r} does not exist")
+
+
+def test_missing_py_command_is_refused(capsys, tmp_path):
+    missing = str(tmp_path / "nope.py")
+    assert missing in refused(capsys, ["-n", "2", missing])
+
+
+def test_unknown_command_is_refused(capsys):
+    assert refused(capsys, ["-n", "2", "no-such-program-ddl", "x"]) == \
+        "ddlrun: command 'no-such-program-ddl' is not found on PATH"
+
+
+def test_missing_mpiexec_is_refused(capsys, script):
+    line = refused(capsys, ["-n", "2", "--mpiexec", "/nonexistent", "--", sys.executable, script])
+    assert line == "ddlrun: --mpiexec /nonexistent does not exist"
+
+
+def test_mpiexec_of_another_mpi_is_refused(capsys, script, tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.3'\n")
+    fake.chmod(0o755)
+    line = refused(capsys, ["-n", "2", "--mpiexec", str(fake), sys.executable, script])
+    assert "uses MPICH" in line and "Open MPI" in line and str(fake) in line
+
+
+def test_no_command_is_a_usage_error(capsys):
+    assert main(["-n", "2", "--"]) == 2
+    assert "no command to run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, script", [
+    (["python", "train.py", "-m", "x"], "train.py"),
+    (["/usr/bin/python3.11", "-u", "-W", "ignore", "-X", "dev", "train.py"], "train.py"),
+    (["python3", "-Wignore", "-O", "--check-hash-based-pycs", "always", "train.py"], "train.py"),
+    (["python", "-m", "pkg.train"], None),
+    (["python", "-um", "pkg.train"], None),
+    (["python", "-c", "print(1)"], None),
+    (["python", "-"], None),
+    (["python"], None),
+    (["./train.py", "--lr", "1"], "./train.py"),
+    (["bash", "run.sh"], None),
+])
+def test_which_word_is_the_script(command, script):
+    assert launcher._script_of(command) == script
+
+
+@pytest.mark.parametrize("text, family", [
+    ("MPICH Version:      5.0.2\nMPICH Release date: ...", "MPICH"),
+    ("HYDRA build details:\n    Version: 4.2.0", "MPICH"),
+    ("MVAPICH2 Version     :\t2.3.7", "MPICH"),
+    ("Open MPI v5.0.3, package: Open MPI ...", "Open MPI"),
+    ("mpiexec (OpenRTE) 4.1.5", "Open MPI"),
+    ("Intel(R) MPI Library 2021.10 for Linux* OS", "Intel MPI"),
+    ("Microsoft MPI 10.1", None),
+])
+def test_mpi_family_from_version_text(text, family):
+    assert launcher._mpi_family(text) == family
+
+
+# --- the command and its environment -------------------------------------------------------------------
+
+def test_dry_run_prints_the_command_and_runs_nothing(capsys, script):
+    assert main(["-n", "4", "--topology", "2x2", "--timeout", "30", "--dry-run", "--",
+                 sys.executable, script, "--dry-run", "-n", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    line = err.strip()
+    assert line.startswith("ddlrun: ") and "\n" not in line
+    words = shlex.split(line.removeprefix("ddlrun: "))
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    # Options after the command (even ddlrun's own names) belong to the command.
+    guard = [sys.executable, launcher._RANK_GUARD]  # MPICH: every rank below its guard (see rank_guard.py)
+    assert words == ["DDL_TOPOLOGY=2x2", "DDL_TIMEOUT=30", mpiexec, "-disable-auto-cleanup", "-n", "4", *guard,
+                     sys.executable, script, "--dry-run", "-n", "1"]
+
+
+def test_command_without_double_dash(capsys, script):
+    assert main(["-n", "2", "--dry-run", sys.executable, "-u", script, "--epochs", "3"]) == 0
+    words = shlex.split(capsys.readouterr().err.removeprefix("ddlrun: "))
+    assert words[1:] == ["-disable-auto-cleanup", "-n", "2", sys.executable, launcher._RANK_GUARD,
+                         sys.executable, "-u", script, "--epochs", "3"]
+
+
+def test_child_env_sets_ddl_variables_over_the_base():
+    args = Namespace(topology="2x2", timeout=2.5)
+    env = launcher._child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old"})
+    assert env == {"PATH": "/bin", "DDL_TOPOLOGY": "2x2", "DDL_TIMEOUT": "2.5"}
+    assert launcher._child_env(Namespace(topology=None, timeout=None), base={"A": "1"}) == {"A": "1"}
+
+
+def test_survivor_grace_is_one_deadline_plus_reporting_time():
+    from ddl_triton.options import Options
+    assert launcher._DEFAULT_TIMEOUT == Options.timeout
+    assert launcher._survivor_grace({}) == Options.timeout + launcher._REPORT_SECONDS
+    assert launcher._survivor_grace({"DDL_TIMEOUT": "7"}) == 7 + launcher._REPORT_SECONDS
+
+
+def test_open_mpi_is_told_to_export_the_variables():
+    command = launcher._mpiexec_command("mpiexec", "Open MPI", 4, {"DDL_TOPOLOGY": "2x2"}, ["python", "t.py"])
+    assert command == ["mpiexec", "-n", "4", "-x", "DDL_TOPOLOGY", "python", "t.py"]
+
+
+def test_exit_status_of_a_job_killed_by_a_signal(capsys):
+    assert launcher._report(-signal.SIGKILL) == 128 + signal.SIGKILL
+    assert "job failed with exit code 137 (mpiexec was killed by SIGKILL)" in capsys.readouterr().err
+
+
+def _records(**ranks: dict[str, str]) -> dict[int, dict[str, str]]:
+    return {int(name[1:]): events for name, events in ranks.items()}
+
+
+def test_job_status_is_the_killed_ranks_not_hydras_bitwise_or(capsys):
+    ranks = _records(r0={"start": "10", "returncode": "3"}, r1={"start": "11", "killed": "11 SIGKILL",
+                                                                "returncode": "137"},
+                     r2={"start": "12", "returncode": "3", "exit": ""})
+    assert launcher._job_status(ranks) == (137, "rank 1 was killed by SIGKILL")
+    assert launcher._report(139, launcher._job_status(ranks)) == 137
+    assert ("job failed with exit code 137 (rank 1 was killed by SIGKILL; mpiexec's 139 is the bitwise OR of the "
+            "ranks' statuses)") in capsys.readouterr().err
+
+
+def test_job_status_without_a_kill_is_the_lowest_failing_ranks():
+    ranks = _records(r0={"returncode": "0"}, r1={"returncode": "4"}, r2={"returncode": "2"})
+    assert launcher._job_status(ranks) == (4, "rank 1 exited with status 4")
+    assert launcher._job_status(_records(r0={"returncode": "0"}, r1={"start": "5"})) is None  # mpiexec's then
+
+
+def test_report_describes_each_rank_once_by_its_most_certain_record(capsys):
+    ranks = _records(r0={"start": "10", "returncode": "3"},                       # os._exit(3): no exit handlers
+                     r1={"start": "11", "killed": "11 SIGKILL", "returncode": "137"},  # named by its guard
+                     r2={"start": "12", "exit": "", "returncode": "1", "error": "rank 2: lost rank 1"},
+                     r3={"start": "13"})                                          # nothing saw it end
+    launcher._report_ranks(ranks, failed_pids=[11])
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "ddlrun: ranks whose end nobody recorded (killed by a signal, crashed, or ended by the launcher's cleanup): "
+        "rank 3 (pid 13)",
+        "ddlrun: rank 0 (pid 10) exited with status 3 without running its exit handlers (os._exit, or a fatal error "
+        "in the interpreter)",
+        "ddlrun: mpiexec reported rank 1 (pid 11) as failed",
+        "ddlrun: rank 2 reported: rank 2: lost rank 1",
+        "ddlrun: exit status per rank: 0: 3, 1: 137, 2: 1",
+    ]
+
+
+# --- real launches (mpiexec, 2 ranks) ------------------------------------------------------------------
+
+def test_real_launch_sets_topology_on_every_rank(tmp_path):
+    rank_report = write_script(tmp_path, "report.py", RANK_REPORT)
+    proc = run_ddlrun("-n", "2", "--topology", "2x1", "--", sys.executable, rank_report)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Lines from the two ranks may interleave mid-line (mpiexec merges their streams): match, don't split.
+    assert sorted(re.findall(r"rank \d of \d topology \S+?(?=rank|\n|$)", proc.stdout)) == \
+        ["rank 0 of 2 topology 2x1", "rank 1 of 2 topology 2x1"], proc.stdout
+    assert proc.stderr.startswith("ddlrun: DDL_TOPOLOGY=2x1 ")
+
+
+def test_real_launch_forwards_a_rank_failure(tmp_path):
+    failing = write_script(tmp_path, "fail.py", EXIT_3_ON_RANK_1)
+    proc = run_ddlrun("-n", "2", sys.executable, failing)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "ddlrun: job failed with exit code 3 (rank 1 exited with status 3)" in proc.stderr.splitlines()
+    assert "ddlrun: exit status per rank: 0: 0, 1: 3" in proc.stderr.splitlines()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_ddlrun_stops_the_job(tmp_path, signum):
+    waiting = write_script(tmp_path, "wait.py", WAIT_FOREVER)
+    proc = subprocess.Popen(ddlrun_without_torch("-n", "2", sys.executable, waiting, str(tmp_path)),
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert "ddlrun: job failed with exit code" in err
+    rank_pids = [int((tmp_path / f"ready-{rank}").read_text()) for rank in (0, 1)]
+    deadline = time.monotonic() + 10
+    while any(is_running(pid) for pid in rank_pids):
+        assert time.monotonic() < deadline, f"ranks {rank_pids} outlived ddlrun"
+        time.sleep(0.05)
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ddlrun_names_the_rank_that_was_killed_and_the_survivors_exit_by_themselves(tmp_path):
+    script = tmp_path / "victim.py"
+    script.write_text(
+        "import os, signal, torch, ddl_triton as ddl\n"
+        "comm = ddl.init()\n"
+        "for i in range(50):\n"
+        "    if comm.rank == 1 and i == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    comm.allreduce(torch.ones(100))\n"
+        "ddl.finalize()\n")
+    ddlrun = Path(sys.executable).parent / "ddlrun"
+    proc = subprocess.run([str(ddlrun), "-n", "3", "--timeout", "20", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 128 + 9, proc.stderr
+    assert re.search(r"ddlrun: rank 1 \(pid \d+\) was killed by SIGKILL", proc.stderr), proc.stderr
+    # Each survivor raised on its own (not killed by the launcher), naming rank 1, and exited 1.
+    for survivor in (0, 2):
+        assert re.search(rf"ddlrun: rank {survivor} reported: rank {survivor}: allreduce #4 .*rank 1 died",
+                         proc.stderr), proc.stderr
+    assert "ddlrun: exit status per rank: 0: 1, 1: 137, 2: 1" in proc.stderr, proc.stderr
+    assert "nobody recorded" not in proc.stderr, proc.stderr
+
+
+# --- the rank guard (ddl_triton/launch/rank_guard.py) -----------------------------------------------------------
+
+def run_guard(tmp_path, code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PMI_RANK="5", DDL_STATUS_DIR=str(tmp_path))
+    return subprocess.run([sys.executable, launcher._RANK_GUARD, sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def test_guard_turns_a_rank_killed_by_a_signal_into_exit_status_128_plus_n(tmp_path):
+    proc = run_guard(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert proc.returncode == 128 + 9
+    pid, signame = (tmp_path / "rank5.killed").read_text().split()
+    assert signame == "SIGKILL" and int(pid) > 0
+    assert f"ddlrun: rank 5 (pid {pid}) was killed by SIGKILL" in proc.stderr
+    assert (tmp_path / "rank5.returncode").read_text() == "137"
+
+
+def test_guard_passes_the_exit_status_and_default_signals_through(tmp_path):
+    proc = run_guard(tmp_path, "import signal, sys; print(signal.getsignal(signal.SIGINT), "
+                               "int(signal.getsignal(signal.SIGUSR1))); sys.exit(3)")
+    assert proc.returncode == 3
+    # The guard ignores SIGINT and SIGUSR1 itself; the rank must start with Python's defaults.
+    assert proc.stdout.split() == ["<built-in", "function", "default_int_handler>", "0"]  # 0: SIG_DFL
+    assert not (tmp_path / "rank5.killed").exists()
+    assert (tmp_path / "rank5.returncode").read_text() == "3"
+
+
+def test_stragglers_are_ended_a_grace_period_after_a_rank_was_lost(tmp_path):
+    straggler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "rank0.killed").write_text("1 SIGKILL")
+        t0 = time.monotonic()
+        launcher._end_stragglers(straggler, str(tmp_path), grace=0.5)
+        assert straggler.wait(timeout=10) == -signal.SIGTERM
+        assert 0.5 <= time.monotonic() - t0 < 5
+    finally:
+        straggler.kill()

@@ -1,0 +1,103 @@
+"""Faults end in clear errors on every rank, never a hang: mismatched calls and a missing rank."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from support.launch import assert_clean_run, ddl_segments, run_ranks
+
+HERE = Path(__file__).resolve().parent
+DDLRUN = Path(sys.executable).parent / "ddlrun"
+
+_LINE = re.compile(r"FAULT case=(\w+) rank=(\d+) error=(\w+) seconds=([\d.]+) msg=(.*)")
+
+
+def _faults(stdout: str) -> list[tuple[str, int, str, float, str]]:
+    return [(c, int(r), e, float(s), m) for c, r, e, s, m in _LINE.findall(stdout)]
+
+
+@pytest.mark.parametrize("transport", ["auto", "mpi"])
+def test_mismatched_calls_raise_on_every_rank_with_each_ranks_call(transport):
+    before = ddl_segments()
+    proc = run_ranks(3, "multirank/faults_worker.py", "mismatch", env={"DDL_TRANSPORT": transport, "DDL_TIMEOUT": "20"})
+    assert_clean_run(proc, before)
+    rows = _faults(proc.stdout)
+    cases = {"collective", "numel", "dtype", "op", "barrier", "root", "small_vs_large", "fast_entry"}
+    assert {c for c, *_ in rows} == cases
+    for case in cases:
+        mine = [row for row in rows if row[0] == case]
+        assert sorted(r for _, r, *_ in mine) == [0, 1, 2], f"{case}: not every rank reported"
+        for _, rank, error, seconds, msg in mine:
+            assert error == "CollectiveMismatch", f"{case} rank {rank}: {error} {msg}"
+            assert seconds < 5, f"{case} rank {rank}: took {seconds} s (the deadline is 20 s)"
+            assert f"rank {rank}:" in msg and all(f"rank {q}: " in msg for q in range(3)), msg
+
+
+def test_a_rank_that_never_calls_times_out_the_others_naming_it():
+    before = ddl_segments()
+    proc = run_ranks(3, "multirank/faults_worker.py", "skip", env={"DDL_TIMEOUT": "3"})
+    rows = _faults(proc.stdout)
+    waiting = [row for row in rows if row[1] != 2]
+    assert len(waiting) == 2, proc.stdout + proc.stderr
+    for _, rank, error, seconds, msg in waiting:
+        assert error == "CollectiveTimeout" and "rank 2" in msg and "allreduce #2" in msg, msg
+        assert 3 <= seconds < 3 + 3, f"rank {rank}: error after {seconds} s for a 3 s deadline"
+    assert not (ddl_segments() - before)
+
+
+@pytest.mark.parametrize("victim,transport", [(0, "auto"), (1, "auto"), (2, "auto"), (1, "mpi")])
+def test_a_killed_rank_makes_every_survivor_raise_and_exit_nonzero(tmp_path, victim, transport):
+    """Under ddlrun (mpiexec -disable-auto-cleanup, each rank below its guard) nobody kills the
+    survivors for us: each must notice the loss itself, name it, and exit with status 1."""
+    before = ddl_segments()
+    stamp = tmp_path / "stamp"
+    env = dict(os.environ, DDL_TRANSPORT=transport, PYTHONUNBUFFERED="1")
+    deadline = 10
+    proc = subprocess.run([str(DDLRUN), "-n", "3", "--timeout", str(deadline), "--", sys.executable,
+                           str(HERE / "faults_worker.py"), "kill", str(victim), "--stamp", str(stamp)],
+                          env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    assert re.search(rf"ddlrun: rank {victim} \(pid \d+\) was killed by SIGKILL", proc.stderr), proc.stderr
+    rows = _faults(proc.stdout)
+    survivors = sorted(r for r in range(3) if r != victim)
+    assert sorted(r for _, r, *_ in rows) == survivors, proc.stdout + proc.stderr
+    for _, rank, error, seconds, msg in rows:
+        assert error == "CollectiveTimeout", msg
+        assert seconds < 3, f"rank {rank} took {seconds} s to notice (deadline {deadline} s)"
+        if transport == "auto":  # over shm the survivor finds the dead rank by its pid
+            assert f"rank {victim} died" in msg, msg
+        else:  # over MPI, hydra's notice ends the wait (MPI cannot say which rank)
+            assert "the launcher reported that a process of this job died" in msg, msg
+    codes = ", ".join(f"{r}: {137 if r == victim else 1}" for r in range(3))
+    assert f"ddlrun: exit status per rank: {codes}" in proc.stderr, proc.stderr
+    assert not (ddl_segments() - before)
+
+
+def test_killing_every_rank_mid_collective_leaves_no_shared_memory(tmp_path):
+    before = ddl_segments()
+    stamp = tmp_path / "stamp"
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    job = subprocess.Popen([mpiexec, "-n", "3", sys.executable, str(HERE / "faults_worker.py"), "kill", "3",
+                            "--stamp", str(stamp)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=dict(os.environ, DDL_TIMEOUT="30"))
+    try:
+        deadline = time.monotonic() + 60
+        # Wait until the ranks are inside their stream of collectives (every rank has mapped every segment).
+        while len(list(tmp_path.glob("stamp.started.rank*"))) < 3:
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        pids = [int(p.read_text()) for p in tmp_path.glob("stamp.started.rank*")]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert not (ddl_segments() - before)

@@ -1,0 +1,40 @@
+"""Launch a script under mpiexec from a test, with a hard time limit and a /dev/shm leak check."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]  # tests/: scripts are named relative to it
+_SHM_PREFIX = "ddl_triton-"
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this interpreter (the mpich wheel's), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else "mpiexec"
+
+
+def ddl_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(_SHM_PREFIX)}
+
+
+def run_ranks(n: int, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 240,
+              extra_mpiexec: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run ``python tests/<script> args`` on ``n`` ranks (``script`` relative to tests/, e.g.
+    ``"multirank/multirank_worker.py"``); returns the finished process (never hangs past ``timeout``)."""
+    full_env = dict(os.environ)
+    full_env.update({"DDL_TIMEOUT": "60", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    full_env.update(env or {})
+    cmd = [mpiexec(), "-n", str(n), *extra_mpiexec, sys.executable, str(TESTS / script), *args]
+    # No stdin: mpiexec forwards it to rank 0, and a launcher outside the foreground can be stopped by it.
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def assert_clean_run(proc: subprocess.CompletedProcess, before: set[str]) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}"
+    leaked = ddl_segments() - before
+    assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
