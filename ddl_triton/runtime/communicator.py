@@ -19,7 +19,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from . import fingerprints as calls, gpu_path
+from . import fingerprints as calls, gpu_path, placement as placement_mod
 from ..observability import flight
 from .. import kernels, schedules
 from ..launch import status
@@ -41,6 +41,7 @@ from ..transports.gloo import GlooTransport
 from ..transports.mpi import MpiTransport
 from ..transports.self import SelfTransport
 from ..transports.shm import ShmTransport
+from .wiring import connect
 from .work import OrderedRunner
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
@@ -77,19 +78,19 @@ class Communicator:
         self._poison: BaseException | None = None
         self._closed = False
         kernels.set_backend(options.kernels)
-        self._detect_topology()
+        self.placement = placement_mod.place(self._bootstrap, options)  # who is where; how each peer is reached
+        self.topology = self.placement.topology
         self._planner = self._make_planner()  # may adopt the table's slot layout into self.options
-        self._transports, route = self._connect()
-        every_peer_on_shm = all(route[p] is not None and route[p].name == "shm"
-                                for p in range(self.size) if p != self.rank)
-        shm = next((t for t in self._transports if t.name == "shm"), None)
+        wiring = connect(self.placement, self._bootstrap, self.options)
+        self._transports, route, shm, self._comm = wiring.transports, wiring.route, wiring.shm, wiring.control
+        every_peer_on_shm = self.placement.every_peer_on_shm
         self._calls = calls.CallChecker(self._comm, self.rank, self.size,
                                         shm if every_peer_on_shm else None, options.timeout) \
             if options.check_calls else None
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
                                   depth=options.pipeline_depth)
-        self._gpu = gpu_path.GpuPath(self)  # built on the first CUDA collective
-        self._small = SmallAllreduce(shm, self.rank, self.size, self._on_node, options.timeout, self._calls) \
+        self._gpu = gpu_path.GpuPath(self.placement, self.options, self._comm)  # built on the first CUDA collective
+        self._small = SmallAllreduce(shm, self.rank, self.size, self.placement.on_node, options.timeout, self._calls) \
             if every_peer_on_shm and shm is not None else None
         self._small_shapes: dict[tuple[int, torch.dtype], bool] = {}  # (numel, dtype) -> takes the small path
         # (op, dtype, numel) -> (small-path shape, flight-recorder call) for the synchronous fast entry
@@ -119,7 +120,7 @@ class Communicator:
                     tracer_mod.measure_clock_offset(self._comm, tracer)  # collective: every rank starts tracing here
                 tracer_mod.TRACERS[self.options.trace] = tracer
         if self.options.debug:
-            peers = ", ".join(f"{p}: {name}" for p, name in enumerate(self._link_names)) if self.size > 1 else "0: self"
+            peers = ", ".join(f"{p}: {name}" for p, name in enumerate(self.placement.links))
             print(f"ddl_triton[rank {self.rank}]: communicator #{self._id} of {self.size} ranks, topology "
                   f"{self.topology.signature}; transport per peer: {peers}", file=sys.stderr, flush=True)
             if self.rank == 0:
@@ -127,28 +128,6 @@ class Communicator:
                 print(f"ddl_triton[rank 0]: tuning table: {self._planner.table_source if table else 'none'}; "
                       f"planning with {self._planner.model_source}", file=sys.stderr, flush=True)
         return tracer
-
-    def _detect_topology(self) -> None:
-        """The grid of ranks (Options.topology, else detected hosts) and each rank's node."""
-        if self.size == 1:
-            self.topology = Topology((1,), "a single rank")
-            self._node_of_rank = (0,)
-            self._host_of_rank = [0]
-            return
-        host_of_rank = self._bootstrap.host_of_rank()  # for each rank, the lowest rank on its host
-        if self.options.topology:
-            self.topology = topology_mod.parse(self.options.topology, self.size, self.rank)
-            node_of_rank = [self.topology.node_of(r) for r in range(self.size)]
-            for r in range(self.size):
-                first = self.topology.node_of(r) * self.topology.ranks_per_node
-                if host_of_rank[r] != host_of_rank[first]:
-                    raise ValueError(f"rank {self.rank}: DDL_TOPOLOGY={self.options.topology} puts ranks {first} "
-                                     f"and {r} in one node, but they run on different hosts")
-        else:
-            self.topology = topology_mod.detect(host_of_rank)
-            node_of_rank = host_of_rank
-        self._node_of_rank = tuple(node_of_rank)
-        self._host_of_rank = host_of_rank
 
     def _make_planner(self) -> Planner:
         """The planner, with the tuning table this communicator uses (ddl_triton/tuning/table.py).
@@ -186,51 +165,9 @@ class Communicator:
         if table is not None and table.kernels:
             from ..kernels import launch_configs
             launch_configs.apply(table.kernels)  # tuned Triton launch configurations (GPU path)
-        return Planner(rank=self.rank, size=self.size, topology=self.topology, link_of=self._link,
+        return Planner(rank=self.rank, size=self.size, topology=self.topology, link_of=self.placement.link,
                        forced=self.options.schedule, slot_bytes=self.options.chunk_bytes, table=table,
                        table_source=source)
-
-    def _connect(self):
-        """Choose a transport per peer: shm inside a (possibly emulated) node; between nodes
-        MPI on an MPI bootstrap, gloo on a store bootstrap; or that inter-node transport
-        everywhere when Options.transport is "mpi"."""
-        if self.size == 1:
-            self._on_node = [0]
-            loop = SelfTransport()
-            return [loop], [loop]
-        node_of_rank, host_of_rank = self._node_of_rank, self._host_of_rank
-        mine = node_of_rank[self.rank]
-        on_node = [r for r in range(self.size) if node_of_rank[r] == mine]
-        node = self._bootstrap.split(mine)
-        transports: list = []
-        route: list = [None] * self.size
-        if self._bootstrap.kind == "mpi":
-            mpi = MpiTransport(self._comm, link_emulation.parse(self.options.link_emulation))
-        else:
-            if self.options.link_emulation:
-                raise ValueError(f"rank {self.rank}: DDL_LINK_EMULATION emulates the MPI transport, but these "
-                                 "ranks were not launched by MPI: their inter-node transport is gloo")
-            mpi = self._comm = GlooTransport(self._bootstrap.store_for("gloo"), self.rank, self.size,
-                                             self.options.timeout)
-        transports.append(mpi)
-        use_shm = self.options.transport == "auto" and len(on_node) > 1
-        try:
-            if use_shm:
-                shm = ShmTransport(node, on_node, slot_bytes=self.options.chunk_bytes,
-                                   depth=self.options.pipeline_depth, lane_bytes=LANE_BYTES)
-                transports.append(shm)
-        finally:
-            node.close()
-        if host_of_rank.count(host_of_rank[self.rank]) > len(os.sched_getaffinity(0)):
-            # More ranks than cores here: a spinning wait would hold the core its peer needs.
-            for t in transports:
-                t.spin = 0.0
-        for p in range(self.size):
-            if p != self.rank:
-                route[p] = shm if use_shm and p in on_node else mpi
-        self._link_names = tuple("self" if p == self.rank else route[p].name for p in range(self.size))
-        self._on_node = on_node  # the GPU path puts NVSHMEM over these ranks
-        return transports, route
 
     # -- public collectives -----------------------------------------------------------
     def allreduce(self, tensor: torch.Tensor, op="sum", async_op: bool = False):
@@ -381,9 +318,7 @@ class Communicator:
 
     # -- planning ------------------------------------------------------------------------
     def _link(self, a: int, b: int) -> str:
-        if self.options.transport == "mpi" or self._node_of_rank[a] != self._node_of_rank[b]:
-            return "mpi"
-        return "shm"
+        return self.placement.link(a, b)  # (until the tuner reads comm.placement.link)
 
     def _takes_small_path(self, numel: int, dtype: torch.dtype) -> bool:
         """Whether an allreduce of ``numel`` x ``dtype`` runs small_allreduce.py: the planner
@@ -402,8 +337,13 @@ class Communicator:
             self._small_shapes[key] = takes
         return takes
 
+    @property
+    def planner(self) -> Planner:
+        """The Planner this communicator plans with (read-only: its table and cost model are fixed)."""
+        return self._planner
+
     @contextlib.contextmanager
-    def _with_plan(self, plan: Plan):
+    def forcing(self, plan: Plan):
         """Run every collective inside the block with ``plan`` (the tuner's way to time a candidate)."""
         self._forget_plans()
         try:
@@ -411,6 +351,8 @@ class Communicator:
                 yield
         finally:
             self._forget_plans()
+
+    _with_plan = forcing  # (until the tuner calls comm.forcing)
 
     def _forget_plans(self) -> None:
         self._prepared.clear()

@@ -46,10 +46,15 @@ def nvshmem_importable() -> bool:
 
 
 class GpuPath:
-    """Lazily built executor and transports of one communicator for one CUDA device."""
+    """Lazily built executor and transports of one communicator for one CUDA device.
 
-    def __init__(self, comm):
-        self._comm = comm
+    ``placement``: the communicator's (placement.py); ``options``: its options in force;
+    ``control``: its private MPI communicator, which the device transports duplicate and split."""
+
+    def __init__(self, placement, options, control):
+        self._placement = placement
+        self._options = options
+        self._control = control
         self.device: torch.device | None = None
         self.transports: list = []
         self.intra_node = ""     # "nvshmem", "mpi" or "" (no peer on the node)
@@ -60,31 +65,30 @@ class GpuPath:
         if self._executor is None:
             self._build(device)
         elif device != self.device:
-            raise ValueError(f"rank {self._comm.rank}: this communicator runs on {self.device}; "
+            raise ValueError(f"rank {self._placement.rank}: this communicator runs on {self.device}; "
                              f"a tensor on {device} needs its own communicator")
         return self._executor  # type: ignore[return-value]
 
     def _build(self, device: torch.device) -> None:
-        comm = self._comm
-        opts = comm.options
+        place, opts = self._placement, self._options
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
-        size, rank = comm.size, comm.rank
+        size, rank = place.size, place.rank
         nvshmem = None
         if size == 1 and opts.transport != "nvshmem":
             loop = SelfTransport()
             self.transports = [loop]
             self._executor = Executor(rank, size, [loop], timeout=opts.timeout, depth=opts.pipeline_depth)
             return
-        mpi = DeviceMpiTransport(comm._comm.Dup(), device, cuda_aware=opts.mpi_cuda_aware)
+        mpi = DeviceMpiTransport(self._control.Dup(), device, cuda_aware=opts.mpi_cuda_aware)
         self.transports.append(mpi)
-        on_node = comm._on_node
+        on_node = list(place.on_node)
         if opts.transport == "mpi":
             self.why = "Options.transport is 'mpi'"
         elif not nvshmem_importable():
             self.why = "nvshmem4py is not installed"
-        elif max(comm._node_of_rank.count(n) for n in set(comm._node_of_rank)) == 1 and opts.transport != "nvshmem":
+        elif place.max_ranks_per_node == 1 and opts.transport != "nvshmem":
             # Decided from the whole layout, not this node alone: opening NVSHMEM is collective.
             self.why = "no node holds more than one rank"
         else:
@@ -105,12 +109,12 @@ class GpuPath:
         Collective over the communicator: every rank takes the same branch."""
         from mpi4py import MPI
         from ..transports.nvshmem import NvshmemTransport
-        comm = self._comm
-        node = comm._comm.Split(comm._node_of_rank[comm.rank], comm.rank)
+        place, opts = self._placement, self._options
+        node = self._control.Split(place.node_of_rank[place.rank], place.rank)
         try:
             world_of_node = node.allgather(MPI.COMM_WORLD.Get_rank())
-            return NvshmemTransport(node, on_node, slot_bytes=comm.options.chunk_bytes,
-                                    depth=comm.options.pipeline_depth, device=device,
+            return NvshmemTransport(node, on_node, slot_bytes=opts.chunk_bytes,
+                                    depth=opts.pipeline_depth, device=device,
                                     world_ranks=world_of_node)
         except ValueError as e:  # e.g. a sub-communicator that does not span its node
             self.why = str(e)

@@ -148,8 +148,8 @@ def run_gpu_path(rank: int, size: int, failures: list[str]) -> int:
             if not torch.equal(b, data(count, size - 1, torch.int32)):
                 failures.append(f"rank {rank} {label} broadcast n={count}")
         moved = comm.transport_bytes
-        nodes = len(set(comm._node_of_rank))
-        on_node = comm._node_of_rank.count(comm._node_of_rank[rank])
+        nodes = len(set(comm.placement.node_of_rank))
+        on_node = len(comm.placement.on_node)
         cases += 1
         if (on_node > 1) != (moved.get("nvshmem", {}).get("sent", 0) > 0) or comm._gpu.intra_node != (
                 "nvshmem" if on_node > 1 else ""):

@@ -127,7 +127,7 @@ def check_transports(ck, r: int, w: int) -> None:
     if comm.topology.nodes > 1:
         ck.true("bytes between hosts went through gloo", moved.get("gloo", {}).get("sent", 0) > 0
                 and moved["gloo"]["received"] > 0, str(moved))
-    if len(comm._on_node) > 1:
+    if len(comm.placement.on_node) > 1:
         ck.true("bytes within a host went through shm", moved.get("shm", {}).get("sent", 0) > 0, str(moved))
     ck.moved = moved
 

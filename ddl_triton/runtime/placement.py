@@ -1,0 +1,76 @@
+"""Placement: who is where in a communicator, and how each peer is reached.
+
+Semantics: a :class:`Placement` is fixed when the communicator is made and never changes.
+It holds the grid of ranks (``Options.topology``, else the detected hosts), each rank's
+node and host, the ranks that share this rank's node, and the name of the link that
+carries this rank's messages to each peer ("self", "shm", or the inter-node transport:
+"mpi" under an MPI bootstrap, "gloo" over a store). The CPU wiring (wiring.py), the GPU
+path (gpu_path.py), the planner (``link``) and the tuner all read this one object, so
+they can never disagree about where a rank is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..options import Options
+from ..planning import topology as topology_mod
+from ..planning.topology import Topology
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This rank's view of where every rank of its communicator sits."""
+
+    rank: int
+    size: int
+    topology: Topology
+    node_of_rank: tuple[int, ...]   # each rank's (possibly emulated) node
+    host_of_rank: tuple[int, ...]   # each rank's host, named by the lowest rank on it
+    on_node: tuple[int, ...]        # the ranks of this rank's node, this one included (NVSHMEM spans them)
+    links: tuple[str, ...]          # per peer, the transport that reaches it ("self" for this rank)
+    transport: str                  # Options.transport: "mpi" sends everything over the inter-node link
+
+    def link(self, a: int, b: int) -> str:
+        """The planner's link class between ranks ``a`` and ``b``: "shm" inside a node, else "mpi"
+        (what the cost model prices, whichever engine carries the inter-node bytes)."""
+        if self.transport == "mpi" or self.node_of_rank[a] != self.node_of_rank[b]:
+            return "mpi"
+        return "shm"
+
+    @property
+    def every_peer_on_shm(self) -> bool:
+        """Whether shared memory reaches every peer (true of a single rank: it has none)."""
+        return all(self.links[p] == "shm" for p in range(self.size) if p != self.rank)
+
+    @property
+    def max_ranks_per_node(self) -> int:
+        """The most ranks any node holds (deciding collective steps alike on every rank)."""
+        return max(self.node_of_rank.count(n) for n in set(self.node_of_rank))
+
+
+def place(bootstrap, options: Options) -> Placement:
+    """The placement of ``bootstrap``'s ranks under ``options`` (a collective call: every rank
+    of the bootstrap learns every rank's host). Raises ValueError when ``Options.topology``
+    puts ranks of different hosts in one node."""
+    rank, size = bootstrap.rank, bootstrap.size
+    if size == 1:
+        return Placement(rank, size, Topology((1,), "a single rank"), (0,), (0,), (0,), ("self",),
+                         options.transport)
+    host_of_rank = tuple(bootstrap.host_of_rank())  # for each rank, the lowest rank on its host
+    if options.topology:
+        topology = topology_mod.parse(options.topology, size, rank)
+        node_of_rank = tuple(topology.node_of(r) for r in range(size))
+        for r in range(size):
+            first = topology.node_of(r) * topology.ranks_per_node
+            if host_of_rank[r] != host_of_rank[first]:
+                raise ValueError(f"rank {rank}: DDL_TOPOLOGY={options.topology} puts ranks {first} "
+                                 f"and {r} in one node, but they run on different hosts")
+    else:
+        topology = topology_mod.detect(list(host_of_rank))
+        node_of_rank = host_of_rank
+    on_node = tuple(r for r in range(size) if node_of_rank[r] == node_of_rank[rank])
+    # Shared memory inside a node of several ranks unless told otherwise; else the inter-node engine.
+    use_shm = options.transport == "auto" and len(on_node) > 1
+    between = "mpi" if bootstrap.kind == "mpi" else "gloo"
+    links = tuple("self" if p == rank else "shm" if use_shm and p in on_node else between for p in range(size))
+    return Placement(rank, size, topology, node_of_rank, host_of_rank, on_node, links, options.transport)

@@ -1,0 +1,69 @@
+"""The CPU wiring of a communicator: one transport per peer, as its placement says.
+
+Semantics: ``connect`` opens the transports that carry CPU tensors and returns them with
+the route (the transport per peer) and the control channel:
+- inside a (possibly emulated) node of several ranks, host shared memory (shm), unless
+  ``Options.transport`` is "mpi";
+- between nodes, MPI on an MPI bootstrap and gloo on a store bootstrap (which then is the
+  control channel too: the fingerprint exchange, the barrier, clock alignment);
+- a communicator of one rank talks to itself.
+It is collective over the bootstrap: every rank calls it at the same point. Where more
+ranks share a host than this process may use cores, the transports wait without spinning.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..options import Options
+from ..transports import link_emulation
+from ..transports.gloo import GlooTransport
+from ..transports.mpi import MpiTransport
+from ..transports.self import SelfTransport
+from ..transports.shm import ShmTransport
+from .placement import Placement
+from .small_allreduce import LANE_BYTES
+
+
+@dataclass
+class Wiring:
+    """What ``connect`` opened for one communicator."""
+
+    transports: list    # every transport opened (closed with the communicator)
+    route: list         # per peer, the transport that carries its messages (None for this rank)
+    shm: object         # the shm transport, or None where no peer is on shm
+    control: object     # the control channel: the private MPI communicator, the gloo transport,
+                        # or None (a store bootstrap of one rank: nobody to talk to)
+
+
+def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
+    """Open the transports ``placement.links`` names (see the module doc)."""
+    rank, size = placement.rank, placement.size
+    control = bootstrap.comm if bootstrap.kind == "mpi" else None
+    if size == 1:
+        loop = SelfTransport()
+        return Wiring([loop], [loop], None, control)
+    node = bootstrap.split(placement.node_of_rank[rank])
+    if bootstrap.kind == "mpi":
+        between = MpiTransport(control, link_emulation.parse(options.link_emulation))
+    else:
+        if options.link_emulation:
+            raise ValueError(f"rank {rank}: DDL_LINK_EMULATION emulates the MPI transport, but these "
+                             "ranks were not launched by MPI: their inter-node transport is gloo")
+        between = control = GlooTransport(bootstrap.store_for("gloo"), rank, size, options.timeout)
+    transports: list = [between]
+    shm = None
+    try:
+        if "shm" in placement.links:
+            shm = ShmTransport(node, list(placement.on_node), slot_bytes=options.chunk_bytes,
+                               depth=options.pipeline_depth, lane_bytes=LANE_BYTES)
+            transports.append(shm)
+    finally:
+        node.close()
+    host = placement.host_of_rank
+    if host.count(host[rank]) > len(os.sched_getaffinity(0)):
+        # More ranks than cores here: a spinning wait would hold the core its peer needs.
+        for t in transports:
+            t.spin = 0.0
+    route = [None if p == rank else shm if placement.links[p] == "shm" else between for p in range(size)]
+    return Wiring(transports, route, shm, control)
