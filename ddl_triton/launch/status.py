@@ -8,7 +8,9 @@ rank of the world communicator writes there:
     rank<r>.exit    at interpreter exit, however it ends short of being killed
 
 A rank with a ``start`` file and no ``exit`` file was killed (SIGKILL, OOM, a crash).
-The launcher reads them back (launcher._read_status) without importing this package.
+The rank guard (rank_guard.py) adds ``rank<r>.killed`` and ``rank<r>.returncode``; ``ddlrun``
+reads them all back with ``read``. The rank guard loads this file by path (it imports no package),
+so it imports nothing beyond the standard library.
 """
 from __future__ import annotations
 
@@ -51,3 +53,14 @@ def record(folder: str, rank: int, event: str, text: str) -> None:
             f.write(text)
     except OSError:
         pass  # status is advisory: never fail a job over it
+
+
+def read(folder: str) -> dict[int, dict[str, str]]:
+    """{rank: {event: text}} from the files in ``folder`` (``rank<r>.<event>``); other names are ignored."""
+    out: dict[int, dict[str, str]] = {}
+    for name in os.listdir(folder):
+        stem, _, event = name.partition(".")
+        if stem.startswith("rank") and stem[4:].isdigit():
+            with open(os.path.join(folder, name)) as f:
+                out.setdefault(int(stem[4:]), {})[event] = f.read()
+    return out

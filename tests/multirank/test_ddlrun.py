@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddl_triton.launch import ddlrun as launcher
+from ddl_triton.launch import checks, command, report, supervision
 from ddl_triton.launch.ddlrun import main
 
 JOB_TIMEOUT_S = 60
@@ -62,15 +62,6 @@ def ddlrun(*args: str) -> list[str]:
     """The installed console script when there is one, else the module: the way a user starts it."""
     program = [str(_CONSOLE_SCRIPT)] if _CONSOLE_SCRIPT.exists() else [sys.executable, "-m", "ddl_triton.launch.ddlrun"]
     return [*program, *args]
-
-
-def ddlrun_without_torch(*args: str) -> list[str]:
-    """ddlrun from launcher.py alone: the console script imports the ddl_triton package, and so torch (~3 s)."""
-    load = ("import importlib.util, sys; "
-            f"spec = importlib.util.spec_from_file_location('ddlrun_launcher', {launcher.__file__!r}); "
-            "module = sys.modules[spec.name] = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
-            "sys.exit(module.main())")
-    return [sys.executable, "-c", load, *args]
 
 
 def run_ddlrun(*args: str) -> subprocess.CompletedProcess:
@@ -164,7 +155,7 @@ def test_no_command_is_a_usage_error(capsys):
     (["bash", "run.sh"], None),
 ])
 def test_which_word_is_the_script(command, script):
-    assert launcher._script_of(command) == script
+    assert checks._script_of(command) == script
 
 
 @pytest.mark.parametrize("text, family", [
@@ -177,7 +168,7 @@ def test_which_word_is_the_script(command, script):
     ("Microsoft MPI 10.1", None),
 ])
 def test_mpi_family_from_version_text(text, family):
-    assert launcher._mpi_family(text) == family
+    assert checks._mpi_family(text) == family
 
 
 # --- the command and its environment -------------------------------------------------------------------
@@ -192,7 +183,7 @@ def test_dry_run_prints_the_command_and_runs_nothing(capsys, script):
     words = shlex.split(line.removeprefix("ddlrun: "))
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     # Options after the command (even ddlrun's own names) belong to the command.
-    guard = [sys.executable, launcher._RANK_GUARD]  # MPICH: every rank below its guard (see rank_guard.py)
+    guard = [sys.executable, command.RANK_GUARD]  # MPICH: every rank below its guard (see rank_guard.py)
     assert words == ["DDL_TOPOLOGY=2x2", "DDL_TIMEOUT=30", mpiexec, "-disable-auto-cleanup", "-n", "4", *guard,
                      sys.executable, script, "--dry-run", "-n", "1"]
 
@@ -200,31 +191,30 @@ def test_dry_run_prints_the_command_and_runs_nothing(capsys, script):
 def test_command_without_double_dash(capsys, script):
     assert main(["-n", "2", "--dry-run", sys.executable, "-u", script, "--epochs", "3"]) == 0
     words = shlex.split(capsys.readouterr().err.removeprefix("ddlrun: "))
-    assert words[1:] == ["-disable-auto-cleanup", "-n", "2", sys.executable, launcher._RANK_GUARD,
+    assert words[1:] == ["-disable-auto-cleanup", "-n", "2", sys.executable, command.RANK_GUARD,
                          sys.executable, "-u", script, "--epochs", "3"]
 
 
 def test_child_env_sets_ddl_variables_over_the_base():
     args = Namespace(topology="2x2", timeout=2.5)
-    env = launcher._child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old"})
+    env = command.child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old"})
     assert env == {"PATH": "/bin", "DDL_TOPOLOGY": "2x2", "DDL_TIMEOUT": "2.5"}
-    assert launcher._child_env(Namespace(topology=None, timeout=None), base={"A": "1"}) == {"A": "1"}
+    assert command.child_env(Namespace(topology=None, timeout=None), base={"A": "1"}) == {"A": "1"}
 
 
 def test_survivor_grace_is_one_deadline_plus_reporting_time():
     from ddl_triton.options import Options
-    assert launcher._DEFAULT_TIMEOUT == Options.timeout
-    assert launcher._survivor_grace({}) == Options.timeout + launcher._REPORT_SECONDS
-    assert launcher._survivor_grace({"DDL_TIMEOUT": "7"}) == 7 + launcher._REPORT_SECONDS
+    assert supervision.survivor_grace({}) == Options.timeout + supervision._REPORT_SECONDS
+    assert supervision.survivor_grace({"DDL_TIMEOUT": "7"}) == 7 + supervision._REPORT_SECONDS
 
 
 def test_open_mpi_is_told_to_export_the_variables():
-    command = launcher._mpiexec_command("mpiexec", "Open MPI", 4, {"DDL_TOPOLOGY": "2x2"}, ["python", "t.py"])
-    assert command == ["mpiexec", "-n", "4", "-x", "DDL_TOPOLOGY", "python", "t.py"]
+    words = command.mpiexec_command("mpiexec", "Open MPI", 4, {"DDL_TOPOLOGY": "2x2"}, ["python", "t.py"])
+    assert words == ["mpiexec", "-n", "4", "-x", "DDL_TOPOLOGY", "python", "t.py"]
 
 
 def test_exit_status_of_a_job_killed_by_a_signal(capsys):
-    assert launcher._report(-signal.SIGKILL) == 128 + signal.SIGKILL
+    assert report.report(-signal.SIGKILL) == 128 + signal.SIGKILL
     assert "job failed with exit code 137 (mpiexec was killed by SIGKILL)" in capsys.readouterr().err
 
 
@@ -236,16 +226,16 @@ def test_job_status_is_the_killed_ranks_not_hydras_bitwise_or(capsys):
     ranks = _records(r0={"start": "10", "returncode": "3"}, r1={"start": "11", "killed": "11 SIGKILL",
                                                                 "returncode": "137"},
                      r2={"start": "12", "returncode": "3", "exit": ""})
-    assert launcher._job_status(ranks) == (137, "rank 1 was killed by SIGKILL")
-    assert launcher._report(139, launcher._job_status(ranks)) == 137
+    assert report.job_status(ranks) == (137, "rank 1 was killed by SIGKILL")
+    assert report.report(139, report.job_status(ranks)) == 137
     assert ("job failed with exit code 137 (rank 1 was killed by SIGKILL; mpiexec's 139 is the bitwise OR of the "
             "ranks' statuses)") in capsys.readouterr().err
 
 
 def test_job_status_without_a_kill_is_the_lowest_failing_ranks():
     ranks = _records(r0={"returncode": "0"}, r1={"returncode": "4"}, r2={"returncode": "2"})
-    assert launcher._job_status(ranks) == (4, "rank 1 exited with status 4")
-    assert launcher._job_status(_records(r0={"returncode": "0"}, r1={"start": "5"})) is None  # mpiexec's then
+    assert report.job_status(ranks) == (4, "rank 1 exited with status 4")
+    assert report.job_status(_records(r0={"returncode": "0"}, r1={"start": "5"})) is None  # mpiexec's then
 
 
 def test_report_describes_each_rank_once_by_its_most_certain_record(capsys):
@@ -253,7 +243,7 @@ def test_report_describes_each_rank_once_by_its_most_certain_record(capsys):
                      r1={"start": "11", "killed": "11 SIGKILL", "returncode": "137"},  # named by its guard
                      r2={"start": "12", "exit": "", "returncode": "1", "error": "rank 2: lost rank 1"},
                      r3={"start": "13"})                                          # nothing saw it end
-    launcher._report_ranks(ranks, failed_pids=[11])
+    report.report_ranks(ranks, failed_pids=[11])
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "ddlrun: ranks whose end nobody recorded (killed by a signal, crashed, or ended by the launcher's cleanup): "
@@ -264,6 +254,32 @@ def test_report_describes_each_rank_once_by_its_most_certain_record(capsys):
         "ddlrun: rank 2 reported: rank 2: lost rank 1",
         "ddlrun: exit status per rank: 0: 3, 1: 137, 2: 1",
     ]
+
+
+# --- what ddlrun loads ----------------------------------------------------------------------------------
+
+# In a fresh interpreter: import the launch room, then run ddlrun's --help and a dry run (every check,
+# including the probe of mpi4py's library, which must run in a subprocess) and list what got loaded.
+_LOADS = """\
+import sys
+import ddl_triton.launch
+print("after import ddl_triton.launch:", "mpi4py.MPI" in sys.modules, "torch" in sys.modules)
+import ddl_triton.launch.ddlrun as d
+assert d.main(["--help"]) == 0
+print("after --help:", "mpi4py.MPI" in sys.modules, "torch" in sys.modules)
+assert d.main(["-n", "2", "--dry-run", "--", sys.executable, "-c", "pass"]) == 0
+print("after a dry run:", "mpi4py.MPI" in sys.modules, "torch" in sys.modules)
+"""
+
+
+def test_ddlrun_imports_neither_torch_nor_mpi():
+    proc = subprocess.run([sys.executable, "-c", _LOADS], capture_output=True, text=True, timeout=JOB_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("after ")]
+    assert lines == ["after import ddl_triton.launch: False False", "after --help: False False",
+                     "after a dry run: False False"], proc.stdout + proc.stderr
+    assert "usage: ddlrun -n N" in proc.stdout
 
 
 # --- real launches (mpiexec, 2 ranks) ------------------------------------------------------------------
@@ -289,7 +305,7 @@ def test_real_launch_forwards_a_rank_failure(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_ddlrun_stops_the_job(tmp_path, signum):
     waiting = write_script(tmp_path, "wait.py", WAIT_FOREVER)
-    proc = subprocess.Popen(ddlrun_without_torch("-n", "2", sys.executable, waiting, str(tmp_path)),
+    proc = subprocess.Popen(ddlrun("-n", "2", sys.executable, waiting, str(tmp_path)),
                             stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -347,7 +363,7 @@ def test_ddlrun_names_the_rank_that_was_killed_and_the_survivors_exit_by_themsel
 
 def run_guard(tmp_path, code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PMI_RANK="5", DDL_STATUS_DIR=str(tmp_path))
-    return subprocess.run([sys.executable, launcher._RANK_GUARD, sys.executable, "-c", code], env=env,
+    return subprocess.run([sys.executable, command.RANK_GUARD, sys.executable, "-c", code], env=env,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -375,7 +391,7 @@ def test_stragglers_are_ended_a_grace_period_after_a_rank_was_lost(tmp_path):
     try:
         (tmp_path / "rank0.killed").write_text("1 SIGKILL")
         t0 = time.monotonic()
-        launcher._end_stragglers(straggler, str(tmp_path), grace=0.5)
+        supervision._end_stragglers(straggler, str(tmp_path), grace=0.5)
         assert straggler.wait(timeout=10) == -signal.SIGTERM
         assert 0.5 <= time.monotonic() - t0 < 5
     finally:

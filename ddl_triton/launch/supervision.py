@@ -1,0 +1,143 @@
+"""The supervision of a running ddlrun job: relaying its output, passing signals on, and ending
+the ranks left running long after one was lost.
+
+- Output: the ranks' stderr goes straight to ddlrun's; their stdout (and mpiexec's) is relayed
+  line by line, noting the pids MPICH's "BAD TERMINATION" banner names as the first to fail.
+- Signals: Ctrl-C in a terminal reaches mpiexec directly (it runs in ddlrun's process group),
+  so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and SIGTERM,
+  are passed on to mpiexec. SIGUSR2 goes to every rank, which dumps its flight recorder.
+- Survivors' grace: once a rank is lost, the others get one collective deadline (DDL_TIMEOUT,
+  else Options' default) plus time to report, to notice and exit by themselves; then ddlrun asks
+  those still running for their flight recorders and ends the job.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Iterator
+
+from ..options import Options
+from . import status
+from .report import say
+
+_FAILED_PID = re.compile(r"PID (\d+) RUNNING AT")  # MPICH hydra's "BAD TERMINATION" banner
+_REPORT_SECONDS = 15.0                              # for a survivor to report the loss and exit
+_DUMP_SECONDS = 2.0                                 # for the ranks to dump their flight recorders
+
+
+def survivor_grace(env: dict[str, str]) -> float:
+    """Seconds the other ranks get, once one rank is lost, to notice and exit by themselves:
+    one collective deadline (DDL_TIMEOUT, else Options' default) plus time to report."""
+    try:
+        timeout = float(env.get("DDL_TIMEOUT", Options.timeout))
+    except ValueError:
+        timeout = Options.timeout
+    return timeout + _REPORT_SECONDS
+
+
+def run(command: list[str], env: dict[str, str], failed_pids: list[int] | None = None,
+        status_folder: str = "", grace: float = 0.0) -> int:
+    """Run the job to its end and return mpiexec's exit status (negative: killed by that signal).
+
+    The ranks' stderr goes straight to ddlrun's; their stdout (and mpiexec's) is relayed line
+    by line, noting the pids that MPICH's launcher names as the first to fail. With a
+    ``status_folder``, a watcher ends the job ``grace`` seconds after a rank was lost.
+    """
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
+                               errors="replace")
+    if status_folder:
+        threading.Thread(target=_end_stragglers, args=(process, status_folder, grace), daemon=True).start()
+    with _signals_passed_to(process, status_folder):
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            match = _FAILED_PID.search(line)
+            if match and failed_pids is not None:
+                failed_pids.append(int(match.group(1)))
+        return process.wait()
+
+
+def _end_stragglers(process: subprocess.Popen, folder: str, grace: float) -> None:
+    """Once a rank was lost (its guard recorded its death, or it exited non-zero), give the
+    others ``grace`` seconds to exit; then ask every rank still running to dump its flight
+    recorder (SIGUSR2), and SIGTERM mpiexec, which passes it to every rank (the last resort:
+    a survivor that never calls another collective, or that is stuck in MPI_Finalize,
+    would otherwise run forever)."""
+    first_loss = None
+    while process.poll() is None:
+        if first_loss is None:
+            try:
+                if _a_rank_was_lost(folder):
+                    first_loss = time.monotonic()
+            except OSError:
+                return
+        elif time.monotonic() - first_loss > grace:
+            say(f"a rank was lost {grace:g} s ago and the job is still running: asking the ranks left for their "
+                "flight recorders (SIGUSR2), then ending the job")
+            _signal_ranks(folder, signal.SIGUSR2)
+            time.sleep(_DUMP_SECONDS)
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+            return
+        time.sleep(0.2)
+
+
+def _a_rank_was_lost(folder: str) -> bool:
+    for name in os.listdir(folder):
+        if name.endswith(".killed"):
+            return True
+        if name.endswith(".returncode"):
+            with open(os.path.join(folder, name)) as f:
+                if f.read().strip() not in ("", "0"):
+                    return True
+    return False
+
+
+def _signal_ranks(folder: str, signum: int) -> None:
+    """Send ``signum`` to every rank that recorded its start and no end (same host only)."""
+    for rank, events in status.read(folder).items():
+        if "start" in events and "returncode" not in events and events["start"].isdigit():
+            with contextlib.suppress(OSError):
+                os.kill(int(events["start"]), signum)
+
+
+@contextlib.contextmanager
+def _signals_passed_to(process: subprocess.Popen, status_folder: str = "") -> Iterator[None]:
+    """While the job runs, pass SIGTERM and (unless the terminal delivered it to mpiexec too) SIGINT on;
+    pass SIGUSR2 (dump the flight recorders) straight to every rank.
+
+    A second Ctrl-C makes MPICH's mpiexec abort at once instead of letting the ranks wind
+    down, so a Ctrl-C that the terminal sent to the whole process group is not repeated.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield                                  # signal handlers can only be set in the main thread
+        return
+
+    def pass_on(signum, _frame) -> None:
+        if signum == signal.SIGUSR2:
+            if status_folder:
+                _signal_ranks(status_folder, signum)
+            return
+        if process.poll() is None and not (signum == signal.SIGINT and _in_terminal_foreground()):
+            process.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _in_terminal_foreground() -> bool:
+    """Whether ddlrun's process group owns the terminal (so a Ctrl-C reached mpiexec as well)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
