@@ -1,22 +1,14 @@
-"""One timed measurement, as every benchmark here takes it: a warm call, a barrier so that
+"""bench/'s side of the timing harness. ``time_per_call`` is ddl_triton/tuning/timing.py's one
+measurement, as every benchmark here and ``ddl-tune`` take it: a warm call, a barrier so that
 the ranks start together, ``iters`` back-to-back calls, and the slowest rank's time per call
-(an allreduce MAX over the ranks). Also the DDP comm hook that communicates nothing, the
-baseline against which the benchmarks time DDP's communication."""
+(an allreduce MAX over the ranks); the bench scripts import it from here. Also the DDP comm
+hook that communicates nothing, the baseline against which the benchmarks time DDP's
+communication."""
 from __future__ import annotations
 
-import time
+from ddl_triton.tuning.timing import time_per_call
 
-
-def time_per_call(world, run, iters: int) -> float:
-    """Seconds per call of ``run()`` on the slowest rank of ``world`` (an mpi4py communicator)."""
-    from mpi4py import MPI
-
-    run()
-    world.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        run()
-    return world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
+__all__ = ["time_per_call", "unchanged_bucket_hook"]
 
 
 def unchanged_bucket_hook(state, bucket):

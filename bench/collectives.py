@@ -15,16 +15,16 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
 
-import numpy as np
 import torch
+import torch.distributed
 from mpi4py import MPI
 
 import ddl_triton as ddl
+from ddl_triton.tuning.timing import quantile, start_gloo
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
@@ -39,22 +39,6 @@ def _sizes(lo: int, hi: int) -> list[int]:
         out.append(s)
         s *= 4 if s < 4096 else 2
     return out
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    return float(np.quantile(np.asarray(xs), q))
-
-
-def _start_gloo(comm):
-    import torch.distributed as dist
-    port = None
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank, world_size=comm.size)
-    return dist
 
 
 class _Impl:
@@ -92,6 +76,10 @@ def _impls(comm, mpi_comm, dist, op: str, dtype: torch.dtype, names: list[str], 
 
 
 def _time_round(impl: _Impl, buf: torch.Tensor, iters: int, mpi_comm) -> float:
+    """This rank's seconds per call, between two barriers: every rank's time includes waiting
+    for the slowest (the slowest rank's is taken after all rounds, so that no reduction of
+    times runs between two implementations' rounds). Not timing.time_per_call, whose warm call
+    would run on the freshly reset data before every round."""
     mpi_comm.Barrier()
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -144,7 +132,9 @@ def main(argv=None) -> int:
     mpi_comm = MPI.COMM_WORLD.Dup()
     comm = ddl.init()
     names = args.impls.split(",")
-    dist = _start_gloo(mpi_comm) if "gloo" in names else None
+    dist = torch.distributed if "gloo" in names else None
+    if dist is not None:
+        start_gloo(mpi_comm)
     dtype = _DTYPES[args.dtype]
     elem = torch.empty(0, dtype=dtype).element_size()
     impls = _impls(comm, mpi_comm, dist, args.op, dtype, names, args.schedule)
@@ -185,7 +175,7 @@ def main(argv=None) -> int:
             calls = args.rounds * iters
             # Mean over ranks: in a ring across nodes only some ranks' sends cross the node boundary.
             per_call = {k: float(mpi_comm.allreduce(v, op=MPI.SUM)) / n / calls for k, v in sent[im.name].items()}
-            row[im.name] = {"p20_us": _quantile(ts, 0.2) * 1e6, "p50_us": med * 1e6, "p80_us": _quantile(ts, 0.8) * 1e6,
+            row[im.name] = {"p20_us": quantile(ts, 0.2) * 1e6, "p50_us": med * 1e6, "p80_us": quantile(ts, 0.8) * 1e6,
                             "algbw_GBps": algbw, "busbw_GBps": busbw, "wrong": wrong, "bytes_sent_per_call": per_call}
             if im.name.startswith("ddl") and im.comm is not None:
                 row[im.name]["plan"] = str(im.comm.explain("allreduce", count * elem, dtype))

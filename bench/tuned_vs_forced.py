@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 
@@ -25,9 +24,9 @@ import torch
 from mpi4py import MPI
 
 import ddl_triton as ddl
-from _timing import time_per_call
 from ddl_triton import schedules
 from ddl_triton.tuning import table as tuning
+from ddl_triton.tuning.timing import iterations, time_per_call
 
 
 def main() -> int:
@@ -55,8 +54,7 @@ def main() -> int:
     for nbytes in sizes:
         buf = torch.ones(max(1, nbytes // 4))
         comms = {"tuned": tuned, **forced}
-        iters = {k: max(1, min(2000, math.ceil(args.target_ms / 1e3 /
-                                               max(time_per_call(world, lambda c=c: c.allreduce(buf), 1), 1e-7))))
+        iters = {k: iterations(args.target_ms / 1e3, time_per_call(world, lambda c=c: c.allreduce(buf), 1))
                  for k, c in comms.items()}
         times = {k: [] for k in comms}
         for r in range(args.rounds):

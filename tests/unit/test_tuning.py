@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from ddl_triton import schedules
-from ddl_triton.tuning import sweep as tune, table as tuning
+from ddl_triton.tuning import table as tuning
+from ddl_triton.tuning.candidates import candidates
+from ddl_triton.tuning.cli import parse_bytes
+from ddl_triton.tuning.decisions import choose_layout, entries
+from ddl_triton.tuning.sweep import geometric_sizes
+from ddl_triton.tuning.timing import iterations, quantile
 from ddl_triton.planning.costmodel import PARAMETERS, CostModel, Link
 from ddl_triton.tuning.fit import Sample, fit
 from ddl_triton.planning.planner import Planner
@@ -199,18 +204,32 @@ def test_the_fit_refuses_nonsense():
 
 # -- the sweep's decisions -----------------------------------------------------------------------
 def test_sizes_are_geometric_and_end_at_the_top_of_the_range():
-    assert tune.geometric_sizes(8, 256 << 20, 4)[-2:] == [128 << 20, 256 << 20]
-    assert tune.geometric_sizes(8, 128, 4) == [8, 32, 128]
-    assert tune.parse_bytes("64K") == 65536 and tune.parse_bytes("256MiB") == 256 << 20
+    assert geometric_sizes(8, 256 << 20, 4)[-2:] == [128 << 20, 256 << 20]
+    assert geometric_sizes(8, 128, 4) == [8, 32, 128]
+    assert parse_bytes("64K") == 65536 and parse_bytes("256MiB") == 256 << 20
+
+
+def test_the_timing_harness_quantiles_interpolate_like_numpy_and_iterations_fill_the_target():
+    import numpy as np
+
+    sample = [5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 7.0]
+    for q in (0.0, 0.2, 0.5, 0.8, 1.0):
+        assert quantile(sample, q) == pytest.approx(float(np.quantile(sample, q)), rel=1e-12)
+    assert quantile(sample, 0.5) == 4.0 and quantile([2.0, 1.0], 0.5) == 1.5  # the median, as statistics has it
+    assert quantile(sample, 0.2) <= quantile(sample, 0.5) <= quantile(sample, 0.8)
+    with pytest.raises(ValueError):
+        quantile([], 0.5)
+    assert iterations(0.010, 0.001) == 10 and iterations(0.010, 1.0) == 1 and iterations(1.0, 0.0) == 2000
+    assert iterations(0.010, 0.003) == 4  # at least the target: rounded up
 
 
 def test_candidates_cover_every_layout_and_multidims_algorithms():
-    small = tune.candidates("allreduce", 16, 4, (2,), [256 << 10, 1 << 20], [4])
+    small = candidates("allreduce", 16, 4, (2,), [256 << 10, 1 << 20], [4])
     assert {(c.schedule, c.chunk_bytes) for c in small} == {(s, k) for s in ("ring", "one_shot", "two_shot", "rhd",
                                                                               "tree") for k in (256 << 10, 1 << 20)}
-    big = tune.candidates("allreduce", 16 << 20, 4, (2,), [256 << 10, 1 << 20, 4 << 20], [2, 4])
+    big = candidates("allreduce", 16 << 20, 4, (2,), [256 << 10, 1 << 20, 4 << 20], [2, 4])
     assert {c.chunk_bytes for c in big} == {256 << 10, 1 << 20, 4 << 20} and {c.depth for c in big} == {2, 4}
-    grid = tune.candidates("allreduce", 1000, 4, (2, 2), [1 << 20], [4])
+    grid = candidates("allreduce", 1000, 4, (2, 2), [1 << 20], [4])
     assert {c.algos for c in grid if c.schedule == "multidim"} == {(a, b) for a in ("ring", "rhd", "direct")
                                                                    for b in ("ring", "rhd", "direct")}
 
@@ -226,8 +245,8 @@ def test_the_layout_best_overall_wins_and_entries_keep_winner_runner_up_and_ever
             _measured("allreduce", 8, "one_shot", 1 << 20, 4, 11.0), _measured("allreduce", 8, "ring", 1 << 20, 4, 25),
             _measured("allreduce", 4096, "one_shot", 1 << 20, 2, 40.0), _measured("allreduce", 4096, "ring", 1 << 20, 4, 20),
             _measured("allreduce", 4096, "tree", 1 << 20, 4, 5.0, finalist=False)]
-    assert tune.choose_layout(rows) == (1 << 20, 4)  # 10% worse at 8 B, 2x better at 4 KiB
-    e = tune.entries(rows, (1 << 20, 4))["allreduce"]["float32"]
+    assert choose_layout(rows) == (1 << 20, 4)  # 10% worse at 8 B, 2x better at 4 KiB
+    e = entries(rows, (1 << 20, 4))["allreduce"]["float32"]
     assert [(x["bytes"], x["schedule"]) for x in e] == [(8, "one_shot"), (4096, "ring")]
     # A pruned candidate's time (one round) is evidence, not a winner: finalists win.
     assert e[1]["by_schedule"] == {"ring": 20, "tree": 5.0} and e[1]["runner_up"]["schedule"] == "tree"
