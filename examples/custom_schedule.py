@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import ddl_triton as ddl
 from ddl_triton import schedules
-from ddl_triton.tuning import sweep as tune
+from ddl_triton.tuning import cli as tune
 from ddl_triton.schedules import IN, OUT, Recv, Span, Step, assemble
 from ddl_triton.schedules.partition import chunk_of, rounds
 

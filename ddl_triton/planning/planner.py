@@ -104,7 +104,7 @@ class Planner:
     @contextlib.contextmanager
     def overriding(self, plan: Plan) -> Iterator[None]:
         """Every plan is ``plan`` inside the block (the tuner times candidates this way; the
-        communicator must drop its cached plans around it: ``Communicator._with_plan``)."""
+        communicator must drop its cached plans around it: ``Communicator.forcing``)."""
         self._override = plan
         try:
             yield
