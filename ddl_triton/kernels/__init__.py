@@ -1,4 +1,5 @@
-"""Triton kernels of ddl_triton: reduction, compression (int8, 1-bit) and bucket packing.
+"""Triton kernels of ddl_triton: reduction (reduce.py), compression (int8.py, onebit.py) and bucket
+packing (pack.py).
 
 Each launcher takes keyword-only options, validates its tensors, and runs the
 private ``@triton.jit`` kernel on CUDA tensors (or on CPU tensors when
@@ -6,13 +7,14 @@ private ``@triton.jit`` kernel on CUDA tensors (or on CPU tensors when
 the torch reference that sits beside each kernel.
 
 Launch configurations (block sizes, warps, stages) are plain data in :mod:`.launch_configs`
-(read, edit, extend, pin a tuned winner); :mod:`.sweep` times them on a GPU.
+(read, edit, extend, pin a tuned winner); :mod:`.sweep` times them on a GPU. Kernels know nothing of ranks or transports: the
+package imports torch and triton, and of ddl_triton only the options (the default backend).
 """
 from . import launch_configs, sweep
 from ._dispatch import get_backend, set_backend
-from .compress import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_reference,
-                       reduce_int8, reduce_int8_reference, sign_compress, sign_compress_reference,
-                       sign_decompress, sign_decompress_reference)
+from .int8 import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_reference, reduce_int8,
+                   reduce_int8_reference)
+from .onebit import sign_compress, sign_compress_reference, sign_decompress, sign_decompress_reference
 from .pack import pack, pack_reference, unpack, unpack_reference
 from .reduce import REDUCE_OPS, reduce, reduce_reference
 

@@ -26,8 +26,8 @@ int8 blocks / whole output bytes per program, so the block size only decides how
 into programs. A bad config fails with an error naming the kernel, not a wrong answer.
 
 Kernels (``names()``): "reduce" (reduce.py, BLOCK); "quantize_int8", "dequantize_int8",
-"reduce_int8" (compress.py, TILE: elements per program, rounded up to whole int8 blocks);
-"add_into" (the 1-bit compressor's first pass, BLOCK); "sign_pack", "sign_unpack" (BYTES: output
+"reduce_int8" (int8.py, TILE: elements per program, rounded up to whole int8 blocks);
+"add_into" (onebit.py: the 1-bit compressor's first pass, BLOCK); "sign_pack", "sign_unpack" (BYTES: output
 bytes of packed signs per program, 8 elements each). pack/unpack (pack.py) are not here: their
 BLOCK is fixed (4096 elements, 8 warps on a GPU) because the per-program table they cache is
 built for one BLOCK; see pack.py's docstring.

@@ -52,8 +52,8 @@ from triton.runtime.errors import OutOfResources, PTXASError
 
 from . import launch_configs
 from ._dispatch import interpreting
-from .compress import (_add_into_kernel, _dequantize_kernel, _quantize_kernel, _reduce_int8_kernel,
-                       _sign_pack_kernel, _sign_unpack_kernel, quantize_int8_reference)
+from .int8 import _dequantize_kernel, _quantize_kernel, _reduce_int8_kernel, quantize_int8_reference
+from .onebit import _add_into_kernel, _sign_pack_kernel, _sign_unpack_kernel
 from .reduce import _MAX_ARITY, _OP_CODE, _reduce_kernel
 
 DEFAULT_SIZES = (1 << 20, 16 << 20, 64 << 20)

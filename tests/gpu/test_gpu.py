@@ -1,9 +1,9 @@
 """CUDA test tier: the compiled Triton kernels on CUDA tensors, bitwise against their torch references.
 
-The CPU tier (tests/unit/test_kernels.py) runs the same kernels under TRITON_INTERPRET=1; this module runs
-them compiled on a GPU, at sizes the interpreter cannot reach: 2**24+3 elements for reduce,
-2**24+5 for the int8 and 1-bit kernels, and 2**31+17 fp16 elements (int64 offsets) when the GPU
-has >= 40 GiB. The references run on the same CUDA tensors, the comparison the kernels' docstrings
+The CPU tier (tests/unit/test_kernels.py, test_int8.py, test_onebit.py) runs the same kernels under
+TRITON_INTERPRET=1; this module runs them compiled on a GPU, at sizes the interpreter cannot reach:
+2**24+3 elements for reduce, 2**24+5 for the int8 and 1-bit kernels, and 2**31+17 fp16 elements
+(int64 offsets) when the GPU has >= 40 GiB. The references run on the same CUDA tensors, the comparison the kernels' docstrings
 promise ("bitwise-identical results on one device"). Outputs are poisoned (NaN / sentinel values),
 including the ones the launchers allocate, so an element a kernel never writes cannot pass.
 
@@ -27,7 +27,7 @@ from support.sentinels import real_empty, sentinel
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(),
                        reason="no CUDA GPU: the Triton kernels run on CUDA only here; their CPU coverage is "
-                              "tests/unit/test_kernels.py under TRITON_INTERPRET=1"),
+                              "tests/unit/test_kernels.py, test_int8.py and test_onebit.py under TRITON_INTERPRET=1"),
     pytest.mark.skipif(torch.cuda.is_available() and interpreting(),
                        reason="TRITON_INTERPRET is set (tests/conftest.py sets it for the CPU tier), so the kernels "
                               "would run under the interpreter, not compiled: run `env -u TRITON_INTERPRET python -m "

@@ -17,7 +17,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 import ddl_triton.kernels as K
-from ddl_triton.kernels import compress, launch_configs as lc, sweep as sw
+from ddl_triton.kernels import int8, launch_configs as lc, onebit, sweep as sw
 
 reduce_mod = importlib.import_module("ddl_triton.kernels.reduce")  # K.reduce is the function
 
@@ -217,7 +217,7 @@ def test_autotuned_wrapper_follows_the_data():
 def test_compress_kernels_keep_their_autotuning_arguments():
     for kernel, restore in [("quantize_int8", []), ("dequantize_int8", []), ("reduce_int8", []),
                             ("add_into", ["r_ptr"]), ("sign_pack", ["v_ptr"]), ("sign_unpack", [])]:
-        wrapper = compress._tuned(kernel)
+        wrapper = (int8 if "int8" in kernel else onebit)._tuned(kernel)
         assert wrapper.restore_value == restore, kernel
         assert wrapper.keys == (["n_elements", "QBLOCK"] if "int8" in kernel else ["n_elements"]), kernel
         assert [c.kwargs for c in wrapper.configs] == [{k: v} for k, v, _ in HARD_CODED[kernel]]
@@ -285,12 +285,12 @@ def _run_sign_decompress():
 # the int8 runs use block 64, so a 256-element TILE is 4 blocks per program (16 blocks: 4 programs).
 PIN_CASES = {
     "reduce": (reduce_mod, "_reduce_kernel", "BLOCK", 1024, 256, 4, _run_reduce),
-    "quantize_int8": (compress, "_quantize_kernel", "TILE", 4096, 256, 4, _run_quantize),
-    "dequantize_int8": (compress, "_dequantize_kernel", "TILE", 4096, 256, 4, _run_dequantize),
-    "reduce_int8": (compress, "_reduce_int8_kernel", "TILE", 4096, 256, 4, _run_reduce_int8),
-    "add_into": (compress, "_add_into_kernel", "BLOCK", 4096, 128, 8, _run_sign_compress),
-    "sign_pack": (compress, "_sign_pack_kernel", "BYTES", 512, 32, 4, _run_sign_compress),
-    "sign_unpack": (compress, "_sign_unpack_kernel", "BYTES", 512, 32, 4, _run_sign_decompress),
+    "quantize_int8": (int8, "_quantize_kernel", "TILE", 4096, 256, 4, _run_quantize),
+    "dequantize_int8": (int8, "_dequantize_kernel", "TILE", 4096, 256, 4, _run_dequantize),
+    "reduce_int8": (int8, "_reduce_int8_kernel", "TILE", 4096, 256, 4, _run_reduce_int8),
+    "add_into": (onebit, "_add_into_kernel", "BLOCK", 4096, 128, 8, _run_sign_compress),
+    "sign_pack": (onebit, "_sign_pack_kernel", "BYTES", 512, 32, 4, _run_sign_compress),
+    "sign_unpack": (onebit, "_sign_unpack_kernel", "BYTES", 512, 32, 4, _run_sign_decompress),
 }
 
 
@@ -347,21 +347,21 @@ def _expected_after(kernel: str, before: dict) -> dict:
     if kernel == "reduce":
         return {"out": t["a"] + t["b"]}
     if kernel == "quantize_int8":
-        q, s = compress.quantize_int8_reference(t["x"], block=sw.QBLOCK)
+        q, s = int8.quantize_int8_reference(t["x"], block=sw.QBLOCK)
         return {"q": q, "s": s}
     if kernel == "dequantize_int8":
-        return {"out": compress.dequantize_int8_reference(t["q"], t["s"], block=sw.QBLOCK)}
+        return {"out": int8.dequantize_int8_reference(t["q"], t["s"], block=sw.QBLOCK)}
     if kernel == "reduce_int8":
-        q, s = compress.reduce_int8_reference([t["q0"], t["q1"]], [t["s0"], t["s1"]], block=sw.QBLOCK)
+        q, s = int8.reduce_int8_reference([t["q0"], t["q1"]], [t["s0"], t["s1"]], block=sw.QBLOCK)
         return {"q_out": q, "s_out": s}
     if kernel == "add_into":
         return {"r": t["r"] + t["x"]}
     if kernel == "sign_pack":
         pos = t["v"] >= 0
         bits = torch.empty_like(t["bits"])
-        compress._pack_signs(pos, bits)
+        onebit._pack_signs(pos, bits)
         return {"v": t["v"] - torch.where(pos, t["scale"], -t["scale"]), "bits": bits}
-    return {"out": compress.sign_decompress_reference(t["bits"], t["scale"], t["out"].numel())}
+    return {"out": onebit.sign_decompress_reference(t["bits"], t["scale"], t["out"].numel())}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -1,6 +1,6 @@
-"""Gradient compression: blockwise int8 quantization and 1-bit sign compression with error feedback.
+"""Blockwise int8 quantization of gradients: ``quantize_int8``, ``dequantize_int8``, ``reduce_int8``.
 
-int8 (``quantize_int8`` / ``dequantize_int8`` / ``reduce_int8``), per block of ``block``
+Per block of ``block``
 consecutive elements of the flattened tensor (the last block may be short):
     xf    = x as fp32                           # exact for fp16/bf16 inputs
     s     = absmax(xf[block]) / 127             # fp32, IEEE-rounded division
@@ -13,7 +13,7 @@ Error bound, per element, for finite x (proof below the worked example; the test
     s > 0:  |fp32(q*s) - x| <= s * (1/2 + 2**-16)
     s = 0:  q = 0 and |x| < 2**-119
 The exact-arithmetic bound is s/2; the 2**-16 covers the two fp32 roundings (of x/s and of q*s),
-and it is needed: tests/unit/test_kernels.py holds an input that exceeds s/2 by 5.5e-6*s (2**-17.5*s).
+and it is needed: tests/unit/test_int8.py holds an input that exceeds s/2 by 5.5e-6*s (2**-17.5*s).
 16-bit x enters exactly (fp16/bf16 -> fp32 is exact), so the bound holds against x itself.
 Dequantized into a 16-bit out, the value is fp32(q*s) rounded once more (to nearest even), so
 add half an ulp of the out dtype there: |v|*2**-11 for fp16, |v|*2**-8 for bf16 (normal range).
@@ -44,38 +44,13 @@ With q, s from the worked example, three equal inputs averaged-then-tripled:
     reduce_int8([q, q, q], [s, s, s], block=4, scale=0.5)
       -> q = [127, -64, 32, 0,   127, 0, 0, 0,   -127], scales = 1.5 * s = [0.011811024, 0.035433073, 3.0]
 
-1-bit (``sign_compress`` / ``sign_decompress``), DeepSpeed 1-bit Adam style error feedback:
-    v        = fp32(x) + residual               # fp32
-    scale    = sum(|v|) / n                     # one fp32 scalar: torch, per 4096-row, then rows
-    bit[i]   = v[i] >= 0                        # bit i of byte j is element 8j+i; pad bits are 0
-    d[i]     = +scale if bit[i] else -scale     # what sign_decompress returns
-    residual = fp32(v - d)                      # written in place
-Exactness: ``d + residual == v`` holds exactly wherever scale/2 <= |v| <= 2*scale, or v == 0
-(Sterbenz: the fp32 difference of two same-sign values within a factor 2 is exact). Elsewhere v - d may need
-more than 24 bits and fp32 rounds it: |(d + residual) - v| <= 2**-24 * |v - d|. No fp32 residual
-can do better there; the tests check both statements element by element.
+Each launcher's Triton kernel and torch reference produce bitwise-identical results on one
+device: the same fp32 operations in the same order, IEEE division (``div_rn``, not Triton's
+approximate ``/``), no fma contraction, bf16 stores rounded by hand (``_rounding.round_to``).
+(Checked under the interpreter; on a GPU the same reasoning applies but has not been run.)
 
-Worked example:
-    x = tensor([0.5, -1.5, 2.0, 0.0]), residual = zeros(4)
-    bits, scale = sign_compress(x, residual)
-      scale = (0.5 + 1.5 + 2.0 + 0.0) / 4 = 1.0
-      bits = tensor([0b1101], uint8) = [13]             # elements 0, 2, 3 are >= 0
-      residual -> [-0.5, -0.5, 1.0, -1.0]
-    sign_decompress(bits, scale, 4) -> [1.0, -1.0, 1.0, 1.0]
-
-Every launcher's Triton kernel and torch reference produce bitwise-identical results on one
-device: same fp32 operations in the same order, IEEE division (``div_rn``, not Triton's
-approximate ``/``), no fma contraction, bf16 stores rounded by hand (see ``_round_to``), and the
-one whole-tensor reduction (the 1-bit scale) done by the same torch call on both paths, because a
-Triton tree reduction would sum in another order. (Checked under the interpreter; on a GPU the
-same reasoning applies but has not been run.)
-
-The 1-bit Triton path is three passes: v = x + residual (kernel), the scale (torch), then signs,
-bits and the new residual (kernel). Traffic: x read once, the fp32 residual (then v) read three
-times and written twice, n/8 bytes of bits written.
-
-Payload per n fp32 elements: int8 -> n + 4*ceil(n/block) bytes (~3.94x smaller at block=256);
-1-bit -> ceil(n/8) + 4 bytes (~32x smaller).
+Payload per n fp32 elements: n + 4*ceil(n/block) bytes (~3.94x smaller at block=256). The 1-bit
+compressor, ~32x smaller, is onebit.py.
 """
 from __future__ import annotations
 
@@ -87,13 +62,12 @@ import triton
 import triton.language as tl
 
 from . import launch_configs
+from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous, compiled, tuned
 from ._dispatch import interpreting, use_triton
 from ._rounding import round_to as _round_to
 
 _QMAX = 127.0  # symmetric range [-127, 127]: -128 is never produced, so negation is safe
 _MIN_NORMAL = 2.0 ** -126  # smallest normal fp32; smaller scales are flushed to 0
-_QUANT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_QBLOCK = 1 << 16
 
 
@@ -186,81 +160,25 @@ def _reduce_int8_kernel(q_table, s_table, num_inputs, q_out, s_out, n_elements, 
     tl.store(s_out + rows, s, mask=rmask)
 
 
-@triton.jit
-def _add_into_kernel(x_ptr, r_ptr, n_elements, BLOCK: tl.constexpr):
-    # r = fp32(x) + r, in place: the 1-bit compressor's v, needed whole before its scale exists.
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    r = tl.load(r_ptr + offsets, mask=mask)
-    tl.store(r_ptr + offsets, r + x, mask=mask)
-
-
-@triton.jit
-def _sign_pack_kernel(v_ptr, bits_ptr, scale_ptr, n_elements, n_bytes, BYTES: tl.constexpr):
-    # One program packs BYTES bytes: a [BYTES, 8] tile of v, one row per output byte.
-    byte_idx = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-    lane = tl.arange(0, 8)
-    offsets = byte_idx[:, None] * 8 + lane[None, :]
-    mask = offsets < n_elements
-    v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
-    s = tl.load(scale_ptr)
-    pos = v >= 0.0
-    d = tl.where(pos, s, -s)
-    tl.store(v_ptr + offsets, v - d, mask=mask)  # the new residual, in place over v
-    # Masked lanes must be 0 bits, or the padding of the last byte would depend on memory.
-    bit = (pos & mask).to(tl.int32) << lane[None, :]
-    byte = tl.sum(bit, axis=1)  # distinct powers of two: the sum is the bitwise or
-    tl.store(bits_ptr + byte_idx, byte.to(tl.uint8), mask=byte_idx < n_bytes)
-
-
-@triton.jit
-def _sign_unpack_kernel(bits_ptr, scale_ptr, out_ptr, n_elements, n_bytes, BYTES: tl.constexpr):
-    byte_idx = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-    lane = tl.arange(0, 8)
-    offsets = byte_idx[:, None] * 8 + lane[None, :]
-    byte = tl.load(bits_ptr + byte_idx, mask=byte_idx < n_bytes, other=0).to(tl.int32)
-    bit = (byte[:, None] >> lane[None, :]) & 1
-    s = tl.load(scale_ptr)
-    d = tl.where(bit != 0, s, -s)
-    tl.store(out_ptr + offsets, _round_to(d, out_ptr.dtype.element_ty), mask=offsets < n_elements)
-
-
-# Launch configurations (TILE / BYTES / BLOCK, num_warps, num_stages) are data: launch_configs.py.
-# Here: each kernel's name there, and its autotuning arguments. reset_to_zero is not needed: every
-# output element is written by exactly one program. The add_into and sign_pack kernels rewrite an
-# input in place, so autotuning must restore it between trials.
+# Launch configurations (TILE, num_warps, num_stages) are data: launch_configs.py. Here: each
+# kernel's name there, and its autotuning arguments. reset_to_zero is not needed: every output
+# element is written by exactly one program.
 _AUTOTUNE = {
     "quantize_int8": (_quantize_kernel, dict(key=["n_elements", "QBLOCK"])),
     "dequantize_int8": (_dequantize_kernel, dict(key=["n_elements", "QBLOCK"])),
     "reduce_int8": (_reduce_int8_kernel, dict(key=["n_elements", "QBLOCK"])),
-    "add_into": (_add_into_kernel, dict(key=["n_elements"], restore_value=["r_ptr"])),
-    "sign_pack": (_sign_pack_kernel, dict(key=["n_elements"], restore_value=["v_ptr"])),
-    "sign_unpack": (_sign_unpack_kernel, dict(key=["n_elements"])),
 }
-# The interpreter's fixed sizes, unless the kernel is pinned (launch_configs.interpreter_meta).
+# The interpreter's fixed size, unless the kernel is pinned (launch_configs.interpreter_meta).
 _INTERPRETER_TILE = 4096
-_INTERPRETER_BYTES = 512
-_INTERPRETER_BLOCK = 4096
 
 
 def _tuned(kernel: str):
     """The autotuned wrapper of ``kernel`` over its launch configurations as they are now."""
-    fn, autotune_args = _AUTOTUNE[kernel]
-    return launch_configs.autotuned(kernel, fn, **autotune_args)
+    return tuned(_AUTOTUNE, kernel)
 
 
 def _interpreted_tile(kernel: str) -> int:
     return launch_configs.interpreter_meta(kernel, TILE=_INTERPRETER_TILE)["TILE"]
-
-
-def _interpreted_bytes(kernel: str) -> int:
-    return launch_configs.interpreter_meta(kernel, BYTES=_INTERPRETER_BYTES)["BYTES"]
-
-
-def _compiled(t: torch.Tensor) -> bool:
-    """True when the autotuned, compiled kernels apply (a GPU, not the interpreter)."""
-    return t.is_cuda and not interpreting()
 
 
 def _tile_grid(n_blocks: int, block: int):
@@ -268,7 +186,7 @@ def _tile_grid(n_blocks: int, block: int):
 
 
 # --------------------------------------------------------------------------------------------
-# int8: references
+# references
 # --------------------------------------------------------------------------------------------
 
 def _n_blocks(n: int, block: int) -> int:
@@ -326,7 +244,7 @@ def reduce_int8_reference(qs: Sequence[torch.Tensor], scales_list: Sequence[torc
 
 
 # --------------------------------------------------------------------------------------------
-# int8: launchers
+# launchers
 # --------------------------------------------------------------------------------------------
 
 def quantize_int8(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,9 +255,9 @@ def quantize_int8(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, t
              -> (tensor([127, -64, 32, 0, 127], dtype=int8), tensor([0.007874016, 0.023622047]))
     """
     _check_block("quantize_int8", block)
-    if x.dtype not in _QUANT_DTYPES:
+    if x.dtype not in QUANT_DTYPES:
         raise TypeError(f"quantize_int8: unsupported dtype {x.dtype}; valid: fp16, bf16, fp32")
-    _check_contiguous("quantize_int8", x=x)
+    check_contiguous("quantize_int8", x=x)
     if not use_triton(x):
         return quantize_int8_reference(x, block=block)
     n = x.numel()
@@ -348,7 +266,7 @@ def quantize_int8(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, t
     s = torch.empty(nb, dtype=torch.float32, device=x.device)
     if n == 0:
         return q, s
-    if _compiled(x):
+    if compiled(x):
         _tuned("quantize_int8")[_tile_grid(nb, block)](x, q, s, n, nb, QBLOCK=block)
     else:
         tile = _interpreted_tile("quantize_int8")
@@ -369,20 +287,20 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor 
     if out is None:
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     else:
-        if out.dtype not in _OUT_DTYPES:
+        if out.dtype not in OUT_DTYPES:
             raise TypeError(f"dequantize_int8: out must be floating, got {out.dtype}")
         if out.numel() != q.numel():
             raise ValueError(f"dequantize_int8: out has {out.numel()} elements, q has {q.numel()}")
         if out.device != q.device:
             raise ValueError(f"dequantize_int8: out is on {out.device}, q on {q.device}")
-    _check_contiguous("dequantize_int8", q=q, scales=scales, out=out)
+    check_contiguous("dequantize_int8", q=q, scales=scales, out=out)
     if not use_triton(q, scales, out):
         return dequantize_int8_reference(q, scales, out=out, block=block)
     n = q.numel()
     if n == 0:
         return out
     nb = scales.numel()
-    if _compiled(q):
+    if compiled(q):
         _tuned("dequantize_int8")[_tile_grid(nb, block)](q, scales, out, n, nb, QBLOCK=block)
     else:
         tile = _interpreted_tile("dequantize_int8")
@@ -413,7 +331,7 @@ def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor],
             raise ValueError(f"reduce_int8: qs[{i}] has {q.numel()} elements, qs[0] has {n}")
         if q.device != qs[0].device or s.device != qs[0].device:
             raise ValueError(f"reduce_int8: input {i} is not on {qs[0].device}")
-        _check_contiguous("reduce_int8", **{f"qs[{i}]": q, f"scales_list[{i}]": s})
+        check_contiguous("reduce_int8", **{f"qs[{i}]": q, f"scales_list[{i}]": s})
     if not use_triton(*qs, *scales_list):
         return reduce_int8_reference(qs, scales_list, block=block, scale=scale)
     device = qs[0].device
@@ -427,7 +345,7 @@ def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor],
     s_table = torch.tensor([s.data_ptr() for s in scales_list], dtype=torch.int64, device=device)
     scale_value = torch.full((1,), 1.0 if scale is None else float(scale), dtype=torch.float32, device=device)
     args = (q_table, s_table, len(qs), q_out, s_out, n, nb, scale_value)
-    if _compiled(qs[0]):
+    if compiled(qs[0]):
         # enable_fp_fusion=False: an fma of acc + q*s would round once where torch rounds twice.
         _tuned("reduce_int8")[_tile_grid(nb, block)](*args, HAS_SCALE=scale is not None, QBLOCK=block,
                                                      enable_fp_fusion=False)
@@ -439,188 +357,7 @@ def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor],
 
 
 # --------------------------------------------------------------------------------------------
-# 1-bit: references and launchers
-# --------------------------------------------------------------------------------------------
-
-_SCALE_ROW = 4096
-
-
-def _mean_abs(v: torch.Tensor) -> torch.Tensor:
-    """sum(|v|) / n as a 1-element fp32 tensor. Shared by both paths so the scale is bitwise equal.
-
-    Two levels: the 1-norm of each row of 4096 elements, then the sum of those. One flat fp32
-    vector_norm accumulates naively on CPU (5e-3 relative error at 16M elements, measured);
-    rows keep it near 1e-7 at the same speed, and never materialize |v| as abs().sum() would.
-    """
-    n = v.numel()
-    if n == 0:
-        return torch.zeros(1, dtype=torch.float32, device=v.device)
-    full = n - n % _SCALE_ROW
-    parts = []
-    if full:
-        parts.append(torch.linalg.vector_norm(v[:full].view(-1, _SCALE_ROW), ord=1, dim=1))
-    if full < n:
-        parts.append(torch.linalg.vector_norm(v[full:], ord=1).reshape(1))
-    total = parts[0].sum() if len(parts) == 1 else torch.cat(parts).sum()
-    return (total / n).reshape(1)
-
-
-_BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
-_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
-# Gathers byte i of an int64 into bit 56+i: the 64 partial products are distinct powers of two
-# (8i - 7j == 8k - 7l forces i == k, j == l over 0..7), so nothing carries into the top byte.
-_GATHER_BITS = 0x0102040810204080
-
-
-def _bit_weights(device: torch.device) -> torch.Tensor:
-    if device not in _BIT_WEIGHTS:
-        _BIT_WEIGHTS[device] = (1 << torch.arange(8, device=device)).to(torch.uint8)
-    return _BIT_WEIGHTS[device]
-
-
-def _byte_bits(device: torch.device) -> torch.Tensor:
-    """[256, 8] bool: bit i of byte value b."""
-    if device not in _BYTE_BITS:
-        _BYTE_BITS[device] = (torch.arange(256, device=device)[:, None] >> torch.arange(8, device=device)) & 1 != 0
-    return _BYTE_BITS[device]
-
-
-def _pack_signs(pos: torch.Tensor, out: torch.Tensor) -> None:
-    """out[j] = sum_i pos[8j+i] << i, padding bits 0."""
-    n = pos.numel()
-    full = n // 8
-    if full:
-        # 8 bools (0/1 bytes) read as one little-endian int64 word, then one multiply and a shift
-        # collect them into a byte: 3x faster on a CPU than a weighted sum over rows of 8. The
-        # product wraps mod 2**64 as torch's integer multiply does; only the top byte is kept.
-        words = pos[: 8 * full].view(torch.uint8).view(torch.int64)
-        out[:full].copy_(((words * _GATHER_BITS) >> 56) & 0xFF)
-    if full * 8 < n:
-        tail = pos[8 * full:].to(torch.uint8) * _bit_weights(pos.device)[: n - 8 * full]
-        out[full:].copy_(tail.sum(dtype=torch.uint8).reshape(1))
-
-
-def sign_compress_reference(x: torch.Tensor, residual: torch.Tensor, *,
-                            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch-ops implementation of :func:`sign_compress`; also the CPU fast path."""
-    n = x.numel()
-    v = residual.view(-1)
-    v.add_(x.reshape(-1))  # fp32 += x, x upcast exactly
-    scale = _mean_abs(v)
-    pos = v >= 0
-    v.sub_(torch.where(pos, scale, -scale))  # the new residual
-    if out is None:
-        out = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
-    _pack_signs(pos, out)
-    return out, scale
-
-
-def sign_decompress_reference(bits: torch.Tensor, scale: torch.Tensor, n: int, *,
-                              out: torch.Tensor | None = None) -> torch.Tensor:
-    """Torch-ops implementation of :func:`sign_decompress`; also the CPU fast path."""
-    if out is None:
-        out = torch.empty(n, dtype=torch.float32, device=bits.device)
-    if n:
-        # A 256 x 8 table of +-scale, rounded once to out's dtype, gathered by byte value:
-        # ~10x faster on a CPU than unpacking bits and a where() over n elements.
-        table = torch.where(_byte_bits(bits.device), scale, -scale).to(out.dtype)
-        full = n // 8
-        of = out.view(-1)
-        if full:
-            torch.index_select(table, 0, bits[:full].long(), out=of[: 8 * full].view(full, 8))
-        if 8 * full < n:
-            of[8 * full:].copy_(table[int(bits[full])][: n - 8 * full])
-    return out
-
-
-def sign_compress(x: torch.Tensor, residual: torch.Tensor, *,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """1-bit compress ``x + residual`` with error feedback. Returns ``(bits, scale)``.
-
-    x: contiguous fp16/bf16/fp32, finite. residual: contiguous fp32 with x.numel() elements,
-    updated in place to the compression error. bits (``out`` if given): uint8 [ceil(n/8)].
-    scale: fp32 [1]. Traffic on the Triton path: x read, residual read and written (v), v read
-    (scale), v read and written (residual), n/8 bytes written.
-    Example: sign_compress(tensor([0.5, -1.5, 2.0, 0.0]), residual=zeros(4))
-             -> (tensor([13], dtype=uint8), tensor([1.0])); residual = [-0.5, -0.5, 1.0, -1.0]
-    """
-    if x.dtype not in _QUANT_DTYPES:
-        raise TypeError(f"sign_compress: unsupported dtype {x.dtype}; valid: fp16, bf16, fp32")
-    if residual.dtype != torch.float32:
-        raise TypeError(f"sign_compress: residual must be fp32, got {residual.dtype}")
-    n = x.numel()
-    if residual.numel() != n:
-        raise ValueError(f"sign_compress: residual has {residual.numel()} elements, x has {n}")
-    if residual.device != x.device:
-        raise ValueError(f"sign_compress: residual is on {residual.device}, x on {x.device}")
-    if out is not None:
-        if out.dtype != torch.uint8 or out.numel() != (n + 7) // 8:
-            raise ValueError(f"sign_compress: out must be uint8 with {(n + 7) // 8} elements")
-        if out.device != x.device:
-            raise ValueError(f"sign_compress: out is on {out.device}, x on {x.device}")
-    _check_contiguous("sign_compress", x=x, residual=residual, **({} if out is None else {"out": out}))
-    if not use_triton(x, residual):
-        return sign_compress_reference(x, residual, out=out)
-    if out is None:
-        out = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
-    if n == 0:
-        return out, torch.zeros(1, dtype=torch.float32, device=x.device)
-    n_bytes = out.numel()
-    if _compiled(x):
-        _tuned("add_into")[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, residual, n)
-        scale = _mean_abs(residual)
-        _tuned("sign_pack")[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](residual, out, scale, n, n_bytes)
-    else:
-        block = launch_configs.interpreter_meta("add_into", BLOCK=_INTERPRETER_BLOCK)["BLOCK"]
-        _add_into_kernel[(triton.cdiv(n, block),)](x, residual, n, BLOCK=block)
-        scale = _mean_abs(residual)
-        bytes_per_program = _interpreted_bytes("sign_pack")
-        _sign_pack_kernel[(triton.cdiv(n_bytes, bytes_per_program),)](
-            residual, out, scale, n, n_bytes, BYTES=bytes_per_program)
-    return out, scale
-
-
-def sign_decompress(bits: torch.Tensor, scale: torch.Tensor | float, n: int, *,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """``out[i] = +scale if bit i else -scale`` for i < n; fp32 by default, else rounded to out.dtype.
-
-    Example: sign_decompress(tensor([13], dtype=uint8), tensor([1.0]), 4) -> tensor([1.0, -1.0, 1.0, 1.0])
-    """
-    if bits.dtype != torch.uint8:
-        raise TypeError(f"sign_decompress: bits must be uint8, got {bits.dtype}")
-    if bits.numel() != (n + 7) // 8:
-        raise ValueError(f"sign_decompress: {n} elements need {(n + 7) // 8} bytes, bits has {bits.numel()}")
-    if not isinstance(scale, torch.Tensor):
-        scale = torch.tensor([float(scale)], dtype=torch.float32, device=bits.device)
-    if scale.dtype != torch.float32 or scale.numel() != 1 or scale.device != bits.device:
-        raise ValueError("sign_decompress: scale must be one fp32 element on the device of bits")
-    scale = scale.reshape(1)
-    if out is None:
-        out = torch.empty(n, dtype=torch.float32, device=bits.device)
-    else:
-        if out.dtype not in _OUT_DTYPES:
-            raise TypeError(f"sign_decompress: out must be floating, got {out.dtype}")
-        if out.numel() != n:
-            raise ValueError(f"sign_decompress: out has {out.numel()} elements, n is {n}")
-        if out.device != bits.device:
-            raise ValueError(f"sign_decompress: out is on {out.device}, bits on {bits.device}")
-    _check_contiguous("sign_decompress", bits=bits, out=out)
-    if not use_triton(bits, out):
-        return sign_decompress_reference(bits, scale, n, out=out)
-    if n == 0:
-        return out
-    n_bytes = bits.numel()
-    if _compiled(bits):
-        _tuned("sign_unpack")[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](bits, scale, out, n, n_bytes)
-    else:
-        bytes_per_program = _interpreted_bytes("sign_unpack")
-        _sign_unpack_kernel[(triton.cdiv(n_bytes, bytes_per_program),)](
-            bits, scale, out, n, n_bytes, BYTES=bytes_per_program)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# validation and the error bound
+# validation
 # --------------------------------------------------------------------------------------------
 
 def _check_block(name: str, block: int) -> None:
@@ -639,13 +376,6 @@ def _check_q_scales(name: str, q: torch.Tensor, scales: torch.Tensor, block: int
         raise ValueError(f"{name} {q.numel()} elements in blocks of {block} need {nb} scales, got {scales.numel()}")
     if scales.device != q.device:
         raise ValueError(f"{name} scales are on {scales.device}, q on {q.device}")
-
-
-def _check_contiguous(name: str, **tensors: torch.Tensor) -> None:
-    for what, t in tensors.items():
-        if not t.is_contiguous():
-            # The Triton interpreter silently misreads strided memory: refuse it.
-            raise ValueError(f"{name}: {what} must be contiguous")
 
 
 def _refuse_interpreted_device_pointers(name: str, t: torch.Tensor) -> None:
