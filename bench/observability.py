@@ -54,15 +54,15 @@ def latency(world, comm, tracer, rounds: int, iters: int) -> dict:
 
     def recorder_on():
         flight.RECORDER.issue = real_issue
-        comm._tracer = comm._executor.tracer = None
+        comm.tracer = None
 
     def recorder_off():
         flight.RECORDER.issue = _stub_issue
-        comm._tracer = comm._executor.tracer = None
+        comm.tracer = None
 
     def tracing_on():
         flight.RECORDER.issue = real_issue
-        comm._tracer = comm._executor.tracer = tracer
+        comm.tracer = tracer
 
     modes = {"recorder on (default)": recorder_on, "recorder off": recorder_off, "recorder + trace on": tracing_on}
     times = {k: [] for k in modes}
@@ -101,13 +101,13 @@ def training(world, comm, tracer, blocks: int, steps: int) -> dict:
         step()
     for b in range(2 * blocks):
         name = "trace on" if b % 2 else "trace off"
-        comm._tracer = comm._executor.tracer = tracer if name == "trace on" else None
+        comm.tracer = tracer if name == "trace on" else None
         for _ in range(steps):
             world.Barrier()
             t0 = time.perf_counter()
             step()
             times[name].append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    comm._tracer = comm._executor.tracer = None
+    comm.tracer = None
     out = {}
     for name, ts in times.items():
         med = statistics.median(ts)
@@ -127,8 +127,8 @@ def main() -> int:
     world = MPI.COMM_WORLD
     folder = world.bcast(tempfile.mkdtemp(prefix="ddl_obs_") if world.rank == 0 else None, root=0)
     comm = ddl.init(world.Dup(), trace=folder)      # measures the clock offset, makes the tracer
-    tracer = comm._tracer
-    comm._tracer = comm._executor.tracer = None
+    tracer = comm.tracer
+    comm.tracer = None
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=world.rank, world_size=world.size)
     lat = latency(world, comm, tracer, args.rounds, args.iters)
     train = training(world, comm, tracer, args.blocks, args.steps)

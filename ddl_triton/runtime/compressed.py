@@ -351,7 +351,7 @@ def _done(tensor: torch.Tensor, async_op: bool):
     if not async_op:
         return tensor
     work = Work("compressed allreduce of 0 elements")
-    work._finish(result=tensor)
+    work.set_result(tensor)
     return work
 
 
@@ -381,9 +381,9 @@ def _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish, descrip
             if flat.data_ptr() != tensor.data_ptr():
                 tensor.copy_(flat.view(tensor.shape))  # a strided tensor went through a contiguous copy
         except BaseException as e:  # noqa: BLE001
-            result._finish(error=e)
+            result.set_exception(e)
         else:
-            result._finish(result=tensor)
+            result.set_result(tensor)
 
     comm.all_to_all(recv, send, async_op=True).add_done_callback(after_exchange)
     comm.all_gather(gout, gin, async_op=True).add_done_callback(after_gather)

@@ -111,6 +111,18 @@ class Executor:
             self._programs[id(schedule)] = entry
         return entry[1], entry[2]
 
+    def run_widened(self, schedule: Schedule, inbuf: torch.Tensor, outbuf: torch.Tensor, ctx: CallContext,
+                    seq: int, run_dtype: torch.dtype) -> None:
+        """``run``; when ``run_dtype`` is wider than the data (16-bit sums carried in fp32),
+        through a wide copy, rounded back once at the end."""
+        if run_dtype is inbuf.dtype:
+            self.run(schedule, inbuf, outbuf, ctx, seq)
+            return
+        wide_in = inbuf.to(run_dtype)
+        wide_out = wide_in if outbuf is inbuf else torch.empty(outbuf.shape, dtype=run_dtype, device=outbuf.device)
+        self.run(schedule, wide_in, wide_out, ctx, seq)
+        outbuf.copy_(wide_out)  # the one rounding back to 16 bits
+
     def run(self, schedule: Schedule, inbuf: torch.Tensor, outbuf: torch.Tensor, ctx: CallContext,
             seq: int = 0) -> None:
         """Execute this rank's steps. ``inbuf``/``outbuf`` are flat contiguous tensors (may be one)."""

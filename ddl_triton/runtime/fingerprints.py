@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatch
+from ..errors import CollectiveMismatch, CollectiveTimeout
 from ..ops import DTYPES, OPS
-from ..transports.base import wait_until
+from ..transports.base import PeerTimeout, wait_until
 
 CALLS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier")
 
@@ -73,8 +73,26 @@ class CallChecker:
         self._all = np.zeros(6 * size, dtype=np.int64)
         self._current: tuple[int, tuple[int, ...]] | None = None
         self._peers = [p for p in range(size) if p != rank]
+        self._fingerprints: dict[tuple, tuple[int, ...]] = {}  # call shape -> its fingerprint (bounded)
         if shm is not None:
             shm.wait_hook = self._look_for_mismatch
+
+    def checked(self, seq: int, collective: str, op, dtype, numel: int, root: int, run, on_gpu: bool = False):
+        """Run ``run()`` as call ``seq`` between ``begin`` and ``end``; a peer lost or silent past
+        the deadline meanwhile is a CollectiveTimeout naming it."""
+        key = (collective, op, dtype, numel, root, on_gpu)
+        fp = self._fingerprints.get(key)
+        if fp is None:
+            if len(self._fingerprints) > 256:
+                self._fingerprints.clear()
+            fp = self._fingerprints[key] = encode(collective, op, dtype, numel, root, on_gpu)
+        try:
+            self.begin(seq, fp)
+            run()
+            self.end(seq, fp)
+        except PeerTimeout as e:
+            raise CollectiveTimeout(f"rank {self.rank}: {collective} #{seq} timed out: "
+                                    f"{'lost' if e.dead else 'not heard from'} {e.who} ({e.what})") from None
 
     def begin(self, seq: int, fp: tuple[int, ...]) -> None:
         """Before the collective: publish (shm) or exchange and compare (MPI)."""

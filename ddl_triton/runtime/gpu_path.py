@@ -69,6 +69,24 @@ class GpuPath:
                              f"a tensor on {device} needs its own communicator")
         return self._executor  # type: ignore[return-value]
 
+    def run(self, schedule, inbuf: torch.Tensor, outbuf: torch.Tensor, run_dtype: torch.dtype, ctx, seq: int,
+            record, tracer) -> None:
+        """Run ``schedule`` on CUDA tensors (``Executor.run_widened``), labelling ``record``'s steps.
+        With a ``tracer``, the call is also a span timed by CUDA events, resolved when the trace
+        is written (no host synchronisation added). Not yet run on a GPU."""
+        executor = self.executor(inbuf.device)
+        executor.record, executor.tracer = record, tracer
+        if tracer is None:
+            executor.run_widened(schedule, inbuf, outbuf, ctx, seq, run_dtype)
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        executor.run_widened(schedule, inbuf, outbuf, ctx, seq, run_dtype)
+        end.record()
+        info = record.to_json()
+        tracer.cuda_span(f"{info['collective']} #{record.seq} (GPU)", start, end,
+                         {"schedule": schedule.name, "bytes": info["bytes"]})
+
     def _build(self, device: torch.device) -> None:
         place, opts = self._placement, self._options
         if device.type == "cuda" and device.index is None:

@@ -89,6 +89,15 @@ class Work:
                 return
         fn(self)
 
+    def set_result(self, value) -> None:
+        """Complete this Work with ``value`` (for a Work made outside the queue, e.g. one that
+        resolves when two queued collectives and a step of its own are done); runs the callbacks."""
+        self._finish(result=value)
+
+    def set_exception(self, exc: BaseException) -> None:
+        """Complete this Work with ``exc``: ``wait()`` raises it; runs the callbacks."""
+        self._finish(error=exc)
+
     def _finish(self, result=None, error: BaseException | None = None) -> None:
         with self._lock:
             self._result, self._error = result, error

@@ -33,7 +33,7 @@ def _install_exit_guard() -> None:
     import atexit
 
     def guard() -> None:
-        from .communicator import peers_lost
+        from .issue import peers_lost
         lost = peers_lost() or not _exit_rendezvous()
         # Decided: from here on the launcher's notice can change nothing, and the
         # interpreter's teardown would put SIGUSR1 back to its default action (death)
@@ -132,7 +132,7 @@ def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int
     if world:
         global _world_created
         _world = comm
-        _world_created = comm._bootstrap.kind == "mpi"  # the exit rendezvous is MPI's (see _exit_rendezvous)
+        _world_created = comm.bootstrap.kind == "mpi"  # the exit rendezvous is MPI's (see _exit_rendezvous)
         from ..launch import status
         status.start(opts.status_dir, comm.rank)
     return comm
@@ -165,7 +165,7 @@ def _world_bootstrap(opts: Options, store, rank, size):
 
 def _check_same_options(world: Communicator, options: Options | None, overrides: dict) -> None:
     """Refuse options the existing world communicator was not created with (see ``init``)."""
-    created = world._requested_options
+    created = world.requested_options
     asked = (options.replace(**overrides) if options is not None else created.replace(**overrides)) \
         if (options is not None or overrides) else created
     differ = [f"{name}={getattr(asked, name)!r} (it has {getattr(created, name)!r})"

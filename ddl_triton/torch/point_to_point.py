@@ -193,15 +193,15 @@ class GlooPointToPoint:
             if pending.error is not None:
                 first = str(pending.error).splitlines()[0][:300]
                 error = DDLError(f"rank {self._rank}: {what} failed: gloo reported: {first}")
-                work._finish(error=error)
+                work.set_exception(error)
                 return
             try:
                 if finish is not None:
                     finish()
             except BaseException as e:  # noqa: BLE001 - delivered through the Work
-                work._finish(error=e)
+                work.set_exception(e)
                 return
-            work._finish()
+            work.set_result(None)
 
         self._watchers.watch(gloo_work, done)
         return work

@@ -30,7 +30,8 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 from torch.distributed import ReduceOp
 
-from ..runtime import gpu_path
+from .arguments import (async_opts, chain, check_device, check_same, one_list, one_tensor, pairs, plain_opts,
+                        reduce_opts, root_rank, split_rows)
 from .futures import completed_work, join_torch_works, then, torch_work
 from .staging import copy_stage, reduce_stage, shares, unflatten_into
 
@@ -94,9 +95,9 @@ class DdlProcessGroup(dist.ProcessGroup):
     # -- reductions ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         """Reduce one tensor across ranks in place (``tensors`` is ``[tensor]``)."""
-        opts = _reduce_opts(opts, _c10d.AllreduceOptions)
-        tensor = _single(tensors, "allreduce")
-        _check_device("allreduce", tensor)
+        opts = reduce_opts(opts, _c10d.AllreduceOptions)
+        tensor = one_tensor(tensors, "allreduce")
+        check_device("allreduce", tensor)
         op, factor = _op(opts.reduceOp, "allreduce")
         if op in _FOLD_NAMES:
             return self._folded(tensor, op, opts, "allreduce")
@@ -106,12 +107,12 @@ class DdlProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         """Allreduce every tensor of ``tensors`` (one flat collective per dtype)."""
-        opts = _reduce_opts(opts, _c10d.AllreduceCoalescedOptions)
+        opts = reduce_opts(opts, _c10d.AllreduceCoalescedOptions)
         tensors = list(tensors)
-        _check_device("allreduce_coalesced", *tensors)
+        check_device("allreduce_coalesced", *tensors)
         op, factor = _op(opts.reduceOp, "allreduce_coalesced")
         if op in _FOLD_NAMES:
-            works = [self._folded(t, op, _async(opts, _c10d.AllreduceOptions), "allreduce_coalesced")
+            works = [self._folded(t, op, async_opts(opts, _c10d.AllreduceOptions), "allreduce_coalesced")
                      for t in tensors]
             return join_torch_works(works, tensors)
         calls, finishes = [], []
@@ -122,12 +123,12 @@ class DdlProcessGroup(dist.ProcessGroup):
             _premultiply(wire, factor, "allreduce_coalesced")
             calls.append(lambda a, w=wire: self._comm.allreduce(w, op=op, async_op=a))
             finishes += [f for f in (finish, lambda g=group, f=flat: unflatten_into(g, f)) if f]
-        return self._run_many(calls, tensors, opts, _chain(finishes))
+        return self._run_many(calls, tensors, opts, chain(finishes))
 
     def reduce_scatter_single(self, output, input, opts=None):
         """Rank r receives block r of the reduction of ``input`` (``size`` blocks of ``output``'s size)."""
-        opts = _reduce_opts(opts, _c10d.ReduceScatterOptions)
-        _check_device("reduce_scatter_tensor", output, input)
+        opts = reduce_opts(opts, _c10d.ReduceScatterOptions)
+        check_device("reduce_scatter_tensor", output, input)
         op, factor = _op(opts.reduceOp, "reduce_scatter_tensor")
         if op in _FOLD_NAMES:
             return self._folded(input, op, opts, "reduce_scatter_tensor", output=output)
@@ -140,15 +141,15 @@ class DdlProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         """List form: ``input_tensors[0][q]`` is this rank's contribution to rank q's ``output_tensors[0]``."""
-        output = _single(output_tensors, "reduce_scatter")
-        inputs = _single_list(input_tensors, "reduce_scatter", self._comm.size)
-        _check_same("reduce_scatter", output, inputs)
+        output = one_tensor(output_tensors, "reduce_scatter")
+        inputs = one_list(input_tensors, "reduce_scatter", self._comm.size)
+        check_same("reduce_scatter", output, inputs)
         flat = torch.cat([t.reshape(-1) for t in inputs])
         return self.reduce_scatter_single(output, flat, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         """``reduce_scatter_single`` on each (output, input) pair, in order, as one Work."""
-        opts = _reduce_opts(opts, _c10d.ReduceScatterOptions)
+        opts = reduce_opts(opts, _c10d.ReduceScatterOptions)
         return self._pairwise(self.reduce_scatter_single, outputs, inputs, opts, _c10d.ReduceScatterOptions,
                               "reduce_scatter_tensor_coalesced")
 
@@ -156,9 +157,9 @@ class DdlProcessGroup(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         """Reduce into rank ``opts.rootRank``'s tensor; other ranks' tensors are left unchanged."""
-        opts = _reduce_opts(opts, _c10d.ReduceOptions)
-        tensor = _single(tensors, "reduce")
-        root = _root(opts.rootRank, self._comm.size, "reduce")
+        opts = reduce_opts(opts, _c10d.ReduceOptions)
+        tensor = one_tensor(tensors, "reduce")
+        root = root_rank(opts.rootRank, self._comm.size, "reduce")
         work_copy = tensor.clone()
         ar = _c10d.AllreduceOptions()
         ar.reduceOp, ar.asyncOp = opts.reduceOp, getattr(opts, "asyncOp", True)
@@ -168,10 +169,10 @@ class DdlProcessGroup(dist.ProcessGroup):
     # -- copies --------------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
         """Copy rank ``opts.rootRank``'s tensor into every rank's, in place."""
-        opts = _plain_opts(opts, _c10d.BroadcastOptions)
-        tensor = _single(tensors, "broadcast")
-        _check_device("broadcast", tensor)
-        root = _root(opts.rootRank, self._comm.size, "broadcast")
+        opts = plain_opts(opts, _c10d.BroadcastOptions)
+        tensor = one_tensor(tensors, "broadcast")
+        check_device("broadcast", tensor)
+        root = root_rank(opts.rootRank, self._comm.size, "broadcast")
         if opts.rootTensor != 0:
             raise ValueError(f"ddl backend: broadcast rootTensor must be 0, got {opts.rootTensor}")
         wire, finish = copy_stage(tensor)
@@ -179,8 +180,8 @@ class DdlProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         """Block r of ``output`` (``input.numel()`` elements) becomes rank r's ``input``."""
-        opts = _plain_opts(opts, _c10d.AllgatherOptions)
-        _check_device("all_gather_into_tensor", output, input)
+        opts = plain_opts(opts, _c10d.AllgatherOptions)
+        check_device("all_gather_into_tensor", output, input)
         inp, _ = copy_stage(input, copy=shares(output, input))  # FSDP2 gathers in place
         out, finish = copy_stage(output, fresh=True)
         return self._run(lambda a: self._comm.all_gather(out, inp, async_op=a), [output], opts, finish)
@@ -189,16 +190,16 @@ class DdlProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         """List form: ``output_tensors[0][q]`` becomes rank q's ``input_tensors[0]``."""
-        input = _single(input_tensors, "allgather")
-        outputs = _single_list(output_tensors, "allgather", self._comm.size)
-        _check_same("allgather", input, outputs)
+        input = one_tensor(input_tensors, "allgather")
+        outputs = one_list(output_tensors, "allgather", self._comm.size)
+        check_same("allgather", input, outputs)
         flat = torch.empty(self._comm.size * input.numel(), dtype=input.dtype, device=input.device)
         work = self.all_gather_single(flat, input, opts)
         return then(work, outputs, lambda: unflatten_into(outputs, flat))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         """``all_gather_single`` on each (output, input) pair, in order, as one Work."""
-        opts = _plain_opts(opts, _c10d.AllgatherOptions)
+        opts = plain_opts(opts, _c10d.AllgatherOptions)
         return self._pairwise(self.all_gather_single, outputs, inputs, opts, _c10d.AllgatherOptions,
                               "all_gather_into_tensor_coalesced")
 
@@ -206,36 +207,36 @@ class DdlProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         """``output_lists[q][i]`` becomes rank q's ``input_tensors[i]``, for every input i, as one Work."""
-        opts = _plain_opts(opts, _c10d.AllgatherOptions)
+        opts = plain_opts(opts, _c10d.AllgatherOptions)
         size = self._comm.size
         output_lists, inputs = [list(outs) for outs in output_lists], list(input_tensors)
         if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
             raise ValueError(f"ddl backend: allgather_coalesced needs {size} output lists (one per rank) of "
                              f"{len(inputs)} tensors (one per input), got {[len(o) for o in output_lists]}")
         works = [self.allgather([[output_lists[q][i] for q in range(size)]], [inp],
-                                _async(opts, _c10d.AllgatherOptions))
+                                async_opts(opts, _c10d.AllgatherOptions))
                  for i, inp in enumerate(inputs)]
         return join_torch_works(works, [t for outs in output_lists for t in outs])
 
     def gather(self, output_tensors, input_tensors, opts=None):
         """Rank ``opts.rootRank`` receives every rank's tensor in ``output_tensors[0]``."""
-        opts = _plain_opts(opts, _c10d.GatherOptions)
-        input = _single(input_tensors, "gather")
-        root = _root(opts.rootRank, self._comm.size, "gather")
-        outputs = _single_list(output_tensors, "gather", self._comm.size) if self._comm.rank == root else []
-        _check_same("gather", input, outputs)
+        opts = plain_opts(opts, _c10d.GatherOptions)
+        input = one_tensor(input_tensors, "gather")
+        root = root_rank(opts.rootRank, self._comm.size, "gather")
+        outputs = one_list(output_tensors, "gather", self._comm.size) if self._comm.rank == root else []
+        check_same("gather", input, outputs)
         flat = torch.empty(self._comm.size * input.numel(), dtype=input.dtype, device=input.device)
-        work = self.all_gather_single(flat, input, _async(opts, _c10d.AllgatherOptions))
+        work = self.all_gather_single(flat, input, async_opts(opts, _c10d.AllgatherOptions))
         return then(work, outputs, lambda: unflatten_into(outputs, flat))
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         """Rank q receives ``input_tensors[0][q]`` of rank ``opts.rootRank`` in ``output_tensors[0]``."""
-        opts = _plain_opts(opts, _c10d.ScatterOptions)
-        output = _single(output_tensors, "scatter")
-        root = _root(opts.rootRank, self._comm.size, "scatter")
+        opts = plain_opts(opts, _c10d.ScatterOptions)
+        output = one_tensor(output_tensors, "scatter")
+        root = root_rank(opts.rootRank, self._comm.size, "scatter")
         if self._comm.rank == root:
-            inputs = _single_list(input_tensors, "scatter", self._comm.size)
-            _check_same("scatter", output, inputs)
+            inputs = one_list(input_tensors, "scatter", self._comm.size)
+            check_same("scatter", output, inputs)
             flat = torch.cat([t.reshape(-1) for t in inputs])
         else:
             flat = torch.empty(self._comm.size * output.numel(), dtype=output.dtype, device=output.device)
@@ -250,60 +251,60 @@ class DdlProcessGroup(dist.ProcessGroup):
 
         Empty split lists mean equal slices (one ddl_triton all_to_all); uneven splits run as one
         all-to-all of bytes on the group's point-to-point (MPI or gloo)."""
-        opts = _plain_opts(opts, _c10d.AllToAllOptions)
-        _check_device("all_to_all_single", output, input)
+        opts = plain_opts(opts, _c10d.AllToAllOptions)
+        check_device("all_to_all_single", output, input)
         size = self._comm.size
-        out_splits = _splits(output_split_sizes, output, size, "output")
-        in_splits = _splits(input_split_sizes, input, size, "input")
+        out_splits = split_rows(output_split_sizes, output, size, "output")
+        in_splits = split_rows(input_split_sizes, input, size, "input")
         if len(set(out_splits + in_splits)) <= 1 and output.numel() == input.numel():
             inp, _ = copy_stage(input, copy=shares(output, input))
             out, finish = copy_stage(output, fresh=True)
             return self._run(lambda a: self._comm.all_to_all(out, inp, async_op=a), [output], opts, finish)
-        _check_device("all_to_all_single with uneven splits", output, input, gpu=False)
+        check_device("all_to_all_single with uneven splits", output, input, gpu=False)
         return self._alltoallv([output], [input], [out_splits], [in_splits], opts)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         """List form: ``input_tensors[q]`` goes to rank q; ``output_tensors[q]`` comes from rank q."""
-        opts = _plain_opts(opts, _c10d.AllToAllOptions)
+        opts = plain_opts(opts, _c10d.AllToAllOptions)
         size = self._comm.size
         outputs, inputs = list(output_tensors), list(input_tensors)
         if len(outputs) != size or len(inputs) != size:
             raise ValueError(f"ddl backend: alltoall needs {size} input and {size} output tensors, "
                              f"got {len(inputs)} and {len(outputs)}")
-        _check_device("alltoall", *outputs, *inputs)
+        check_device("alltoall", *outputs, *inputs)
         if len({t.numel() for t in outputs + inputs}) == 1 and len({t.dtype for t in outputs + inputs}) == 1:
             flat_in = torch.cat([t.reshape(-1) for t in inputs])
             flat_out = torch.empty_like(flat_in)
             work = self.all_to_all_single(flat_out, flat_in, [], [], opts)
             return then(work, outputs, lambda: unflatten_into(outputs, flat_out))
-        _check_device("alltoall of unequal tensors", *outputs, *inputs, gpu=False)
+        check_device("alltoall of unequal tensors", *outputs, *inputs, gpu=False)
         return self._alltoallv(outputs, inputs, [[1] * size], [[1] * size], opts, per_tensor=True)
 
     # -- synchronisation and point to point ----------------------------------------------------
     def barrier(self, opts=None):
         """Complete once every rank of the group has entered the barrier."""
-        opts = _plain_opts(opts, _c10d.BarrierOptions)
+        opts = plain_opts(opts, _c10d.BarrierOptions)
         return self._run(lambda a: self._comm.barrier(async_op=a), [], opts)
 
     def send(self, tensors, dst_rank, tag=0):
         """Send ``tensors[0]`` to group rank ``dst_rank``; matched by the receiver's (source, tag)."""
-        tensor = _single(tensors, "send")
-        _check_device("send", tensor, gpu=False)
-        return torch_work(self._p2p.send(tensor, _root(dst_rank, self._comm.size, "send"), tag), [tensor])
+        tensor = one_tensor(tensors, "send")
+        check_device("send", tensor, gpu=False)
+        return torch_work(self._p2p.send(tensor, root_rank(dst_rank, self._comm.size, "send"), tag), [tensor])
 
     def recv(self, tensors, src_rank, tag=0):
         """Receive into ``tensors[0]`` from group rank ``src_rank`` (the message must match in bytes)."""
-        tensor = _single(tensors, "recv")
-        _check_device("recv", tensor, gpu=False)
-        return torch_work(self._p2p.recv(tensor, _root(src_rank, self._comm.size, "recv"), tag), [tensor])
+        tensor = one_tensor(tensors, "recv")
+        check_device("recv", tensor, gpu=False)
+        return torch_work(self._p2p.recv(tensor, root_rank(src_rank, self._comm.size, "recv"), tag), [tensor])
 
     def recv_anysource(self, tensors, tag=0):
         """Receive into ``tensors[0]`` the first message with ``tag`` from any rank; the Work's
         ``_source_rank()`` names the sender."""
-        tensor = _single(tensors, "recv")
-        _check_device("recv", tensor, gpu=False)
+        tensor = one_tensor(tensors, "recv")
+        check_device("recv", tensor, gpu=False)
         work, source = self._p2p.recv_anysource(tensor, tag)
         result = torch_work(work, [tensor])
         result.source = lambda: source[0]
@@ -330,7 +331,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         size, rank = self._comm.size, self._comm.rank
         flat = input.detach().reshape(-1).clone()
         gathered = torch.empty(size * flat.numel(), dtype=flat.dtype, device=flat.device)
-        work = self.all_gather_single(gathered, flat, _async(opts, _c10d.AllgatherOptions))
+        work = self.all_gather_single(gathered, flat, async_opts(opts, _c10d.AllgatherOptions))
         fold = _FOLD_NAMES[op]
 
         def finish():
@@ -348,7 +349,7 @@ class DdlProcessGroup(dist.ProcessGroup):
 
     def _pairwise(self, single, outputs, inputs, opts, options_type, what: str):
         """``single(output, input, opts)`` on each pair, in order, joined into one Work."""
-        works = [single(o, i, _async(opts, options_type)) for o, i in _pairs(outputs, inputs, what)]
+        works = [single(o, i, async_opts(opts, options_type)) for o, i in pairs(outputs, inputs, what)]
         return join_torch_works(works, list(outputs))
 
     def _run(self, call, outputs, opts, finish=None):
@@ -366,7 +367,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         # call into Python. Woken now, the communicator's thread would take the GIL and backward
         # would wait for it (0.4-0.7 ms per bucket on a busy core); get_future wakes it instead
         # (as do wait, is_completed and any later call).
-        issuing = self._comm._runner.waking_later() if _called_from_cpp_backward() else contextlib.nullcontext()
+        issuing = self._comm.waking_later() if _called_from_cpp_backward() else contextlib.nullcontext()
         with issuing:
             return torch_work(lambda: [call(True) for call in calls], outputs, finish)
 
@@ -387,28 +388,6 @@ def _called_from_cpp_backward() -> bool:
     while frame is not None and frame.f_globals.get("__name__") == __name__:
         frame = frame.f_back
     return frame is None or frame.f_globals.get("__name__") == "torch.autograd.graph"
-
-
-# -- argument helpers -----------------------------------------------------------------------------------
-def _reduce_opts(opts, kind):
-    """Accept an options object, a ReduceOp, or None (torch's pybind overloads allow all three)."""
-    if opts is None:
-        return kind()
-    if isinstance(opts, (ReduceOp, _RED)):
-        o = kind()
-        o.reduceOp = opts
-        return o
-    return opts
-
-
-def _plain_opts(opts, kind):
-    return kind() if opts is None else opts
-
-
-def _async(opts, kind):
-    o = kind()
-    o.asyncOp = getattr(opts, "asyncOp", True)
-    return o
 
 
 def _op(op, what: str) -> tuple[str, float | None]:
@@ -432,92 +411,6 @@ def _premultiply(wire: torch.Tensor, factor: float | None, what: str) -> None:
     if not wire.is_floating_point():
         raise ValueError(f"ddl backend: {what} with ReduceOp.PREMUL_SUM needs a floating dtype, got {wire.dtype}")
     wire.mul_(factor)
-
-
-def _single(tensors, what: str) -> torch.Tensor:
-    if isinstance(tensors, torch.Tensor):
-        return tensors
-    tensors = list(tensors)
-    if len(tensors) != 1:
-        raise ValueError(f"ddl backend: {what} takes exactly one tensor per rank, got {len(tensors)}")
-    return tensors[0]
-
-
-def _single_list(lists, what: str, size: int) -> list[torch.Tensor]:
-    lists = list(lists)
-    if len(lists) != 1:
-        raise ValueError(f"ddl backend: {what} takes one tensor list per rank, got {len(lists)}")
-    tensors = list(lists[0])
-    if len(tensors) != size:
-        raise ValueError(f"ddl backend: {what} needs a list of {size} tensors (the group size), got {len(tensors)}")
-    return tensors
-
-
-def _pairs(outputs, inputs, what: str):
-    outputs, inputs = list(outputs), list(inputs)
-    if len(outputs) != len(inputs):
-        raise ValueError(f"ddl backend: {what} got {len(outputs)} outputs for {len(inputs)} inputs")
-    return list(zip(outputs, inputs))
-
-
-def _check_same(what: str, ref: torch.Tensor, others) -> None:
-    for t in others:
-        if t.numel() != ref.numel() or t.dtype != ref.dtype:
-            raise ValueError(f"ddl backend: {what} needs every tensor to match {ref.numel()} x {ref.dtype}, "
-                             f"got {t.numel()} x {t.dtype} (uneven sizes are not supported)")
-
-
-def _check_device(what: str, *tensors, gpu: bool = True) -> None:
-    """Tensors on the CPU, or on CUDA when this process has the GPU path and ``what`` runs on it
-    (the collectives do; point-to-point and uneven all-to-all move host memory)."""
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"ddl backend: {what} expects tensors, got {type(t).__name__}")
-        if t.layout != torch.strided:
-            raise TypeError(f"ddl backend: {what} got a tensor of layout {t.layout}; only dense (strided) tensors "
-                            "are supported (sparse all-reduce: use gloo)")
-        if t.device.type == "cpu":
-            continue
-        if t.is_cuda and gpu and gpu_path.available():
-            continue
-        where = ("it runs on CPU tensors only" if t.is_cuda and not gpu else
-                 "this process has no GPU path" if t.is_cuda else "only CPU and CUDA tensors are supported")
-        raise ValueError(f"ddl backend: {what} got a tensor on {t.device}; {where}: move the tensor to the CPU")
-    devices = {t.device for t in tensors}
-    if len(devices) > 1:
-        raise ValueError(f"ddl backend: {what} got tensors on several devices: {sorted(map(str, devices))}")
-
-
-def _root(root: int, size: int, what: str) -> int:
-    if not isinstance(root, int) or not 0 <= root < size:
-        raise ValueError(f"ddl backend: {what} rank {root!r} is not a rank of this group (size {size})")
-    return root
-
-
-def _splits(split_sizes, t: torch.Tensor, size: int, what: str) -> list[int]:
-    """Rows per rank along dim 0; an empty list means ``size`` equal slices."""
-    rows = t.shape[0] if t.dim() else 1
-    if not split_sizes:
-        if rows % size:
-            raise ValueError(f"ddl backend: all_to_all_single {what} has {rows} rows, not divisible "
-                             f"by the group size {size}; pass split sizes")
-        return [rows // size] * size
-    splits = [int(s) for s in split_sizes]
-    if len(splits) != size or sum(splits) != rows:
-        raise ValueError(f"ddl backend: all_to_all_single {what} splits {splits} must be {size} sizes "
-                         f"summing to {rows}")
-    return splits
-
-
-def _chain(fns):
-    fns = [f for f in fns if f is not None]
-    if not fns:
-        return None
-
-    def run():
-        for f in fns:
-            f()
-    return run
 
 
 def _close_communicator(comm) -> None:
