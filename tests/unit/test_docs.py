@@ -4,6 +4,7 @@
   field's ``DDL_*`` twin, type and default;
 - every relative link in README.md, docs/*.md and bench/results/*.md names a file that exists, and
   a heading that exists where it names one;
+- every source path they name in code (`ddl_triton/launch/rank_guard.py`) exists;
 - the README stays a front page: short, with the two set-up commands that CI and new users run.
 
 Each checker is also run on a broken sample, so that a check which could never fail fails here.
@@ -110,6 +111,20 @@ def broken_links(path: Path) -> list[str]:
     return broken
 
 
+def missing_paths(path: Path) -> list[str]:
+    """The repository paths a markdown file names in code (`ddl_triton/launch/rank_guard.py`,
+    `tests/unit/`) that do not exist. A path is a code span with a slash and no wildcard or
+    placeholder; the rooms may be named short (`runtime/` for ddl_triton/runtime/). ``shared/``
+    is the project's notes outside the checkout."""
+    missing = []
+    for span in re.findall(r"`([A-Za-z0-9_.-]+/[A-Za-z0-9_./-]*)`", path.read_text()):
+        if span.startswith("shared/") or not (span.endswith("/") or re.search(r"\.[a-z]+$", span)):
+            continue
+        if not any((base / span).exists() for base in (ROOT, ROOT / "ddl_triton")):
+            missing.append(span)
+    return missing
+
+
 def _markdown_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
             *sorted((ROOT / "bench" / "results").glob("*.md"))]
@@ -140,6 +155,18 @@ def test_the_options_check_fails_on_a_missing_row_a_wrong_twin_type_or_default_a
 def test_every_relative_link_points_at_a_file_that_exists():
     broken = {str(p.relative_to(ROOT)): b for p in _markdown_files() if (b := broken_links(p))}
     assert broken == {}
+
+
+def test_every_source_path_the_docs_name_exists():
+    missing = {str(p.relative_to(ROOT)): m for p in _markdown_files() if (m := missing_paths(p))}
+    assert missing == {}
+
+
+def test_the_path_check_finds_a_moved_file(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("`ddl_triton/options.py` `runtime/` `tests/unit/` `ddl_triton/launcher.py` `transports/gone/`\n"
+                    "`shared/SCALE_INPUTS.md` `DIR/trace-rank<R>.json` `clusters/*.toml` `mpi:bw=1GB/s`\n")
+    assert missing_paths(page) == ["ddl_triton/launcher.py", "transports/gone/"]
 
 
 def test_the_link_check_finds_broken_files_and_anchors_and_ignores_code_and_urls(tmp_path):
