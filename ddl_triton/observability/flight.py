@@ -17,7 +17,7 @@ rank is lost, and passes on a SIGUSR2 it receives). ``python -m ddl_triton.trace
 reads the dumps (ddl_triton/observability/diagnose.py).
 
 Cost: one small object, one deque append and one walk up the Python stack per call (about
-1 us; measured in the README), and an attribute store per executed step.
+1 us; bench/results/observability.md), and an attribute store per executed step.
 """
 from __future__ import annotations
 

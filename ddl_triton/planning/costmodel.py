@@ -18,7 +18,7 @@ the same IR that the executor runs is what the planner costs, including pipelini
 The modelled time is linear in the parameters along the critical path, which is what
 lets a tuner fit them by least squares (``terms`` gives the path's coefficients;
 ddl_triton/tuning/fit.py). Default parameters were measured on the 2-core development
-machine (see README, "Choosing a schedule"); a tuning table carries fitted ones.
+machine (docs/schedules.md, "Choosing a schedule"); a tuning table carries fitted ones.
 """
 from __future__ import annotations
 
