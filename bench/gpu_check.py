@@ -20,9 +20,11 @@ Sections, each wrapped so that a failure in one does not stop the others:
                 ``ddl.init(transport="nvshmem")``: allreduce (sum, max), reduce_scatter, all_gather and
                 broadcast on integer-valued CUDA tensors, each compared with ``torch.equal`` against the
                 exact world-size-1 result, in a child process.
-5. bandwidth    device copy bandwidth (clone of a 1 GiB tensor, GB/s = 2 * bytes / median time from
-                ``triton.testing.do_bench``), then the reduce kernel (fp32, bf16) and the int8 kernels
-                at >= 1 GiB per input, each against the same operation written with plain torch ops.
+5. bandwidth    device copy bandwidth (clone of a 1 GiB tensor, GB/s = 2 * bytes / median time), then
+                the reduce kernel (fp32, bf16) and the int8 kernels at >= 1 GiB per input, each against
+                the same operation written with plain torch ops. Every time is measured by
+                ``ddl_triton.kernels.bandwidth.measure``, as bench/kernels.py measures: CUDA events
+                around single calls, L2 flushed before each, ours and torch's alternating.
                 A kernel row says PASS when it reaches >= 85% of the copy bandwidth at >= 1 GiB (the
                 acceptance bar); below it is reported, not failed. Each kernel's output is also
                 compared with the torch result (a wrong result is a failure: its speed would mean
@@ -65,13 +67,15 @@ THIS_FILE = Path(__file__).resolve()
 REPO_ROOT = THIS_FILE.parent.parent
 WHEEL_DIR = REPO_ROOT / ".whl"
 WHEEL_TARGET = "/tmp/site"
-GPU_TEST_FILE = REPO_ROOT / "tests" / "test_gpu.py"
+GPU_TEST_FILE = REPO_ROOT / "tests" / "gpu" / "test_gpu.py"
 
 TIME_LIMIT_S = 8 * 60
 RESULT_MARKER = "GPU_CHECK_RESULT "  # a child's one JSON result line starts with this
 GIB = 1 << 30
 DEVICE = "cuda"
 COPY_BAR = 0.85  # a kernel passes at >= 85% of the device copy bandwidth (the issue's acceptance bar)
+BANDWIDTH_MIN_CALLS = 10      # timed calls of each side, at least (bandwidth.measure's min_calls)
+BANDWIDTH_MIN_SECONDS = 0.2   # and seconds of timed rounds, at least (up to 10 x min_calls calls)
 INT8_BLOCK = 256
 COLLECTIVE_SIZES = (0, 1, 7, 4099, 1 << 20)
 
@@ -540,31 +544,28 @@ def child_collectives() -> int:
 # --------------------------------------------------------------------------------------------
 
 def section_bandwidth(report: Report) -> None:
-    import triton.testing
-
     make_project_importable()
     import ddl_triton.kernels as K
+    from ddl_triton.kernels.bandwidth import CLOCKS, measure as measure_calls
     from kernels import quantize_int8_torch_ops  # bench/kernels.py, beside this script
 
     K.set_backend("auto")  # CUDA tensors -> the Triton kernels
     data = report.data("bandwidth")
-    data["timer"] = "triton.testing.do_bench, median of rep=200 ms, warmup 25 ms"
+    data["timer"] = (f"ddl_triton.kernels.bandwidth ({CLOCKS['cuda']}): median of single calls, at least "
+                     f"{BANDWIDTH_MIN_CALLS} calls and {BANDWIDTH_MIN_SECONDS} s, ours and torch's alternating")
     data["rows"] = []
 
-    def median_ms(fn) -> float:
-        fn()  # compiles and autotunes outside the timed runs
-        torch.cuda.synchronize()
-        return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-    def gbps(nbytes: int, ms: float) -> float:
-        return nbytes / (ms * 1e-3) / 1e9
+    def timed(fns, nbytes: int):
+        """One measurement per fn (compilation and autotuning happen in its untimed first call)."""
+        return measure_calls(fns, nbytes, device=DEVICE, min_calls=BANDWIDTH_MIN_CALLS,
+                             min_seconds=BANDWIDTH_MIN_SECONDS)
 
     # Roofline: a 1 GiB clone reads and writes 1 GiB, also with --quick.
     src = torch.empty(GIB // 4, dtype=torch.float32, device=DEVICE).normal_()
-    copy_ms = median_ms(lambda: src.clone())
-    copy_gbps = gbps(2 * GIB, copy_ms)
+    (copy_t,) = timed([lambda: src.clone()], 2 * GIB)
+    copy_gbps = copy_t.gbps
     del src
-    data["copy"] = {"bytes_per_tensor": GIB, "bytes_moved": 2 * GIB, "median_ms": copy_ms, "gbps": copy_gbps}
+    data["copy"] = {"bytes_per_tensor": GIB, "bytes_moved": 2 * GIB, "median_ms": copy_t.p50_ms, "gbps": copy_gbps}
     report.row("bandwidth", "device copy (clone 1 GiB)", f"{copy_gbps:.0f} GB/s", "roofline")
 
     per_input = GIB // 2 if report.quick else GIB  # bytes per kernel input
@@ -574,8 +575,9 @@ def section_bandwidth(report: Report) -> None:
         if report.remaining() < FINISH_RESERVE_S + 10:
             report.row("bandwidth", item, f"running late: {report.remaining():.0f} s left", "SKIP")
             return
-        ours_ms, torch_ms = median_ms(ours), median_ms(theirs)
-        ours_gbps, torch_gbps = gbps(nbytes, ours_ms), gbps(nbytes, torch_ms)
+        ours_t, torch_t = timed([ours, theirs], nbytes)
+        ours_ms, torch_ms = ours_t.p50_ms, torch_t.p50_ms
+        ours_gbps, torch_gbps = ours_t.gbps, torch_t.gbps
         fraction = ours_gbps / copy_gbps
         at_bar_size = per_input >= GIB
         if fraction >= COPY_BAR:

@@ -7,14 +7,18 @@ interpreter, ~100x slower: ``--backend triton`` measures that, at small sizes on
 GPU the Triton kernel. "torch ops" is what one would write without this package: a torch.add
 chain, abs/amax/div/round for int8, torch.cat, a where/sum for the sign bits.
 
-On a GPU the script also measures device copy bandwidth (clone of a 1 GiB tensor) as the
-roofline and times with triton.testing.do_bench; on a CPU with time.perf_counter loops (do_bench
-needs a GPU), and a CPU clone at each size stands in for the roofline.
+The cases come in sections, which ``--sections`` selects: reduce, int8 (quantize, dequantize,
+reduce_int8), onebit (sign_compress, sign_decompress), pack (pack, unpack) and copy (a clone at each
+size, the CPU's stand-in for a roofline). Every time comes from ddl_triton/kernels/bandwidth.py, the
+measurement bench/gpu_check.py uses too: CUDA events on a GPU (L2 flushed before each call),
+time.perf_counter on a CPU, ours and the torch ops alternating call by call. On a GPU the script
+also measures device copy bandwidth (clone of a 1 GiB tensor) as the roofline.
 
 It ends with the payload bytes of a 1M-element fp32 tensor compressed to int8 (q + scales) and
-1-bit (bits + scale), and checks the ratios (>= 3.9x, >= 25x); the exit status is 1 if not.
+onebit (bits + scale), and checks the ratios (>= 3.9x, >= 25x); the exit status is 1 if not.
 
     python bench/kernels.py --quick                 # about a minute on 2 CPU cores
+    python bench/kernels.py --quick --sections int8 onebit
     python bench/kernels.py --json bench/results/kernels.json
 """
 from __future__ import annotations
@@ -23,9 +27,7 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -33,38 +35,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 import ddl_triton.kernels as K  # noqa: E402
+from ddl_triton.kernels.bandwidth import CLOCKS, measure  # noqa: E402
 
 MIB = 1 << 20
 BLOCK = 256  # int8 block
-
-
-def _percentiles(samples_ms: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(samples_ms, n=10, method="inclusive") if len(samples_ms) > 1 else samples_ms * 9
-    return q[1], statistics.median(samples_ms), q[7]
-
-
-def time_cpu(fns: list[Callable[[], object]], reps: int, min_seconds: float) -> list[tuple[float, float, float]]:
-    """p20/p50/p80 in ms of single calls of each fn, after one warm-up call each.
-
-    The fns alternate call by call, so a burst of load from elsewhere on the machine (common on
-    a shared 2-core box) lands on both sides of a comparison rather than on one.
-    """
-    for fn in fns:
-        fn()
-    samples: list[list[float]] = [[] for _ in fns]
-    start = time.perf_counter()
-    while len(samples[0]) < reps or (time.perf_counter() - start < min_seconds and len(samples[0]) < 10 * reps):
-        for fn, acc in zip(fns, samples):
-            t0 = time.perf_counter()
-            fn()
-            acc.append((time.perf_counter() - t0) * 1e3)
-    return [_percentiles(acc) for acc in samples]
-
-
-def time_gpu(fns: list[Callable[[], object]], reps: int, min_seconds: float) -> list[tuple[float, float, float]]:
-    import triton.testing
-    return [tuple(triton.testing.do_bench(fn, warmup=25, rep=max(100, int(min_seconds * 1e3)),
-                                          quantiles=[0.2, 0.5, 0.8])) for fn in fns]
+SECTIONS = ("reduce", "int8", "onebit", "pack", "copy")
 
 
 def quantize_int8_torch_ops(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +49,8 @@ def quantize_int8_torch_ops(x: torch.Tensor, block: int) -> tuple[torch.Tensor, 
     return torch.round(xb / sc).to(torch.int8), sc
 
 
-def cases(n: int, device: torch.device) -> list[tuple[str, int, Callable[[], object], Callable[[], object]]]:
-    """(name, bytes moved, our launcher, the plain torch ops) for n fp32 elements."""
+def cases(n: int, device: torch.device) -> list[tuple[str, str, int, Callable[[], object], Callable[[], object]]]:
+    """(section, name, bytes moved, our launcher, the plain torch ops) for n fp32 elements."""
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(n, generator=g).to(device)
     ys = [torch.randn(n, generator=g).to(device) for _ in range(3)]
@@ -126,16 +101,19 @@ def cases(n: int, device: torch.device) -> list[tuple[str, int, Callable[[], obj
             p.copy_(c)
 
     return [
-        ("reduce sum k=4 scale", 5 * 4 * n, reduce4, add_chain),
-        ("quantize_int8", 4 * n + n + 4 * nb, lambda: K.quantize_int8(x, block=BLOCK),
+        ("reduce", "reduce sum k=4 scale", 5 * 4 * n, reduce4, add_chain),
+        ("int8", "quantize_int8", 4 * n + n + 4 * nb, lambda: K.quantize_int8(x, block=BLOCK),
          lambda: quantize_int8_torch_ops(x, BLOCK)),
-        ("dequantize_int8", n + 4 * nb + 4 * n, lambda: K.dequantize_int8(q, s, out=out, block=BLOCK), dequant_ops),
-        ("reduce_int8 k=2", 3 * (n + 4 * nb), lambda: K.reduce_int8([q, q2], [s, s2], block=BLOCK), reduce_int8_ops),
-        ("sign_compress", 3 * 4 * n + n // 8, lambda: K.sign_compress(x, residual), sign_ops),
-        ("sign_decompress", n // 8 + 4 * n, lambda: K.sign_decompress(bits, scale, n, out=out), sign_decompress_ops),
-        ("pack 48 tensors", 2 * 4 * n, lambda: K.pack(parts, out=flat), lambda: torch.cat(parts)),
-        ("unpack 48 tensors", 2 * 4 * n, lambda: K.unpack(flat, parts), unpack_ops),
-        ("copy (clone)", 2 * 4 * n, lambda: x.clone(), lambda: x.clone()),
+        ("int8", "dequantize_int8", n + 4 * nb + 4 * n, lambda: K.dequantize_int8(q, s, out=out, block=BLOCK),
+         dequant_ops),
+        ("int8", "reduce_int8 k=2", 3 * (n + 4 * nb), lambda: K.reduce_int8([q, q2], [s, s2], block=BLOCK),
+         reduce_int8_ops),
+        ("onebit", "sign_compress", 3 * 4 * n + n // 8, lambda: K.sign_compress(x, residual), sign_ops),
+        ("onebit", "sign_decompress", n // 8 + 4 * n, lambda: K.sign_decompress(bits, scale, n, out=out),
+         sign_decompress_ops),
+        ("pack", "pack 48 tensors", 2 * 4 * n, lambda: K.pack(parts, out=flat), lambda: torch.cat(parts)),
+        ("pack", "unpack 48 tensors", 2 * 4 * n, lambda: K.unpack(flat, parts), unpack_ops),
+        ("copy", "copy (clone)", 2 * 4 * n, lambda: x.clone(), lambda: x.clone()),
     ]
 
 
@@ -145,18 +123,20 @@ def payload(n: int = 1 << 20) -> dict:
     bits, scale = K.sign_compress_reference(x, torch.zeros(n))
     fp32 = 4 * n
     int8 = q.numel() * q.element_size() + s.numel() * s.element_size()
-    sign = bits.numel() * bits.element_size() + scale.numel() * scale.element_size()
+    onebit = bits.numel() * bits.element_size() + scale.numel() * scale.element_size()
     return {"n": n, "fp32_bytes": fp32, "int8_bytes": int8, "int8_ratio": fp32 / int8,
-            "sign_bytes": sign, "sign_ratio": fp32 / sign,
-            "int8_ok": fp32 / int8 >= 3.9, "sign_ok": fp32 / sign >= 25}
+            "onebit_bytes": onebit, "onebit_ratio": fp32 / onebit,
+            "int8_ok": fp32 / int8 >= 3.9, "onebit_ok": fp32 / onebit >= 25}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="sizes 1, 8, 64 MiB and fewer repetitions")
     ap.add_argument("--sizes", type=float, nargs="*", help="input sizes in MiB (default 1 4 16 64)")
-    ap.add_argument("--reps", type=int, help="timed calls per case (default 25, 9 with --quick)")
+    ap.add_argument("--reps", type=int, help="timed calls per case, at least (default 25, 9 with --quick)")
     ap.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                    help="which cases to time (default: all)")
     ap.add_argument("--json", metavar="PATH", help="also write the results here")
     args = ap.parse_args()
 
@@ -168,52 +148,55 @@ def main() -> int:
     sizes = args.sizes or ([1, 8, 64] if args.quick else [1, 4, 16, 64])
     reps = args.reps or (9 if args.quick else 25)
     min_seconds = 0.1 if args.quick else 0.5
-    timer = time_gpu if cuda else time_cpu
     name = torch.cuda.get_device_name() if cuda else f"{platform.processor() or platform.machine()} " \
                                                     f"({torch.get_num_threads()} torch threads)"
     print(f"device: {name}; backend {K.get_backend()}; torch {torch.__version__}; timer "
-          f"{'triton.testing.do_bench' if cuda else 'time.perf_counter'}; reps {reps}")
+          f"{CLOCKS[device.type]}; reps {reps}")
 
     results = []
     roofline = None
     if cuda:
         big = torch.empty(1 << 28, device=device)  # 1 GiB of fp32
-        ((_, p50, _),) = timer([lambda: big.clone()], reps, min_seconds)
-        roofline = 2 * big.numel() * 4 / (p50 * 1e-3) / 1e9
+        (copy,) = measure([lambda: big.clone()], 2 * big.numel() * 4, device=device, min_calls=reps,
+                          min_seconds=min_seconds)
+        roofline = copy.gbps
         del big
         print(f"device copy bandwidth (clone of 1 GiB): {roofline:.1f} GB/s")
 
-    header = f"{'kernel':<20} {'MiB':>5} {'ours GB/s':>10} {'torch GB/s':>11} {'ours/torch':>10}   ours p20/p50/p80 ms"
+    header = (f"{'section':<7} {'kernel':<20} {'MiB':>5} {'ours GB/s':>10} {'torch GB/s':>11} {'ours/torch':>10}"
+              "   ours p20/p50/p80 ms")
     print(header)
     print("-" * len(header))
     for mib in sizes:
         n = int(mib * MIB) // 4 // 256 * 256  # whole int8 blocks, whole sign bytes
-        for kernel, nbytes, ours, ops in cases(n, device):
-            t_ours, t_ops = timer([ours, ops], reps, min_seconds)
-            g_ours = nbytes / (t_ours[1] * 1e-3) / 1e9
-            g_ops = nbytes / (t_ops[1] * 1e-3) / 1e9
-            print(f"{kernel:<20} {mib:>5g} {g_ours:>10.2f} {g_ops:>11.2f} {g_ours / g_ops:>10.2f}   "
-                  f"{t_ours[0]:.3f}/{t_ours[1]:.3f}/{t_ours[2]:.3f}")
-            for impl, t, gb in (("ours", t_ours, g_ours), ("torch_ops", t_ops, g_ops)):
-                results.append({"kernel": kernel, "impl": impl, "size_mib": mib, "n": n, "bytes": nbytes,
-                                "p20_ms": t[0], "p50_ms": t[1], "p80_ms": t[2], "gbps": gb,
-                                "fraction_of_copy": gb / roofline if roofline else None})
+        for section, kernel, nbytes, ours, ops in cases(n, device):
+            if section not in args.sections:
+                continue
+            t_ours, t_ops = measure([ours, ops], nbytes, device=device, min_calls=reps, min_seconds=min_seconds)
+            print(f"{section:<7} {kernel:<20} {mib:>5g} {t_ours.gbps:>10.2f} {t_ops.gbps:>11.2f} "
+                  f"{t_ours.gbps / t_ops.gbps:>10.2f}   {t_ours.p20_ms:.3f}/{t_ours.p50_ms:.3f}/{t_ours.p80_ms:.3f}")
+            for impl, t in (("ours", t_ours), ("torch_ops", t_ops)):
+                results.append({"section": section, "kernel": kernel, "impl": impl, "size_mib": mib, "n": n,
+                                "bytes": nbytes, "p20_ms": t.p20_ms, "p50_ms": t.p50_ms, "p80_ms": t.p80_ms,
+                                "calls": t.calls, "gbps": t.gbps,
+                                "fraction_of_copy": t.gbps / roofline if roofline else None})
 
     pl = payload()
     print(f"\npayload of {pl['n']} fp32 elements ({pl['fp32_bytes']} bytes):")
     print(f"  int8 (q + scales, block {BLOCK}): {pl['int8_bytes']:>8} bytes  {pl['int8_ratio']:6.2f}x  "
           f"(>= 3.9x: {'ok' if pl['int8_ok'] else 'FAIL'})")
-    print(f"  1-bit (bits + scale):          {pl['sign_bytes']:>8} bytes  {pl['sign_ratio']:6.2f}x  "
-          f"(>= 25x: {'ok' if pl['sign_ok'] else 'FAIL'})")
+    print(f"  onebit (bits + scale):         {pl['onebit_bytes']:>8} bytes  {pl['onebit_ratio']:6.2f}x  "
+          f"(>= 25x: {'ok' if pl['onebit_ok'] else 'FAIL'})")
 
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         doc = {"device": name, "cuda": cuda, "backend": K.get_backend(), "torch": torch.__version__,
-               "quick": args.quick, "reps": reps, "copy_gbps_1gib": roofline, "results": results, "payload": pl}
+               "timer": CLOCKS[device.type], "quick": args.quick, "reps": reps, "sections": args.sections,
+               "copy_gbps_1gib": roofline, "results": results, "payload": pl}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {args.json}")
-    return 0 if pl["int8_ok"] and pl["sign_ok"] else 1
+    return 0 if pl["int8_ok"] and pl["onebit_ok"] else 1
 
 
 if __name__ == "__main__":

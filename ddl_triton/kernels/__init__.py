@@ -7,7 +7,8 @@ private ``@triton.jit`` kernel on CUDA tensors (or on CPU tensors when
 the torch reference that sits beside each kernel.
 
 Launch configurations (block sizes, warps, stages) are plain data in :mod:`.launch_configs`
-(read, edit, extend, pin a tuned winner); :mod:`.sweep` times them on a GPU. Kernels know nothing of ranks or transports: the
+(read, edit, extend, pin a tuned winner); :mod:`.sweep` times them on a GPU; :mod:`.bandwidth` is
+the one GB/s measurement the benchmarks share. Kernels know nothing of ranks or transports: the
 package imports torch and triton, and of ddl_triton only the options (the default backend).
 """
 from . import launch_configs, sweep

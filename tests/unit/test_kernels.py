@@ -1,5 +1,6 @@
 """The reduce and pack kernels against their torch references (bitwise) and a float64 oracle (stated
-error bounds); the compression kernels are tests/unit/test_int8.py and test_onebit.py.
+error bounds), and the bandwidth measurement; the compression kernels are tests/unit/test_int8.py
+and test_onebit.py.
 
 Every check runs twice, through the ``backend`` fixture: on the Triton kernels (under
 TRITON_INTERPRET=1, set in conftest.py) and on the torch path, with every output poisoned
@@ -8,6 +9,7 @@ TRITON_INTERPRET=1, set in conftest.py) and on the torch path, with every output
 from __future__ import annotations
 
 import importlib
+import time
 
 import pytest
 import torch
@@ -200,3 +202,98 @@ def test_pointer_table_reaches_memory_outside_the_arguments():
         assert dst[0].tolist() == [0, 1, 2, 3, 4] and dst[1].tolist() == [10, 11, 12]
     finally:
         K.set_backend("auto")
+
+
+# ------------------------------------------------------------------------------------------
+# the bandwidth measurement (ddl_triton/kernels/bandwidth.py)
+# ------------------------------------------------------------------------------------------
+
+class FakeClock:
+    """Stands in for bandwidth.py's ``time`` module: time moves only when a timed function says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def spend(self, ms: float):
+        return lambda: setattr(self, "now", self.now + ms * 1e-3)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from ddl_triton.kernels import bandwidth
+    fake = FakeClock()
+    monkeypatch.setattr(bandwidth, "time", fake)
+    return fake
+
+
+def test_bandwidth_alternates_the_functions_and_reports_the_median(clock):
+    from ddl_triton.kernels import bandwidth
+    calls = []
+    spent = {"fast": iter([0.5] + [1, 2, 1, 9, 1, 1, 3]), "slow": iter([50] + [4, 4, 5, 4, 6, 4, 4])}
+
+    def timed(name):
+        def run():
+            calls.append(name)
+            clock.spend(next(spent[name]))()
+        return run
+
+    t_fast, t_slow = bandwidth.measure([timed("fast"), timed("slow")], 10 ** 6, device="cpu", min_calls=7,
+                                       min_seconds=0.0, warmup_s=0.0)
+    assert calls == ["fast", "slow"] * 8  # one untimed warm call each, then 7 timed rounds, alternating
+    assert (t_fast.calls, t_slow.calls) == (7, 7)
+    assert (t_fast.p50_ms, t_slow.p50_ms) == (pytest.approx(1.0), pytest.approx(4.0))  # the warm calls are left out
+    for t in (t_fast, t_slow):
+        assert t.nbytes == 10 ** 6 and t.p20_ms <= t.p50_ms <= t.p80_ms
+        assert t.gbps == 10 ** 6 / (t.p50_ms * 1e-3) / 1e9
+    assert t_slow.gbps == pytest.approx(0.25)
+
+
+def test_bandwidth_times_for_min_seconds_up_to_ten_times_min_calls(clock):
+    from ddl_triton.kernels import bandwidth
+    (t,) = bandwidth.measure([lambda: None], 1, device="cpu", min_calls=3, min_seconds=60.0, warmup_s=0.0)
+    assert t.calls == 30  # no time passes: the cap ends it
+    (t,) = bandwidth.measure([clock.spend(1000)], 1, device="cpu", min_calls=2, min_seconds=5.0, warmup_s=0.0)
+    assert t.calls == 5  # 1 s per call: 5 s of timed rounds
+    warm = []
+    bandwidth.measure([lambda: (warm.append(1), clock.spend(10)())], 1, device="cpu", min_calls=1,
+                      min_seconds=0.0, warmup_s=0.035)
+    assert len(warm) == 1 + 4 + 1  # the warm call, 35 ms of untimed rounds at 10 ms each, one timed call
+    with pytest.raises(ValueError, match="no functions"):
+        bandwidth.measure([], 1, device="cpu")
+
+
+def test_bandwidth_on_cuda_times_each_call_by_events_after_flushing_l2(monkeypatch, clock):
+    # No GPU here: CUDA events and synchronize are stood in for (recording the fake clock), to check
+    # the CUDA round's logic: flush, an event pair around the call, one wait per round, times in ms.
+    from ddl_triton.kernels import bandwidth
+    waits = []
+
+    class Event:
+        def __init__(self, enable_timing: bool):
+            assert enable_timing
+
+        def record(self):
+            self.at = clock.now
+
+        def elapsed_time(self, end) -> float:
+            assert waits, "elapsed_time before synchronize"
+            return (end.at - self.at) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waits.append(device))
+    monkeypatch.setattr(bandwidth, "L2_FLUSH_BYTES", 64)
+    timed_round = bandwidth._CudaRound(torch.device("cpu"))
+    flushed = []
+
+    def kernel(ms):
+        def run():
+            flushed.append(bool((timed_round.flush == 0).all()))
+            timed_round.flush.fill_(7)  # what a kernel's traffic would leave in L2
+            clock.spend(ms)()
+        return run
+
+    assert timed_round([kernel(0.5), kernel(3.0)]) == [0.5, 3.0]
+    assert flushed == [True, True] and waits == [torch.device("cpu")]
