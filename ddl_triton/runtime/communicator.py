@@ -189,11 +189,6 @@ class Communicator:
         finally:
             self._plans.forget()
 
-    _with_plan = forcing  # (until the tuner calls comm.forcing)
-
-    def _link(self, a: int, b: int) -> str:
-        return self.placement.link(a, b)  # (until the tuner reads comm.placement.link)
-
     @property
     def tracer(self):
         """The timeline this communicator records to (observability/tracer.py), or None. Setting it
@@ -213,13 +208,6 @@ class Communicator:
     def bootstrap(self):
         """How the ranks found each other (bootstrap.py); ``bootstrap.kind`` is "mpi" or "store"."""
         return self._bootstrap
-
-    def broadcast_object(self, obj, root: int = 0):
-        """Rank ``root``'s ``obj`` (small, picklable) on every rank, over the control channel,
-        outside the issue order: call it with no collective in flight."""
-        if self._bootstrap.kind == "mpi":
-            return self._comm.bcast(obj, root=root)
-        return self._bootstrap.bcast(obj, root)
 
     @property
     def transport_bytes(self) -> dict[str, dict[str, int]]:

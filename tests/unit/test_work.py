@@ -163,3 +163,20 @@ def test_get_future_of_a_torch_work_wakes_its_calls():
     future = work.get_future()
     assert future.wait()[0] is t and ran[-1] == ("x", "held-runner-3")
     r.close()
+
+
+def test_a_work_completed_by_its_maker_delivers_its_result_or_error_and_runs_its_callbacks():
+    from ddl_triton.runtime.work import Work
+
+    seen = []
+    ok = Work("made outside the queue")
+    ok.add_done_callback(lambda w: seen.append(("ok", w.wait())))
+    assert not ok.is_completed()
+    ok.set_result(41)
+    assert ok.is_completed() and ok.wait() == 41 and ok.exception() is None and seen == [("ok", 41)]
+    bad = Work("failing")
+    bad.set_exception(ValueError("boom"))
+    bad.add_done_callback(lambda w: seen.append(("bad", type(w.exception()).__name__)))  # already done: at once
+    assert seen[-1] == ("bad", "ValueError")
+    with pytest.raises(ValueError, match="boom"):
+        bad.wait()
