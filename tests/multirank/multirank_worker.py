@@ -12,55 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 
 import torch
 from mpi4py import MPI
 
 import ddl_triton as ddl
-from support.report import gather_and_report
+from support.checker import Checker
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64]
 OPS = ["sum", "avg", "min", "max"]
-
-
-class Checker:
-    def __init__(self, mpi_comm):
-        self.mpi = mpi_comm
-        self.group = mpi_comm  # the ranks whose results must agree (a sub-group's own MPI comm)
-        self.rank = mpi_comm.Get_rank()
-        self.failures: list[str] = []
-        self.cases = 0
-
-    def equal(self, what: str, got: torch.Tensor, expected: torch.Tensor) -> None:
-        self.cases += 1
-        if got.dtype != expected.dtype or got.shape != expected.shape or not torch.equal(got, expected):
-            bad = (got != expected).nonzero()[:3].flatten().tolist() if got.shape == expected.shape else "shape"
-            self.failures.append(f"rank {self.rank}: {what}: wrong at {bad}; got {got.flatten()[:6].tolist()} "
-                                 f"expected {expected.flatten()[:6].tolist()}")
-
-    def identical(self, what: str, t: torch.Tensor) -> None:
-        """Every rank holds the same bits in ``t`` (checked through MPI on raw bytes)."""
-        raw = t.contiguous().view(-1).view(torch.uint8).numpy() if t.numel() else torch.empty(0, dtype=torch.uint8).numpy()
-        allv = torch.empty(self.group.Get_size() * raw.size, dtype=torch.uint8).numpy()
-        self.group.Allgather([raw, MPI.BYTE], [allv, MPI.BYTE])
-        self.cases += 1
-        for q in range(self.group.Get_size()):
-            if not (allv[q * raw.size:(q + 1) * raw.size] == raw).all():
-                self.failures.append(f"rank {self.rank}: {what}: result differs from rank {q}'s bits")
-                return
-
-    def raises(self, what: str, exc: type, fn) -> None:
-        self.cases += 1
-        try:
-            fn()
-        except exc as e:
-            if f"rank {self.rank}" not in str(e):
-                self.failures.append(f"rank {self.rank}: {what}: error does not name the rank: {e}")
-        except Exception as e:  # noqa: BLE001
-            self.failures.append(f"rank {self.rank}: {what}: raised {type(e).__name__} instead of {exc.__name__}: {e}")
-        else:
-            self.failures.append(f"rank {self.rank}: {what}: did not raise {exc.__name__}")
 
 
 def rank_data(count: int, rank: int, size: int, dtype: torch.dtype, op: str) -> torch.Tensor:
@@ -89,36 +49,35 @@ def valid_op(op: str, dtype: torch.dtype) -> bool:
     return not (op == "avg" and not dtype.is_floating_point)
 
 
-def run_allreduce(ck: Checker, comm, sizes, tag: str) -> None:
-    n, r = comm.size, comm.rank
+def reduction_cases(sizes):
+    """(dtype, op, count): every dtype, each op valid for it, each count of ``sizes``."""
     for dtype in DTYPES:
         for op in OPS:
-            if not valid_op(op, dtype):
-                continue
-            for count in sizes:
-                t = rank_data(count, r, n, dtype, op)
-                out = comm.allreduce(t, op=op)
-                what = f"{tag} allreduce {op} {dtype} n={count}"
-                ck.equal(what, t, expected_reduction(count, n, dtype, op))
-                ck.cases += 1
-                if out is not t:
-                    ck.failures.append(f"rank {r}: {what}: did not return its tensor")
-                ck.identical(what, t)
+            if valid_op(op, dtype):
+                for count in sizes:
+                    yield dtype, op, count
+
+
+def run_allreduce(ck: Checker, comm, sizes, tag: str) -> None:
+    n, r = comm.size, comm.rank
+    for dtype, op, count in reduction_cases(sizes):
+        t = rank_data(count, r, n, dtype, op)
+        out = comm.allreduce(t, op=op)
+        what = f"{tag} allreduce {op} {dtype} n={count}"
+        ck.equal(what, t, expected_reduction(count, n, dtype, op))
+        ck.true(what, out is t, "did not return its tensor")
+        ck.identical(what, t)
 
 
 def run_reduce_scatter(ck: Checker, comm, sizes, tag: str) -> None:
     n, r = comm.size, comm.rank
-    for dtype in DTYPES:
-        for op in OPS:
-            if not valid_op(op, dtype):
-                continue
-            for m in sizes:
-                inp = rank_data(n * m, r, n, dtype, op)
-                out = torch.full((m,), 99, dtype=dtype)  # poisoned: unwritten elements show
-                comm.reduce_scatter(out, inp, op=op)
-                full = expected_reduction(n * m, n, dtype, op)
-                ck.equal(f"{tag} reduce_scatter {op} {dtype} m={m}", out, full[r * m:(r + 1) * m])
-                ck.equal(f"{tag} reduce_scatter keeps input {dtype} m={m}", inp, rank_data(n * m, r, n, dtype, op))
+    for dtype, op, m in reduction_cases(sizes):
+        inp = rank_data(n * m, r, n, dtype, op)
+        out = torch.full((m,), 99, dtype=dtype)  # poisoned: unwritten elements show
+        comm.reduce_scatter(out, inp, op=op)
+        full = expected_reduction(n * m, n, dtype, op)
+        ck.equal(f"{tag} reduce_scatter {op} {dtype} m={m}", out, full[r * m:(r + 1) * m])
+        ck.equal(f"{tag} reduce_scatter keeps input {dtype} m={m}", inp, rank_data(n * m, r, n, dtype, op))
 
 
 def run_all_gather(ck: Checker, comm, sizes, tag: str) -> None:
@@ -172,11 +131,9 @@ def run_random_floats(ck: Checker, comm, tag: str) -> None:
             # fp32 accumulation then one rounding: within one output ulp plus the fp32 sum error.
             eps = torch.finfo(dtype).eps
             bound = ref.abs() * eps + n * n * torch.finfo(torch.float32).eps * ref.abs().clamp(min=1) * 4 + 1e-30
-            ck.cases += 1
             err = (t.double() - ref).abs()
-            if not (err <= bound).all():
-                ck.failures.append(f"rank {r}: {tag} random {dtype} n={count}: max error {err.max().item():.3g} "
-                                   f"over bound")
+            ck.true(f"{tag} random {dtype} n={count}", bool((err <= bound).all()),
+                    f"max error {err.max().item():.3g} over bound")
 
 
 def run_small_path_is_one_shot(ck: Checker, world, tag: str) -> None:
@@ -205,10 +162,9 @@ def run_small_path_is_one_shot(ck: Checker, world, tag: str) -> None:
                 for entry in ("first", "repeat", "async", "strided", "mixed"):
                     a = _small_path_entry(fast, x, op, entry if entry != "mixed" else
                                           ("repeat", "async", "strided")[r % 3])
-                    ck.cases += 1
-                    if not torch.equal(a.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)):
-                        ck.failures.append(f"rank {r}: {tag} small path ({entry}) {op} {dtype} n={count}: "
-                                           "bits differ from one_shot")
+                    ck.true(f"{tag} small path ({entry}) {op} {dtype} n={count}",
+                            torch.equal(a.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)),
+                            "bits differ from one_shot")
                     ck.identical(f"{tag} small path ({entry}) {op} {dtype} n={count}", a)
     fast.close()
     general.close()
@@ -265,9 +221,7 @@ def run_async(ck: Checker, comm, tag: str) -> None:
     w2 = comm.broadcast(b, root=n - 1, async_op=True)
     w3 = comm.barrier(async_op=True)
     w3.wait()
-    ck.cases += 1
-    if not (w1.is_completed() and w2.is_completed()):
-        ck.failures.append(f"rank {r}: {tag}: barrier completed before earlier async collectives")
+    ck.true(tag, w1.is_completed() and w2.is_completed(), "barrier completed before earlier async collectives")
     ck.equal(f"{tag} async all_gather", w1.wait(), torch.arange(n, dtype=torch.int32).repeat_interleave(5))
     ck.equal(f"{tag} async broadcast", b, torch.full((11,), n - 1, dtype=torch.float64))
 
@@ -283,29 +237,34 @@ def run_reduce_op_enum(ck: Checker, comm, tag: str) -> None:
 
 
 def run_bad_input(ck: Checker, comm, tag: str) -> None:
-    """Refused on every rank before any communication, so the ranks stay in step."""
+    """Refused on every rank before any communication, so the ranks stay in step; each error names
+    the rank that raised it."""
     n = comm.size
-    ck.raises(f"{tag} reduce_scatter size mismatch", ValueError,
-              lambda: comm.reduce_scatter(torch.empty(3), torch.empty(3 * n + 1)))
-    ck.raises(f"{tag} all_gather size mismatch", ValueError,
-              lambda: comm.all_gather(torch.empty(2 * n + 1), torch.empty(2)))
-    ck.raises(f"{tag} avg on integers", ValueError, lambda: comm.allreduce(torch.ones(4, dtype=torch.int32), op="avg"))
-    ck.raises(f"{tag} unknown op", ValueError, lambda: comm.allreduce(torch.ones(4), op="prod"))
-    ck.raises(f"{tag} unsupported dtype", TypeError, lambda: comm.allreduce(torch.ones(4, dtype=torch.complex64)))
-    ck.raises(f"{tag} broadcast root out of range", ValueError, lambda: comm.broadcast(torch.ones(4), root=n))
-    ck.raises(f"{tag} expanded tensor", ValueError, lambda: comm.allreduce(torch.ones(1).expand(8)))
-    ck.raises(f"{tag} dtype pair mismatch", TypeError,
-              lambda: comm.all_gather(torch.empty(2 * n, dtype=torch.float64), torch.empty(2)))
-    ck.raises(f"{tag} tensor on a non-CPU device", ValueError, lambda: comm.allreduce(torch.ones(4, device="meta")))
-    ck.raises(f"{tag} tensor that requires grad", ValueError,
-              lambda: comm.allreduce(torch.ones(4, requires_grad=True)))
-    ck.raises(f"{tag} not a tensor", TypeError, lambda: comm.allreduce([1.0, 2.0]))
-    ck.raises(f"{tag} reduce_scatter output dtype differs", TypeError,
-              lambda: comm.reduce_scatter(torch.empty(2, dtype=torch.int32), torch.empty(2 * n)))
-    ck.raises(f"{tag} all_to_all size mismatch", ValueError,
-              lambda: comm.all_to_all(torch.empty(3 * n), torch.empty(3 * n + 1)))
-    ck.raises(f"{tag} overlapping out/inp", ValueError,
-              lambda: (lambda buf: comm.all_gather(buf, buf[:4]))(torch.empty(4 * n)))
+
+    def refused(what: str, exc: type, fn) -> None:
+        ck.raises(f"{tag} {what}", exc, fn, must_mention=f"rank {ck.rank}")
+
+    refused("reduce_scatter size mismatch", ValueError,
+            lambda: comm.reduce_scatter(torch.empty(3), torch.empty(3 * n + 1)))
+    refused("all_gather size mismatch", ValueError,
+            lambda: comm.all_gather(torch.empty(2 * n + 1), torch.empty(2)))
+    refused("avg on integers", ValueError, lambda: comm.allreduce(torch.ones(4, dtype=torch.int32), op="avg"))
+    refused("unknown op", ValueError, lambda: comm.allreduce(torch.ones(4), op="prod"))
+    refused("unsupported dtype", TypeError, lambda: comm.allreduce(torch.ones(4, dtype=torch.complex64)))
+    refused("broadcast root out of range", ValueError, lambda: comm.broadcast(torch.ones(4), root=n))
+    refused("expanded tensor", ValueError, lambda: comm.allreduce(torch.ones(1).expand(8)))
+    refused("dtype pair mismatch", TypeError,
+            lambda: comm.all_gather(torch.empty(2 * n, dtype=torch.float64), torch.empty(2)))
+    refused("tensor on a non-CPU device", ValueError, lambda: comm.allreduce(torch.ones(4, device="meta")))
+    refused("tensor that requires grad", ValueError,
+            lambda: comm.allreduce(torch.ones(4, requires_grad=True)))
+    refused("not a tensor", TypeError, lambda: comm.allreduce([1.0, 2.0]))
+    refused("reduce_scatter output dtype differs", TypeError,
+            lambda: comm.reduce_scatter(torch.empty(2, dtype=torch.int32), torch.empty(2 * n)))
+    refused("all_to_all size mismatch", ValueError,
+            lambda: comm.all_to_all(torch.empty(3 * n), torch.empty(3 * n + 1)))
+    refused("overlapping out/inp", ValueError,
+            lambda: (lambda buf: comm.all_gather(buf, buf[:4]))(torch.empty(4 * n)))
 
 
 TOPOLOGIES = {1: ["1"], 2: ["2", "1x2", "2x1"], 3: ["3", "3x1", "1x3"], 4: ["4", "2x2", "1x4", "4x1", "2x1x2"]}
@@ -413,14 +372,10 @@ def check_hierarchical_bytes(ck: Checker, world) -> None:
     for st in sched.steps[comm.rank]:
         for p in st.send:
             expect["shm" if p // 2 == node else "mpi"] += st.count * 4
-    ck.cases += 3
-    if sent != expect:
-        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 bytes {sent}, schedule says {expect}")
-    if expect["mpi"] * 2 != expect["shm"]:
-        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 MPI bytes {expect['mpi']} are not 1/X of the "
-                           f"intra-node {expect['shm']}")
-    if not torch.equal(t, torch.full((count,), 4.0)):
-        ck.failures.append(f"rank {comm.rank}: hierarchical 2x2 wrong sum")
+    ck.true("hierarchical 2x2 bytes", sent == expect, f"{sent}, schedule says {expect}")
+    ck.true("hierarchical 2x2 MPI bytes", expect["mpi"] * 2 == expect["shm"],
+            f"{expect['mpi']} are not 1/X of the intra-node {expect['shm']}")
+    ck.equal("hierarchical 2x2 sum", t, torch.full((count,), 4.0))
     comm.close()
 
 
@@ -432,23 +387,18 @@ def main() -> int:
     args = p.parse_args()
     world = MPI.COMM_WORLD
     ck = Checker(world)
-    n = world.Get_size()
-    if args.matrix:
-        body = lambda: run_matrix(ck, world)  # noqa: E731
-    elif args.fuzz is not None:
-        body = lambda: run_fuzz(ck, world, args.fuzz, 200)  # noqa: E731
-    else:
-        body = lambda: run_suite(ck, world, args.quick)  # noqa: E731
-    try:
-        body()
+
+    def body() -> None:
+        if args.matrix:
+            run_matrix(ck, world)
+        elif args.fuzz is not None:
+            run_fuzz(ck, world, args.fuzz, 200)
+        else:
+            run_suite(ck, world, args.quick)
         ddl.finalize()
-    except Exception:  # noqa: BLE001
-        # An exception would leave the other ranks waiting: report it and end the whole job.
-        ck.failures.append(f"rank {ck.rank}: exception\n{traceback.format_exc()}")
-        sys.stdout.write("\n".join(ck.failures) + "\n")
-        sys.stdout.flush()
-        world.Abort(1)
-    return report(ck, world)
+
+    ck.run(body)
+    return ck.report(f"multirank_worker: {world.Get_size()} ranks")
 
 
 def run_suite(ck: Checker, world, quick: bool) -> None:
@@ -456,13 +406,11 @@ def run_suite(ck: Checker, world, quick: bool) -> None:
     sizes = [0, 1, 2, 3, 7, 13, 127, 1000, 4099, 65537] if not quick else [0, 1, 7, 131, 1031]
     big = [300007]  # prime, larger than a chunk: many pipelined chunks, uneven blocks
     comm = ddl.init()
-    ck.cases += 2
-    if ddl.init() is not comm:
-        ck.failures.append("init() is not idempotent")
+    ck.true("init()", ddl.init() is comm, "not idempotent")
     world.Barrier()
     left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
-    if left:  # segments are unlinked inside init, once every peer has mapped them
-        ck.failures.append(f"rank {ck.rank}: shared-memory segments visible after init: {left}")
+    # segments are unlinked inside init, once every peer has mapped them
+    ck.true("shared-memory segments visible after init", not left, str(left))
     run_allreduce(ck, comm, sizes + ([] if quick else big), "world")
     run_reduce_scatter(ck, comm, sizes, "world")
     run_all_gather(ck, comm, sizes, "world")
@@ -491,10 +439,6 @@ def run_suite(ck: Checker, world, quick: bool) -> None:
         ck.group = world
         sub.close()
         sub_mpi.Free()
-
-
-def report(ck: Checker, world) -> int:
-    return gather_and_report(f"multirank_worker: {world.Get_size()} ranks", ck.failures, ck.cases, world)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import traceback
 import warnings
 
 for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
@@ -29,7 +28,7 @@ from mpi4py import MPI  # noqa: E402
 
 import ddl_triton.torch  # noqa: E402  (registers the backend)
 from ddl_triton.runtime.work import OrderedRunner  # noqa: E402
-from support.report import gather_and_report  # noqa: E402
+from support.checker import Checker  # noqa: E402  (torch_launchers_worker uses it as tw.Checker)
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor & co. are "deprecated" in 2.13
 
@@ -40,39 +39,6 @@ GLOBAL_BATCH = 12           # divisible by 1, 2, 3, 4, 6: every rank gets an equ
 STEPS = 5
 LR = 0.1
 RTOL = 1e-5                 # of the parameter scale (max |p|); derivation in check_training
-
-
-class Checker:
-    def __init__(self):
-        self.rank = MPI.COMM_WORLD.Get_rank()
-        self.failures: list[str] = []
-        self.cases = 0
-
-    def fail(self, what: str, msg: str) -> None:
-        self.failures.append(f"rank {self.rank}: {what}: {msg}")
-
-    def equal(self, what: str, got: torch.Tensor, expected: torch.Tensor) -> None:
-        self.cases += 1
-        if got.dtype != expected.dtype or got.shape != expected.shape or not torch.equal(got, expected):
-            self.fail(what, f"got {got.flatten()[:8].tolist()} ({got.dtype}, {tuple(got.shape)}), expected "
-                            f"{expected.flatten()[:8].tolist()} ({expected.dtype}, {tuple(expected.shape)})")
-
-    def true(self, what: str, cond: bool, msg: str = "") -> None:
-        self.cases += 1
-        if not cond:
-            self.fail(what, msg or "condition false")
-
-    def raises(self, what: str, exc: type, fn, must_mention: str = "") -> None:
-        self.cases += 1
-        try:
-            fn()
-        except exc as e:
-            if must_mention not in str(e):
-                self.fail(what, f"error does not mention {must_mention!r}: {e}")
-        except Exception as e:  # noqa: BLE001
-            self.fail(what, f"raised {type(e).__name__} instead of {exc.__name__}: {e}")
-        else:
-            self.fail(what, f"did not raise {exc.__name__}")
 
 
 # -- ops mode ----------------------------------------------------------------------------------------
@@ -467,21 +433,11 @@ def run_train(ck: Checker) -> None:
     dist.destroy_process_group()
 
 
-def report(ck: Checker, mode: str) -> int:
-    return gather_and_report(f"torch_backend_worker: {MPI.COMM_WORLD.Get_size()} ranks, {mode}", ck.failures, ck.cases)
-
-
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else "ops"
     ck = Checker()
-    try:
-        {"ops": run_ops, "train": run_train}[mode](ck)
-    except Exception:  # noqa: BLE001
-        ck.failures.append(f"rank {ck.rank}: exception\n{traceback.format_exc()}")
-        sys.stdout.write("\n".join(ck.failures) + "\n")
-        sys.stdout.flush()
-        MPI.COMM_WORLD.Abort(1)
-    return report(ck, mode)
+    ck.run(lambda: {"ops": run_ops, "train": run_train}[mode](ck))
+    return ck.report(f"torch_backend_worker: {MPI.COMM_WORLD.Get_size()} ranks, {mode}")
 
 
 if __name__ == "__main__":
