@@ -15,7 +15,6 @@ img/s of each.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -31,8 +30,6 @@ import ddl_triton as ddl
 from _timing import time_per_call
 from ddl_triton.observability import flight
 from ddl_triton.observability import tracer as tracer_mod
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class _NoRecord:
@@ -75,9 +72,7 @@ def latency(world, comm, tracer, rounds: int, iters: int) -> dict:
 
 
 def training(world, comm, tracer, blocks: int, steps: int) -> dict:
-    spec = importlib.util.spec_from_file_location("train_cnn", ROOT / "examples" / "train_cnn.py")
-    cnn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cnn)
+    from ddl_triton.examples import train_cnn as cnn
     from ddl_triton.torch import hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 

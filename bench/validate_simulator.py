@@ -41,7 +41,6 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 EMULATION = "mpi:bw=1GB/s,lat=50us"
@@ -77,22 +76,18 @@ def worker_allreduce(schedules: list[str], sizes: list[int], rounds: int) -> Non
 
 
 def worker_train(steps: int, blocks: int) -> None:
-    import importlib.util
-
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ddl_triton as ddl
+    from ddl_triton.examples import train_cnn as cnn
     from ddl_triton.torch import hooks
     from ddl_triton.simulation.workload import layers_from_module
     from _timing import unchanged_bucket_hook
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
-    spec = importlib.util.spec_from_file_location("train_cnn", ROOT / "examples" / "train_cnn.py")
-    cnn = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cnn)
     comm = ddl.init(world.Dup(), tuning_file="off")
     folder = world.bcast(os.path.join("/tmp", f"ddl_val_{os.getpid()}") if world.rank == 0 else None, root=0)
     os.makedirs(folder, exist_ok=True)

@@ -1,6 +1,6 @@
 """DDP communication hooks and the compressed allreduces under mpiexec (tests/multirank/test_hooks.py, 2 and 3 ranks).
 
-Part 1, the collectives of ``ddl_triton.compressed`` on their own: the docstrings' worked
+Part 1, the collectives of ``ddl_triton.runtime.compressed`` on their own: the docstrings' worked
 examples (2 ranks), then for sizes 0..40000 (empty chunks, short last blocks), fp32 and bf16
 inputs, sync and async: bitwise identical results on every rank, exactly ``wire_bytes`` sent
 and received, the per-call error bounds (int8, 16-bit), and for 1-bit the error-feedback
@@ -33,9 +33,7 @@ Prints the per-hook table, then "hooks_worker: N ranks, M checks, 0 failures" on
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -44,12 +42,11 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddl_triton as ddl
+from ddl_triton.examples import train_cnn
 from ddl_triton.runtime import compressed
 from ddl_triton.kernels import dequantize_int8, quantize_int8
 from ddl_triton.torch import hooks
-from support.report import print_line
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.checker import Checker
 
 # Loss bounds, for the defaults: 60 steps of plain SGD, lr 0.05, 32 samples per rank per step.
 # The lossless tail loss is ~0.24 (from 3.4 at step 0; measured at 2 and 3 ranks).
@@ -78,33 +75,9 @@ MIN_BYTE_RATIO = {"fp16": 1.9, "bf16": 1.9, "int8": 3.9, "onebit": 25.0}
 ALL_HOOKS = "none,allreduce,fp16,bf16,int8,onebit,int8-2buckets,onebit-2buckets," + ",".join(CONTROLS)
 
 
-def _load_example():
-    spec = importlib.util.spec_from_file_location("train_cnn", ROOT / "examples" / "train_cnn.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-class _Checker:
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.checks = 0
-        self.failures = 0
-
-    def check(self, ok: bool, what: str) -> None:
-        self.checks += 1
-        if not ok:
-            self.failures += 1
-            print_line(f"FAIL rank {self.rank}: {what}")
-
-
 def _bytes(comm) -> tuple[int, int]:
     tb = comm.transport_bytes
     return sum(t["sent"] for t in tb.values()), sum(t["received"] for t in tb.values())
-
-
-def _same_everywhere(t: torch.Tensor) -> bool:
-    return all(torch.equal(t, other) for other in MPI.COMM_WORLD.allgather(t))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -116,26 +89,26 @@ def _block_absmax(v: torch.Tensor, pad: int) -> torch.Tensor:
     return F.pad(v.abs(), (0, pad)).view(-1, 256).amax(1).repeat_interleave(256)[:v.numel()]
 
 
-def _worked_examples(comm, ck: _Checker) -> None:
+def _worked_examples(comm, ck: Checker) -> None:
     r = comm.rank
     x = torch.tensor([[1, 2, 3, 4, 8, 0, 0, 0.], [3, 2, 1, 0, 0, 0, 0, -8.]][r])
     want = torch.tensor([2.011811, 2.011811, 1.995970, 1.995970, 4.0, 0.0, 0.0, -4.0])
     got = compressed.allreduce_int8(comm, x, block=4)
-    ck.check(torch.allclose(got, want, atol=1e-6), f"int8 worked example: {got}")
+    ck.true("int8 worked example", torch.allclose(got, want, atol=1e-6), str(got))
     x = torch.tensor([[0.5, -1.5, 2.0, 0.0], [1.0, 1, 1, 1]][r])
     got = compressed.allreduce_onebit(comm, x)
-    ck.check(torch.equal(got, torch.full((4,), 0.75)), f"1-bit worked example: {got}")
+    ck.true("1-bit worked example", torch.equal(got, torch.full((4,), 0.75)), str(got))
     x = torch.tensor([[1.0, 3.0], [1.00390625, 0.1]][r])
     got = compressed.allreduce_16bit(comm, x, wire_dtype=torch.bfloat16)
-    ck.check(got.tolist() == [1.0, 1.546875], f"bf16 worked example: {got}")
+    ck.true("bf16 worked example", got.tolist() == [1.0, 1.546875], str(got))
     x = torch.tensor([[1.0, 0.1], [1.0, 0.3]][r])
     got = compressed.allreduce_16bit(comm, x.clone(), wire_dtype=torch.float16)
-    ck.check(got.tolist() == [1.0, 0.199951171875], f"fp16 hook example: {got}")
+    ck.true("fp16 hook example", got.tolist() == [1.0, 0.199951171875], str(got))
     got = compressed.allreduce_16bit(comm, x.clone(), wire_dtype=torch.bfloat16)
-    ck.check(got.tolist() == [1.0, 0.2001953125], f"bf16 hook example: {got}")
+    ck.true("bf16 hook example", got.tolist() == [1.0, 0.2001953125], str(got))
 
 
-def _collectives(comm, ck: _Checker) -> None:
+def _collectives(comm, ck: Checker) -> None:
     """Identity across ranks, exact bytes, error bounds, error feedback; many shapes."""
     r, n = comm.rank, comm.size
     if n == 2:
@@ -161,10 +134,10 @@ def _collectives(comm, ck: _Checker) -> None:
                 if numel % 2 == 1:
                     out = out.wait()
                 s1, r1 = _bytes(comm)
-                ck.check(out is t and out.dtype == dtype, f"{what}: not in place")
-                ck.check(_same_everywhere(out), f"{what}: ranks differ")
+                ck.true(what, out is t and out.dtype == dtype, "not in place")
+                ck.identical(what, out)
                 want = compressed.wire_bytes(kind, numel, n)
-                ck.check(s1 - s0 == want and r1 - r0 == want, f"{what}: moved {s1 - s0}/{r1 - r0} B, not {want}")
+                ck.true(what, s1 - s0 == want and r1 - r0 == want, f"moved {s1 - s0}/{r1 - r0} B, not {want}")
                 err = (out.to(torch.float64) - exact).abs()
                 if kind == "int8" and numel:
                     # worker: each rank's block absmax/127 (half of it, +2**-16); server: the mean's, + worker error
@@ -173,12 +146,12 @@ def _collectives(comm, ck: _Checker) -> None:
                     s_r = (_block_absmax(exact, pad) + s_w) / 127
                     bound = (s_w + s_r) * (0.5 + 2 ** -16) * (1 + 1e-6) + (out.to(torch.float64).abs() * 2 ** -8
                                                                            if dtype == torch.bfloat16 else 0)
-                    ck.check(bool((err <= bound).all()), f"{what}: error {float((err - bound).max()):.3g} over bound")
+                    ck.true(what, bool((err <= bound).all()), f"error {float((err - bound).max()):.3g} over bound")
                 if kind == "16bit" and numel:
                     # inputs and result each rounded to fp16 (subnormals: 2**-25 absolute), then stored as dtype
                     bound = (2 ** -11 * (xs.abs().mean(0) + out.to(torch.float64).abs()) * (1 + 1e-6) + 2 ** -24
                              + (out.to(torch.float64).abs() * 2 ** -8 if dtype == torch.bfloat16 else 0))
-                    ck.check(bool((err <= bound).all()), f"{what}: error {float((err - bound).max()):.3g} over bound")
+                    ck.true(what, bool((err <= bound).all()), f"error {float((err - bound).max()):.3g} over bound")
 
     # Error feedback: sum_t y_t = T * mean - mean_p(worker residual_p) - server residual, up to fp32 rounding.
     for numel in (1000, 40000):
@@ -198,47 +171,43 @@ def _collectives(comm, ck: _Checker) -> None:
         srv_all = torch.cat(MPI.COMM_WORLD.allgather(srv)).to(torch.float64)
         identity = steps * exact - w_mean - srv_all
         tol = 1e-5 * (steps * exact.abs() + w_mean.abs() + srv_all.abs()).max()
-        ck.check(float((total - identity).abs().max()) <= tol, f"1-bit error feedback identity off by "
-                                                               f"{float((total - identity).abs().max()):.3g}")
+        off = float((total - identity).abs().max())
+        ck.true("1-bit error feedback identity", off <= tol, f"off by {off:.3g}")
         later = float((total / steps - exact).norm() / exact.norm())
         if r == 0:
             print(f"1-bit, {numel} elements: relative error of one call {first:.3f}, "
                   f"of the mean of {steps} {later:.3f}")
         # Not 1/30: over 1000x magnitudes the residuals grow until mean |v| reaches the largest values.
-        ck.check(later < first / 2, f"1-bit error feedback: error of the mean of {steps} calls {later:.3f} is not "
-                                    f"half of one call's {first:.3f}")
+        ck.true("1-bit error feedback", later < first / 2, f"error of the mean of {steps} calls {later:.3f} is not "
+                                                           f"half of one call's {first:.3f}")
     # int8 error feedback: the residual holds exactly what the last quantization lost.
     x = torch.randn(5000, generator=torch.Generator().manual_seed(r))
     res = torch.zeros(5000)
     out = compressed.allreduce_int8(comm, x.clone(), residual=res)
     q, sc = quantize_int8(x)
-    ck.check(torch.equal(res, x - dequantize_int8(q, sc)), "int8 residual != what quantization lost")
-    ck.check(_same_everywhere(out), "int8 with residual: ranks differ")
+    ck.true("int8 residual", torch.equal(res, x - dequantize_int8(q, sc)), "not what quantization lost")
+    ck.identical("int8 with residual", out)
     # A strided tensor is reduced through a contiguous copy and written back.
     m = torch.randn(64, 48, generator=torch.Generator().manual_seed(r)).t()
     want = m.contiguous().clone()
     compressed.allreduce_16bit(comm, want, wire_dtype=torch.bfloat16)
     compressed.allreduce_16bit(comm, m, wire_dtype=torch.bfloat16)
-    ck.check(torch.equal(m, want), "strided tensor: result differs from the contiguous one")
+    ck.true("strided tensor", torch.equal(m, want), "result differs from the contiguous one")
     # Bad input raises before any communication, on every rank alike.
-    for bad in (lambda: compressed.allreduce_int8(comm, torch.zeros(10), residual=torch.zeros(9)),
-                lambda: compressed.allreduce_int8(comm, torch.zeros(10, dtype=torch.int32)),
-                lambda: compressed.allreduce_onebit(comm, torch.zeros(10), op="max"),
-                lambda: compressed.allreduce_int8(comm, torch.zeros(10), block=3)):
-        try:
-            bad()
-        except (ValueError, TypeError):
-            ck.check(True, "")
-        else:
-            ck.check(False, "bad input accepted")
+    for what, bad in (("int8, residual of another size",
+                       lambda: compressed.allreduce_int8(comm, torch.zeros(10), residual=torch.zeros(9))),
+                      ("int8 of integers", lambda: compressed.allreduce_int8(comm, torch.zeros(10, dtype=torch.int32))),
+                      ("1-bit max", lambda: compressed.allreduce_onebit(comm, torch.zeros(10), op="max")),
+                      ("int8, block 3", lambda: compressed.allreduce_int8(comm, torch.zeros(10), block=3))):
+        ck.raises(f"bad input: {what}", (ValueError, TypeError), bad)
     # 1-bit with one scale per parameter-like group: still identical everywhere, exact bytes.
     x = torch.randn(3000, generator=torch.Generator().manual_seed(r))
     groups = [0, 10, 700, 701, 2048]
     s0, _ = _bytes(comm)
     out = compressed.allreduce_onebit(comm, x, groups=groups)
     s1, _ = _bytes(comm)
-    ck.check(_same_everywhere(out), "1-bit groups: ranks differ")
-    ck.check(s1 - s0 == compressed.wire_bytes("onebit", 3000, n, groups=groups), "1-bit groups: bytes")
+    ck.identical("1-bit groups", out)
+    ck.true("1-bit groups: bytes", s1 - s0 == compressed.wire_bytes("onebit", 3000, n, groups=groups), str(s1 - s0))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -284,45 +253,44 @@ def kind_of(name: str) -> str:
     return name.split("-")[0]
 
 
-def _training(args, comm, backend: str, ck: _Checker) -> None:
-    ex = _load_example()
+def _training(args, comm, backend: str, ck: Checker) -> None:
     rank, size = comm.rank, comm.size
-    data = ex.load_data(0, mpi_comm=MPI.COMM_WORLD)
+    data = train_cnn.load_data(0, mpi_comm=MPI.COMM_WORLD)
     x_train, y_train = data[0], data[1]
 
     # The ranks' gradients really differ: each rank's local gradient on its shard of batch 0.
-    model = ex.build_model(0)
-    _, idx = next(ex.batches(len(y_train), size * args.batch_size, 1, 1))
+    model = train_cnn.build_model(0)
+    _, idx = next(train_cnn.batches(len(y_train), size * args.batch_size, 1, 1))
     mine = idx[rank * args.batch_size: (rank + 1) * args.batch_size]
     F.cross_entropy(model(x_train[mine]), y_train[mine]).backward()
     local = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
     others = MPI.COMM_WORLD.allgather(local)
-    ck.check(all(not torch.equal(others[0], g) for g in others[1:]), "the ranks' local gradients are equal")
+    ck.true("the ranks' local gradients differ", all(not torch.equal(others[0], g) for g in others[1:]))
     n_params = local.numel()
 
     results = {}
     for name in args.hooks.split(","):
         two = name.endswith("-2buckets")
-        model = DDP(ex.build_model(0), bucket_cap_mb=0.1) if two else DDP(ex.build_model(0))
+        model = DDP(train_cnn.build_model(0), bucket_cap_mb=0.1) if two else DDP(train_cnn.build_model(0))
         state = hooks.HookState(comm, error_feedback=(name != "onebit-noEF"))
         if HOOKS[name] is not None:
             model.register_comm_hook(state, HOOKS[name])
         s0, r0 = _bytes(comm)
-        losses = ex.train(model, data, rank=rank, size=size, epochs=100, batch_size=args.batch_size, lr=args.lr,
+        losses = train_cnn.train(model, data, rank=rank, size=size, epochs=100, batch_size=args.batch_size, lr=args.lr,
                           momentum=0.0, seed=0, max_steps=args.steps)
         s1, r1 = _bytes(comm)
         curve = torch.tensor(losses, dtype=torch.float64)
         comm.allreduce(curve, op="avg")  # the global batch loss of every step
         flat = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
-        ck.check(_same_everywhere(flat), f"{name}: replicas differ across ranks")
+        ck.identical(f"{name}: replicas", flat)
         if HOOKS[name] is not None and name not in CONTROLS:
             calls = 2 * args.steps - 1 if two else args.steps  # step 0 has one bucket: DDP rebuilds after it
-            ck.check(state.calls == calls, f"{name}: {state.calls} hook calls in {args.steps} steps, not {calls}")
+            ck.true(f"{name}: hook calls", state.calls == calls, f"{state.calls} in {args.steps} steps, not {calls}")
             resets = 1 if two and kind_of(name) in ("int8", "onebit") else 0
-            ck.check(state.residual_resets == resets, f"{name}: {state.residual_resets} residual resets")
+            ck.true(f"{name}: residual resets", state.residual_resets == resets, str(state.residual_resets))
         results[name] = dict(loss=curve[-args.tail:].mean().item(), params=flat, sent=s1 - s0, received=r1 - r0,
                              calls=state.calls, payload=state.payload_bytes,
-                             acc=ex.accuracy(model.module, data[2], data[3]))
+                             acc=train_cnn.accuracy(model.module, data[2], data[3]))
         if rank == 0 and args.verbose:
             print(name, " ".join(f"{v:.3f}" for v in curve[::5].tolist()), flush=True)
 
@@ -331,9 +299,9 @@ def _training(args, comm, backend: str, ck: _Checker) -> None:
         a, b = results["none"]["params"], base["params"]
         diff = (a - b).abs().max().item()
         if size == 2 or backend == "ddl":
-            ck.check(torch.equal(a, b), f"allreduce_hook != DDP without hook (max diff {diff:.3g}, {backend})")
+            ck.true("allreduce_hook == DDP without hook", torch.equal(a, b), f"max diff {diff:.3g}, {backend}")
         else:
-            ck.check(diff <= 1e-5 * a.abs().max().item(), f"allreduce_hook far from DDP without hook: {diff:.3g}")
+            ck.true("allreduce_hook near DDP without hook", diff <= 1e-5 * a.abs().max().item(), f"{diff:.3g}")
     for name, res in results.items():
         kind = kind_of(name)
         if base is None or kind not in BOUNDS:
@@ -342,20 +310,22 @@ def _training(args, comm, backend: str, ck: _Checker) -> None:
         bound, two_sided = BOUNDS[kind]
         within = (abs(gap) if two_sided else gap) <= bound
         if name not in CONTROLS:
-            ck.check(within, f"{name}: loss {res['loss']:.4f} vs lossless {base['loss']:.4f}: gap {gap:+.4f} "
-                             f"outside the bound {bound}")
-            ck.check(not torch.equal(res["params"], base["params"]), f"{name}: bitwise the lossless run")
+            ck.true(f"{name}: loss", within, f"{res['loss']:.4f} vs lossless {base['loss']:.4f}: gap {gap:+.4f} "
+                                             f"outside the bound {bound}")
+            ck.true(f"{name}: not bitwise the lossless run", not torch.equal(res["params"], base["params"]))
             for what in ("sent", "received"):
                 ratio = base[what] / max(1, res[what])
-                ck.check(ratio >= MIN_BYTE_RATIO[kind], f"{name}: {what} bytes only {ratio:.2f}x fewer than "
-                                                        f"allreduce_hook (need {MIN_BYTE_RATIO[kind]})")
+                ck.true(f"{name}: {what} bytes", ratio >= MIN_BYTE_RATIO[kind],
+                        f"only {ratio:.2f}x fewer than allreduce_hook (need {MIN_BYTE_RATIO[kind]})")
             if name == kind:  # one bucket of all parameters
                 wire = compressed.wire_bytes({"fp16": "16bit", "bf16": "16bit"}.get(kind, kind), n_params, size)
-                ck.check(res["payload"] == res["calls"] * wire, f"{name}: payload {res['payload']} != calls * {wire}")
-            ck.check(0 <= res["sent"] - res["payload"] <= 256 and 0 <= res["received"] - res["payload"] <= 256,
-                     f"{name}: measured {res['sent']} B sent, {res['received']} B received; payload {res['payload']}")
+                ck.true(f"{name}: payload", res["payload"] == res["calls"] * wire,
+                        f"{res['payload']} != calls * {wire}")
+            ck.true(f"{name}: measured bytes", 0 <= res["sent"] - res["payload"] <= 256
+                    and 0 <= res["received"] - res["payload"] <= 256,
+                    f"{res['sent']} B sent, {res['received']} B received; payload {res['payload']}")
         elif name in CONTROLS:
-            ck.check(not within, f"control {name}: gap {gap:+.4f} is within the {kind} bound {bound}")
+            ck.true(f"control {name}", not within, f"gap {gap:+.4f} is within the {kind} bound {bound}")
 
     if rank == 0:
         print(f"# backend {backend}, {size} ranks, {args.steps} steps of SGD lr {args.lr}, batch "
@@ -385,21 +355,21 @@ def main() -> int:
     args = p.parse_args()
 
     torch.set_num_threads(1)
-    ex = _load_example()
-    backend = ex.init_process_group(args.backend)
+    backend = train_cnn.init_process_group(args.backend)
     comm = ddl.init()
-    ck = _Checker(comm.rank)
-    if not args.skip_collectives:
-        _collectives(comm, ck)
-    if args.hooks:
-        _training(args, comm, backend, ck)
-    failures = MPI.COMM_WORLD.allreduce(ck.failures)
-    checks = MPI.COMM_WORLD.allreduce(ck.checks)
-    if comm.rank == 0:
-        print(f"hooks_worker: {comm.size} ranks, {checks} checks, {failures} failures", flush=True)
+    ck = Checker(MPI.COMM_WORLD)
+
+    def body() -> None:
+        if not args.skip_collectives:
+            _collectives(comm, ck)
+        if args.hooks:
+            _training(args, comm, backend, ck)
+
+    ck.run(body)
+    status = ck.report(f"hooks_worker: {comm.size} ranks")
     dist.destroy_process_group()
     ddl.finalize()
-    return 1 if failures else 0
+    return status
 
 
 if __name__ == "__main__":
