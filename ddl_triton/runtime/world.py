@@ -85,7 +85,7 @@ def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int
          size: int | None = None, **overrides) -> Communicator:
     """Create a communicator: the world's (by default), or one over ``mpi_comm``.
 
-    How the ranks find each other (ddl_triton/bootstrap.py), in this order:
+    How the ranks find each other (ddl_triton/runtime/bootstrap.py), in this order:
 
     1. ``mpi_comm``: that MPI communicator (a sub-group: ``ddl_triton.init(sub_comm)``).
     2. ``store``, ``rank``, ``size``: a ``torch.distributed.Store`` (TCPStore, FileStore, ...)
