@@ -34,10 +34,11 @@ from ddl_triton.observability import tracer as tracer_mod
 
 class _NoRecord:
     """A flight record that keeps nothing (the recorder switched off, for comparison)."""
-    __slots__ = ("seq", "call", "schedule", "state", "step", "t_start", "t_end", "error", "waiting", "site", "comm")
+    __slots__ = ("seq", "call", "schedule", "state", "step", "t_issue", "t_start", "t_end", "error", "waiting", "site",
+                 "comm")
 
     def __init__(self, seq, call):
-        self.seq, self.call, self.site = seq, call, None
+        self.seq, self.call, self.site, self.t_issue = seq, call, None, 0.0  # the fast path reads t_issue
 
 
 def _stub_issue(comm, seq, call):

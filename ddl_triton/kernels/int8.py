@@ -105,15 +105,22 @@ def _quantize_tile(x):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, n_elements, n_blocks,
-                     QBLOCK: tl.constexpr, TILE: tl.constexpr):
-    # One program quantizes ROWS whole blocks (a [ROWS, QBLOCK] tile of about TILE elements).
+def _block_tile(n_elements, n_blocks, QBLOCK: tl.constexpr, TILE: tl.constexpr):
+    """This program's tile of whole blocks: ROWS = ceil(TILE / QBLOCK) blocks of QBLOCK elements.
+    Returns (rows, offsets, mask, rmask): the block indices [ROWS], the element offsets
+    [ROWS, QBLOCK], and which of them exist."""
     ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
     # int64 offsets: a > 2**31-element bucket must not wrap.
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
-    mask = offsets < n_elements
-    rmask = rows < n_blocks
+    return rows, offsets, offsets < n_elements, rows < n_blocks
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, n_elements, n_blocks,
+                     QBLOCK: tl.constexpr, TILE: tl.constexpr):
+    # One program quantizes ROWS whole blocks (a [ROWS, QBLOCK] tile of about TILE elements).
+    rows, offsets, mask, rmask = _block_tile(n_elements, n_blocks, QBLOCK, TILE)
     # other=0: padding of the short last block must not raise its absmax.
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     q, s = _quantize_tile(x)
@@ -124,12 +131,9 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, n_elements, n_blocks,
 @triton.jit
 def _dequantize_kernel(q_ptr, s_ptr, out_ptr, n_elements, n_blocks,
                        QBLOCK: tl.constexpr, TILE: tl.constexpr):
-    ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
-    mask = offsets < n_elements
+    rows, offsets, mask, rmask = _block_tile(n_elements, n_blocks, QBLOCK, TILE)
     q = tl.load(q_ptr + offsets, mask=mask, other=0).to(tl.float32)
-    s = tl.load(s_ptr + rows, mask=rows < n_blocks, other=0.0)
+    s = tl.load(s_ptr + rows, mask=rmask, other=0.0)
     # fp32 product first, then one rounding to the out dtype: the reference does the same.
     d = q * s[:, None]
     tl.store(out_ptr + offsets, _round_to(d, out_ptr.dtype.element_ty), mask=mask)
@@ -142,10 +146,7 @@ def _reduce_int8_kernel(q_table, s_table, num_inputs, q_out, s_out, n_elements, 
     # any number of inputs in one launch, read once each. Works under TRITON_INTERPRET=1 for
     # CPU tensors (the interpreter dereferences raw host addresses).
     ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
-    mask = offsets < n_elements
-    rmask = rows < n_blocks
+    rows, offsets, mask, rmask = _block_tile(n_elements, n_blocks, QBLOCK, TILE)
     acc = tl.zeros([ROWS, QBLOCK], dtype=tl.float32)  # 0 + d0 == d0 exactly
     for i in range(num_inputs):  # list order: the same order on every rank
         qp = tl.load(q_table + i).to(tl.pointer_type(tl.int8))

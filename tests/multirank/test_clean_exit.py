@@ -5,7 +5,7 @@ announces *every* rank's exit to the others with SIGUSR1, clean exits included, 
 Python's interpreter teardown puts SIGUSR1 back to its default action (death). A rank still
 tearing down when a faster peer exits died of the notice, 1 to 3 jobs in 5 at 4 ranks on 2
 cores. The exit guard now ignores the notice once it has decided how to exit, and a notice
-received after MPI_Finalize no longer counts as a lost peer (ddl_triton/transports/failure_notice.py).
+received after MPI_Finalize no longer counts as a lost peer (transports/failure_notice.py).
 
 The back-to-back jobs are statistical (each failed with probability ~0.3 before the fix, so
 ten jobs all passed with probability ~3%); the explicit-finalize job is deterministic.

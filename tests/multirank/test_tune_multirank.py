@@ -13,7 +13,7 @@ import pytest
 from support.launch import run_ranks
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]  # the repository
 BIN = Path(sys.executable).parent
 # A small, fast sweep: the suite checks the machinery, bench/ and the closing notes measure.
 SMALL = ["--quick", "--collectives", "allreduce,broadcast", "--max-bytes", "16K", "--rounds", "2",
