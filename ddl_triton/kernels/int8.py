@@ -178,12 +178,18 @@ def _tuned(kernel: str):
     return tuned(_AUTOTUNE, kernel)
 
 
-def _interpreted_tile(kernel: str) -> int:
-    return launch_configs.interpreter_meta(kernel, TILE=_INTERPRETER_TILE)["TILE"]
-
-
-def _tile_grid(n_blocks: int, block: int):
-    return lambda meta: (triton.cdiv(n_blocks, max(1, meta["TILE"] // block)),)  # noqa: E731
+def _launch(kernel: str, jitted, like: torch.Tensor, n_blocks: int, block: int, args: tuple, *,
+            compile_options: dict | None = None, **meta) -> None:
+    """Run ``kernel`` (named as in launch_configs; ``jitted`` is its ``@triton.jit`` function) over
+    ``n_blocks`` blocks of ``block`` elements, each program a tile of whole blocks: autotuned over
+    its launch configurations when compiled (``compile_options`` go to the compiler), else at the
+    interpreter's tile (pinned, or ``_INTERPRETER_TILE``)."""
+    if compiled(like):
+        grid = lambda m: (triton.cdiv(n_blocks, max(1, m["TILE"] // block)),)  # noqa: E731
+        _tuned(kernel)[grid](*args, QBLOCK=block, **meta, **(compile_options or {}))
+        return
+    tile = launch_configs.interpreter_meta(kernel, TILE=_INTERPRETER_TILE)["TILE"]
+    jitted[(triton.cdiv(n_blocks, max(1, tile // block)),)](*args, QBLOCK=block, TILE=tile, **meta)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,12 +273,7 @@ def quantize_int8(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, t
     s = torch.empty(nb, dtype=torch.float32, device=x.device)
     if n == 0:
         return q, s
-    if compiled(x):
-        _tuned("quantize_int8")[_tile_grid(nb, block)](x, q, s, n, nb, QBLOCK=block)
-    else:
-        tile = _interpreted_tile("quantize_int8")
-        grid = (triton.cdiv(nb, max(1, tile // block)),)
-        _quantize_kernel[grid](x, q, s, n, nb, QBLOCK=block, TILE=tile)
+    _launch("quantize_int8", _quantize_kernel, x, nb, block, (x, q, s, n, nb))
     return q, s
 
 
@@ -301,12 +302,7 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor 
     if n == 0:
         return out
     nb = scales.numel()
-    if compiled(q):
-        _tuned("dequantize_int8")[_tile_grid(nb, block)](q, scales, out, n, nb, QBLOCK=block)
-    else:
-        tile = _interpreted_tile("dequantize_int8")
-        grid = (triton.cdiv(nb, max(1, tile // block)),)
-        _dequantize_kernel[grid](q, scales, out, n, nb, QBLOCK=block, TILE=tile)
+    _launch("dequantize_int8", _dequantize_kernel, q, nb, block, (q, scales, out, n, nb))
     return out
 
 
@@ -346,14 +342,9 @@ def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor],
     s_table = torch.tensor([s.data_ptr() for s in scales_list], dtype=torch.int64, device=device)
     scale_value = torch.full((1,), 1.0 if scale is None else float(scale), dtype=torch.float32, device=device)
     args = (q_table, s_table, len(qs), q_out, s_out, n, nb, scale_value)
-    if compiled(qs[0]):
-        # enable_fp_fusion=False: an fma of acc + q*s would round once where torch rounds twice.
-        _tuned("reduce_int8")[_tile_grid(nb, block)](*args, HAS_SCALE=scale is not None, QBLOCK=block,
-                                                     enable_fp_fusion=False)
-    else:
-        tile = _interpreted_tile("reduce_int8")
-        grid = (triton.cdiv(nb, max(1, tile // block)),)
-        _reduce_int8_kernel[grid](*args, HAS_SCALE=scale is not None, QBLOCK=block, TILE=tile)
+    # enable_fp_fusion=False: an fma of acc + q*s would round once where torch rounds twice.
+    _launch("reduce_int8", _reduce_int8_kernel, qs[0], nb, block, args, HAS_SCALE=scale is not None,
+            compile_options={"enable_fp_fusion": False})
     return q_out, s_out
 
 
