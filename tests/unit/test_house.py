@@ -82,8 +82,8 @@ def test_importing_the_package_or_the_launcher_starts_no_mpi_and_loads_no_torch(
     assert "torch" not in loaded
 
 
-@pytest.mark.parametrize("room", ["launch", "observability"])
-def test_launch_and_observability_need_neither_torch_nor_mpi(room):
+@pytest.mark.parametrize("room", ["launch", "observability", "testbed"])
+def test_launch_observability_and_the_testbed_need_neither_torch_nor_mpi(room):
     modules = sorted(f"ddl_triton.{room}.{p.stem}" for p in (ROOT / "ddl_triton" / room).glob("*.py")
                      if p.stem != "__init__")
     loaded = _fresh_modules("\n".join(f"import {m}" for m in modules))

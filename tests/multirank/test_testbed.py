@@ -1,0 +1,190 @@
+"""The testbed (ddl_triton/testbed/): hosts built from namespaces that share nothing but a bridge,
+MPI and ddl_triton across them, and nothing left behind. Skipped, with the reason, where the
+machine cannot build hosts (no root or no namespaces)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ddl_triton import testbed  # the module, not its classes: pytest would try to collect Testbed*
+from ddl_triton.testbed import check_available, hosts as hosts_mod, reap
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SCRATCH = ROOT / "build" / "testbed-tests"  # on the shared file system: each host's /tmp is its own
+
+try:
+    check_available()
+    _UNAVAILABLE = ""
+except testbed.TestbedUnavailable as e:
+    _UNAVAILABLE = str(e)
+needs_hosts = pytest.mark.skipif(bool(_UNAVAILABLE), reason=_UNAVAILABLE or "")
+
+
+def _namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _ours(name: str) -> set[str]:
+    return {ns for ns in _namespaces() if ns.startswith(f"{name}-")}
+
+
+@pytest.fixture(scope="module")
+def bed():
+    if _UNAVAILABLE:
+        pytest.skip(_UNAVAILABLE)
+    reap()
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    with testbed.Testbed(hosts=2, rate="1gbit") as made:
+        yield made
+    assert not _ours(made.name)
+
+
+def test_without_root_it_refuses_in_one_clear_line(monkeypatch):
+    monkeypatch.setattr(hosts_mod.os, "geteuid", lambda: 1000)
+    with pytest.raises(testbed.TestbedUnavailable, match=r"^ddl-testbed: needs root") as e:
+        check_available()
+    assert "\n" not in str(e.value)
+
+
+def test_rates_and_bursts():
+    assert hosts_mod.parse_rate("1gbit") == 10**9 and hosts_mod.parse_rate("10mbit") == 10**7
+    assert hosts_mod.burst_bytes("1gbit") == 250_000 and hosts_mod.burst_bytes("10mbit") == 64 << 10
+    with pytest.raises(ValueError, match="is not like"):
+        hosts_mod.parse_rate("fast")
+
+
+@needs_hosts
+def test_hosts_share_nothing_but_the_network(bed):
+    names = [bed.run(h, ["hostname"]).stdout.strip() for h in bed.hosts]
+    assert names == ["h1", "h2"]
+    boot = [bed.run(h, ["cat", "/proc/sys/kernel/random/boot_id"]).stdout for h in bed.hosts]
+    assert boot[0] != boot[1]
+    assert bed.run("h1", ["sh", "-c", "echo x > /dev/shm/ddl_triton-testbed-probe && echo y > /tmp/probe"]).returncode == 0
+    assert bed.run("h2", ["ls", "/dev/shm/ddl_triton-testbed-probe"]).returncode != 0
+    assert bed.run("h2", ["ls", "/tmp/probe"]).returncode != 0
+    assert not os.path.exists("/dev/shm/ddl_triton-testbed-probe")  # nor in the root namespace
+    links = bed.run("h1", ["ip", "-o", "link"]).stdout
+    assert "eth0" in links and len(links.splitlines()) == 2, links  # lo and eth0 only
+    for ns, dev in ((f"{bed.name}-h1", "eth0"), (f"{bed.name}-sw", f"{bed.name}h1p")):
+        qdisc = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev], capture_output=True, text=True).stdout
+        assert "tbf" in qdisc and "rate 1Gbit" in qdisc, qdisc  # both directions shaped
+
+
+_SERVE = "import socket; s = socket.create_server(('0.0.0.0', 29555)); c, _ = s.accept(); c.sendall(b'hi'); c.close()"
+_CALL = ("import socket, sys\ntry:\n    c = socket.create_connection(('h1', 29555), timeout=2); print(c.recv(2).decode())\n"
+         "except OSError as e:\n    print('no route:', type(e).__name__); sys.exit(3)")
+
+
+@needs_hosts
+def test_hosts_reach_each_other_by_name_and_a_cut_link_carries_nothing(bed):
+    server = bed.popen("h1", [sys.executable, "-c", _SERVE])
+    try:
+        time.sleep(0.5)
+        bed.cut("h1")
+        cut = bed.run("h2", [sys.executable, "-c", _CALL], timeout=30)
+        assert cut.returncode == 3, cut.stdout + cut.stderr
+        bed.mend("h1")
+        for _ in range(20):  # the port comes back through the bridge's learning: bounded
+            done = bed.run("h2", [sys.executable, "-c", _CALL], timeout=30)
+            if done.returncode == 0:
+                break
+            time.sleep(0.25)
+        assert done.stdout.strip() == "hi", done.stdout + done.stderr
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+_ALLREDUCE = textwrap.dedent("""
+    import socket, sys, torch, ddl_triton as ddl
+    from support.report import print_line  # one write per line: four ranks share mpiexec's pipe
+    c = ddl.init()
+    bad = 0
+    for n in (0, 1, 7, 1000, 65537):
+        for dtype in (torch.float32, torch.int32):
+            t = (torch.arange(n) % 97 + c.rank + 1).to(dtype)
+            want = sum((torch.arange(n) % 97 + r + 1).to(dtype) for r in range(c.size)) if n else t.clone()
+            c.allreduce(t)
+            bad += not torch.equal(t, want)
+    moved = c.transport_bytes
+    print_line(f"RANK {c.rank} host {socket.gethostname()} topology {c.topology.signature} bad {bad} "
+               f"mpi {moved.get('mpi', {}).get('sent', 0)} shm {moved.get('shm', {}).get('sent', 0)}")
+    ddl.finalize()
+""")
+
+
+@needs_hosts
+def test_ddl_over_mpi_across_two_hosts_detects_the_grid_and_is_exact(bed):
+    script = SCRATCH / "allreduce_across_hosts.py"
+    script.write_text(_ALLREDUCE)
+    env = ["env", "UCX_NET_DEVICES=eth0", f"HYDRA_LAUNCHER_EXEC={BIN / 'ddl-testbed-ssh'}", "DDL_TIMEOUT=30",
+           "DDL_TUNING_FILE=off", "OMP_NUM_THREADS=1"]
+    done = bed.run("h1", [*env, str(BIN / "mpiexec"), "-hosts", "h1:2,h2:2", "-launcher", "ssh", "-n", "4",
+                          sys.executable, str(script)], cwd=str(ROOT), timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("RANK"))
+    assert len(lines) == 4, done.stdout
+    for rank, line in enumerate(lines):
+        words = line.split()
+        assert words[3] == ("h1" if rank < 2 else "h2") and words[5] == "2x2" and words[7] == "0", line
+        assert int(words[9]) > 0 and int(words[11]) > 0, line  # MPI between the hosts, shm within each
+
+
+@needs_hosts
+def test_the_command_line_brings_hosts_up_runs_on_them_and_takes_them_down():
+    cli = str(BIN / "ddl-testbed")
+    up = subprocess.run([cli, "up", "--hosts", "2", "--rate", "100mbit", "--name", "dtcli"], capture_output=True,
+                        text=True, timeout=60)
+    try:
+        assert up.returncode == 0 and up.stdout.startswith("dtcli: h1 10.77.0.1, h2 10.77.0.2"), up.stdout + up.stderr
+        run = subprocess.run([cli, "exec", "--name", "dtcli", "h2", "--", "hostname"], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0 and run.stdout.strip() == "h2"
+        again = subprocess.run([cli, "up", "--name", "dtcli"], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "already up" in again.stderr
+    finally:
+        down = subprocess.run([cli, "down", "--name", "dtcli"], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0 and not _ours("dtcli")
+    missing = subprocess.run([cli, "exec", "--name", "dtcli", "h1", "--", "true"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no testbed named 'dtcli'" in missing.stderr
+
+
+_OWNER = textwrap.dedent("""
+    import sys, time
+    from ddl_triton.testbed import Testbed
+    with Testbed(hosts=2, rate="", name=sys.argv[1]) as bed:
+        print("up", flush=True)
+        bed.popen("h2", ["sleep", "600"])
+        time.sleep(600)
+""")
+
+
+@needs_hosts
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_nothing_is_left_behind_after_ctrl_c_or_a_killed_owner(how):
+    name = "dtint" if how == "ctrl-c" else "dtkil"
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, name], stdout=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        assert _ours(name) == {f"{name}-h1", f"{name}-h2", f"{name}-sw"}
+        owner.send_signal(signal.SIGINT if how == "ctrl-c" else signal.SIGKILL)
+        owner.wait(30)
+        if how == "sigkill":  # no clean-up could run: the next run's reap removes it
+            assert _ours(name)
+            assert name in reap()
+    finally:
+        owner.kill()
+    assert not _ours(name)
+    assert not (hosts_mod.STATE_DIR / f"{name}.json").exists()
+    stray = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True).stdout.split()
+    assert not stray, stray
