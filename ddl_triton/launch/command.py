@@ -23,6 +23,7 @@ class Job:
     command: list[str]             # the full mpiexec command line
     env_vars: dict[str, str]       # the variables ddlrun sets for the ranks
     env: dict[str, str]            # the whole environment mpiexec runs in
+    across_hosts: bool = False     # -H or --hostfile: ranks on other hosts too
 
 
 def ddl_env_vars(args: argparse.Namespace) -> dict[str, str]:
@@ -47,8 +48,11 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
 
 
 def mpiexec_command(mpiexec: str, family: str, ranks: int, env_vars: dict[str, str],
-                    command: list[str]) -> list[str]:
+                    command: list[str], *, hosts: str | None = None, launcher_chosen: bool = False) -> list[str]:
     """``mpiexec -n N command``; Open MPI forwards variables to other nodes only when named with -x.
+
+    ``hosts`` ("h1:2,h2:2", hosts.py) places the ranks: MPICH's ``-hosts`` with hydra's ssh launcher
+    (unless ``launcher_chosen``: HYDRA_LAUNCHER names another), Open MPI's ``--host``.
 
     Under MPICH each rank runs below a guard (``rank_guard.py``) and hydra runs with
     ``-disable-auto-cleanup``: a rank killed by a signal then ends its guard with an ordinary
@@ -56,9 +60,11 @@ def mpiexec_command(mpiexec: str, family: str, ranks: int, env_vars: dict[str, s
     which rank they lost and exit non-zero by themselves (ddlrun ends any that do not).
     """
     if family == "MPICH":
-        return [mpiexec, "-disable-auto-cleanup", "-n", str(ranks), sys.executable, RANK_GUARD, *command]
+        where = ["-hosts", hosts] + ([] if launcher_chosen else ["-launcher", "ssh"]) if hosts else []
+        return [mpiexec, "-disable-auto-cleanup", *where, "-n", str(ranks), sys.executable, RANK_GUARD, *command]
     exported = [word for name in env_vars for word in ("-x", name)] if family == "Open MPI" else []
-    return [mpiexec, "-n", str(ranks), *exported, *command]
+    where = ["--host", hosts] if hosts else []
+    return [mpiexec, *where, "-n", str(ranks), *exported, *command]
 
 
 def command_line(job: Job) -> str:

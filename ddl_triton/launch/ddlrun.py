@@ -2,10 +2,21 @@
 
 Usage::
 
-    ddlrun -n N [--topology XxY[xZ]] [--timeout SECONDS] [--mpiexec PATH] [--dry-run] [--] COMMAND [ARGS...]
+    ddlrun -n N [-H HOSTS | --hostfile FILE] [--topology XxY[xZ]] [--timeout SECONDS] [--mpiexec PATH]
+           [--dry-run] [--] COMMAND [ARGS...]
 
     ddlrun -n 4 --topology 2x2 -- python train.py --epochs 3
+    ddlrun -n 4 -H h1:2,h2:2 -- python train.py    # 2 ranks on each of two hosts, started over ssh
     ddlrun -n 2 --dry-run python train.py          # check and print the command, run nothing
+
+Hosts (hosts.py): ``-H NAME[:SLOTS],...`` or ``--hostfile FILE`` (lines ``NAME``, ``NAME:SLOTS`` or
+``NAME slots=SLOTS``) place the ranks on those hosts in order, SLOTS at a time; N may not exceed the
+slots. Under MPICH the remote ranks start through hydra's ssh launcher (``-launcher ssh``), unless
+``HYDRA_LAUNCHER`` chooses another; ``HYDRA_LAUNCHER_EXEC`` (an ssh stand-in, such as the testbed's
+``ddl-testbed-ssh``) is honoured, since mpiexec inherits ddlrun's environment. Every host must see
+the same paths (the interpreter, the script and the working directory), as on a cluster with a shared
+file system: ddlrun keeps the ranks' status files in the working directory then, so that ranks on
+every host can write them, and its report names the host of each rank that is not on this one.
 
 ``ddlrun`` runs ``mpiexec -n N COMMAND ARGS...`` and exits with its status. The ``--``
 is optional: the first word that is not one of ddlrun's own options starts COMMAND, and
@@ -60,6 +71,7 @@ rank_guard.py (the parent of each MPICH rank). This file keeps the command line 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from typing import Sequence
@@ -68,6 +80,7 @@ from . import status
 from .checks import (CheckFailed, check_ranks, check_same_mpi, check_script, check_timeout, check_topology,
                      find_mpiexec, find_program, probe_interpreter)
 from .command import Job, child_env, command_line, ddl_env_vars, mpiexec_command
+from .hosts import as_spec, check_slots, parse_hosts, read_hostfile
 from .report import PROG, job_status, report, report_ranks, say
 from .supervision import run, survivor_grace
 
@@ -88,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(command_line(job))
     if args.dry_run:
         return 0
-    with tempfile.TemporaryDirectory(prefix="ddlrun-status-") as folder:
+    # Across hosts the status files must be where every host can write: the (shared) working directory.
+    with tempfile.TemporaryDirectory(prefix=".ddlrun-status-", dir="." if job.across_hosts else None) as folder:
+        folder = os.path.abspath(folder)
         env = dict(job.env, DDL_STATUS_DIR=folder)  # the ranks record start, errors and exit there
         failed_pids: list[int] = []
         grace = survivor_grace(job.env)
@@ -103,9 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Run a ddl_triton job under mpiexec after pre-launch checks.",
-        usage="%(prog)s -n N [--topology XxY[xZ]] [--timeout SECONDS] [--mpiexec PATH] [--dry-run] "
-              "[--] COMMAND [ARGS...]")
+        usage="%(prog)s -n N [-H HOSTS | --hostfile FILE] [--topology XxY[xZ]] [--timeout SECONDS] "
+              "[--mpiexec PATH] [--dry-run] [--] COMMAND [ARGS...]")
     parser.add_argument("-n", dest="ranks", type=int, required=True, metavar="N", help="number of ranks")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", metavar="HOSTS", help="NAME[:SLOTS],... the hosts to run on, in order")
+    where.add_argument("--hostfile", metavar="FILE", help="a file of NAME[:SLOTS] or 'NAME slots=N' lines")
     parser.add_argument("--topology", help="rank layout XxY or XxYxZ whose product is N (sets DDL_TOPOLOGY)")
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="seconds any single collective wait may last (sets DDL_TIMEOUT)")
@@ -132,9 +150,15 @@ def _prepare(args: argparse.Namespace) -> Job:
     env = child_env(args)
     program = find_program(args.command[0], env)
     check_script(args.command)
+    hosts = None
+    if args.hosts is not None or args.hostfile is not None:
+        hosts = parse_hosts(args.hosts) if args.hosts is not None else read_hostfile(args.hostfile)
+        check_slots(hosts, args.ranks, f"-H {args.hosts}" if args.hosts is not None else f"--hostfile {args.hostfile}")
     mpiexec = find_mpiexec(args.mpiexec)
     family = check_same_mpi(mpiexec, probe_interpreter(args.command[0], program), env)
-    return Job(mpiexec_command(mpiexec, family, args.ranks, env_vars, args.command), env_vars, env)
+    command = mpiexec_command(mpiexec, family, args.ranks, env_vars, args.command,
+                              hosts=as_spec(hosts) if hosts else None, launcher_chosen="HYDRA_LAUNCHER" in env)
+    return Job(command, env_vars, env, across_hosts=hosts is not None)
 
 
 if __name__ == "__main__":

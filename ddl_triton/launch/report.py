@@ -8,6 +8,7 @@ itself was killed by signal N.
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 
 PROG = "ddlrun"
@@ -19,7 +20,9 @@ def say(message: str) -> None:
 
 
 def _rank_and_pid(rank: int, ranks: dict[int, dict[str, str]]) -> str:
-    return f"rank {rank} (pid {ranks[rank]['start']})"
+    host = ranks[rank].get("host", "")
+    elsewhere = f" on {host}" if host and host != socket.gethostname() else ""  # a job across hosts
+    return f"rank {rank} (pid {ranks[rank]['start']}{elsewhere})"
 
 
 def report_ranks(ranks: dict[int, dict[str, str]], failed_pids: list[int]) -> None:

@@ -4,6 +4,7 @@ When ``Options.status_dir`` (``DDL_STATUS_DIR``, set by ``ddlrun``) names a fold
 rank of the world communicator writes there:
 
     rank<r>.start   its pid, at init
+    rank<r>.host    its host name, at init (ddlrun names the host of a rank on another host)
     rank<r>.error   the message of a collective error (timeout, lost peer, mismatch)
     rank<r>.exit    at interpreter exit, however it ends short of being killed
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 
 _folder = ""
 _rank = -1
@@ -27,6 +29,7 @@ def start(folder: str, rank: int) -> None:
     if not folder:
         return
     _folder, _rank = folder, rank
+    _write("host", socket.gethostname())
     _write("start", str(os.getpid()))
     atexit.register(lambda: _write("exit", "") if _folder else None)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import signal
 import subprocess
 import sys
@@ -193,6 +194,56 @@ def test_command_without_double_dash(capsys, script):
     words = shlex.split(capsys.readouterr().err.removeprefix("ddlrun: "))
     assert words[1:] == ["-disable-auto-cleanup", "-n", "2", sys.executable, command.RANK_GUARD,
                          sys.executable, "-u", script, "--epochs", "3"]
+
+
+@pytest.mark.parametrize("spec,hydra", [("h1:2,h2:2", "h1:2,h2:2"), ("h1,h2:3", "h1:1,h2:3"),
+                                         ("node-01.example:4", "node-01.example:4")])
+def test_hosts_go_to_hydra_with_the_ssh_launcher(capsys, script, monkeypatch, spec, hydra):
+    monkeypatch.delenv("HYDRA_LAUNCHER", raising=False)
+    assert main(["-n", "4", "-H", spec, "--dry-run", "--", sys.executable, script]) == 0
+    words = shlex.split(capsys.readouterr().err.removeprefix("ddlrun: "))
+    assert words[1:7] == ["-disable-auto-cleanup", "-hosts", hydra, "-launcher", "ssh", "-n"]
+
+
+def test_a_hostfile_in_either_spelling_and_a_chosen_launcher(capsys, script, tmp_path, monkeypatch):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two hosts\nh1 slots=2\n\nh2:2   # the second\n")
+    monkeypatch.setenv("HYDRA_LAUNCHER", "rsh")  # the user's choice of launcher is kept
+    assert main(["-n", "4", "--hostfile", str(hostfile), "--dry-run", "--", sys.executable, script]) == 0
+    words = shlex.split(capsys.readouterr().err.removeprefix("ddlrun: "))
+    assert words[1:5] == ["-disable-auto-cleanup", "-hosts", "h1:2,h2:2", "-n"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-n", "5", "-H", "h1:2,h2:2"], "ddlrun: -n 5 needs 5 slots, but -H h1:2,h2:2 gives 4 (h1:2,h2:2)"),
+    (["-n", "2", "-H", "h1:0"], "ddlrun: -H 'h1:0': entry 'h1:0': slots must be a positive integer, got '0'"),
+    (["-n", "2", "-H", "h1,,h2"], "ddlrun: -H 'h1,,h2': entry '': '' is not a host name"),
+    (["-n", "2", "-H", "h1,h1"], "ddlrun: -H 'h1,h1': h1 named twice (give one entry with its slots)"),
+    (["-n", "2", "--hostfile", "/nonexistent/hosts"], "ddlrun: --hostfile /nonexistent/hosts: cannot read it "
+                                                      "(No such file or directory)"),
+])
+def test_bad_hosts_are_refused_before_launch(capsys, script, args, message):
+    assert refused(capsys, [*args, "--", sys.executable, script]) == message
+
+
+def test_a_hostfile_line_that_is_not_a_host_is_named(capsys, script, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("h1:2\nh2 cpus=2\n")
+    line = refused(capsys, ["-n", "2", "--hostfile", str(hostfile), "--", sys.executable, script])
+    assert line == f"ddlrun: --hostfile {hostfile}, line 2: 'h2 cpus=2' is not NAME, NAME:SLOTS or NAME slots=SLOTS"
+
+
+def test_open_mpi_gets_its_host_list():
+    words = command.mpiexec_command("mpiexec", "Open MPI", 4, {}, ["python", "t.py"], hosts="h1:2,h2:2")
+    assert words == ["mpiexec", "--host", "h1:2,h2:2", "-n", "4", "python", "t.py"]
+
+
+def test_the_report_names_the_host_of_a_rank_on_another_host(capsys):
+    here = socket.gethostname()
+    ranks = _records(r0={"start": "11", "host": here}, r1={"start": "12", "host": "elsewhere-h2"})
+    report.report_ranks(ranks, failed_pids=[11, 12])
+    err = capsys.readouterr().err
+    assert "rank 0 (pid 11)" in err and "rank 1 (pid 12 on elsewhere-h2)" in err, err
 
 
 def test_child_env_sets_ddl_variables_over_the_base():

@@ -122,14 +122,25 @@ _ALLREDUCE = textwrap.dedent("""
 """)
 
 
+# Every host runs its ranks through hydra's ssh launcher, with the testbed's stand-in for ssh.
+_ACROSS = ["env", "UCX_NET_DEVICES=eth0", f"HYDRA_LAUNCHER_EXEC={BIN / 'ddl-testbed-ssh'}", "DDL_TUNING_FILE=off",
+           "OMP_NUM_THREADS=1"]
+_LAUNCHERS = {"mpiexec": [str(BIN / "mpiexec"), "-hosts", "h1:2,h2:2", "-launcher", "ssh", "-n", "4"],
+              "ddlrun": [str(BIN / "ddlrun"), "-n", "4", "-H", "h1:2,h2:2", "--"]}
+
+
+def _across(bed, launcher: str, body: str, timeout_s: int = 30) -> subprocess.CompletedProcess:
+    """Run ``body`` as a script on 2 ranks of each host, launched from h1 by ``launcher``."""
+    script = SCRATCH / f"{launcher}_{abs(hash(body))}.py"
+    script.write_text(body)
+    return bed.run("h1", [*_ACROSS, f"DDL_TIMEOUT={timeout_s}", *_LAUNCHERS[launcher], sys.executable, str(script)],
+                   cwd=str(ROOT), timeout=120)
+
+
 @needs_hosts
-def test_ddl_over_mpi_across_two_hosts_detects_the_grid_and_is_exact(bed):
-    script = SCRATCH / "allreduce_across_hosts.py"
-    script.write_text(_ALLREDUCE)
-    env = ["env", "UCX_NET_DEVICES=eth0", f"HYDRA_LAUNCHER_EXEC={BIN / 'ddl-testbed-ssh'}", "DDL_TIMEOUT=30",
-           "DDL_TUNING_FILE=off", "OMP_NUM_THREADS=1"]
-    done = bed.run("h1", [*env, str(BIN / "mpiexec"), "-hosts", "h1:2,h2:2", "-launcher", "ssh", "-n", "4",
-                          sys.executable, str(script)], cwd=str(ROOT), timeout=120)
+@pytest.mark.parametrize("launcher", ["mpiexec", "ddlrun"])
+def test_ddl_over_mpi_across_two_hosts_detects_the_grid_and_is_exact(bed, launcher):
+    done = _across(bed, launcher, _ALLREDUCE)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("RANK"))
     assert len(lines) == 4, done.stdout
@@ -188,3 +199,57 @@ def test_nothing_is_left_behind_after_ctrl_c_or_a_killed_owner(how):
     assert not (hosts_mod.STATE_DIR / f"{name}.json").exists()
     stray = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True).stdout.split()
     assert not stray, stray
+
+
+_KILLED_ON_H2 = textwrap.dedent("""
+    import os, signal, time, torch, ddl_triton as ddl
+    from support.report import print_line
+    c = ddl.init()
+    c.allreduce(torch.ones(10))
+    if c.rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(10000):
+            c.allreduce(torch.ones(1000))
+    except Exception as e:
+        print_line(f"LOST rank {c.rank} after {time.monotonic() - t0:.1f} s: {type(e).__name__}")
+        raise SystemExit(1)
+    ddl.finalize()
+""")
+_EXITS_3_ON_H2 = textwrap.dedent("""
+    import sys, torch, ddl_triton as ddl
+    c = ddl.init()
+    t = torch.ones(10)
+    c.allreduce(t)
+    assert t.eq(c.size).all()
+    c.barrier()
+    if c.rank == 3:
+        sys.exit(3)
+    ddl.finalize()
+""")
+
+
+@needs_hosts
+def test_ddlrun_across_hosts_exits_with_the_status_of_a_far_rank_that_fails(bed):
+    done = _across(bed, "ddlrun", _EXITS_3_ON_H2, timeout_s=20)
+    out = done.stdout + done.stderr
+    assert done.returncode == 3, out
+    assert "ddlrun: exit status per rank: 0: 0, 1: 0, 2: 0, 3: 3" in out, out  # h2's ranks' status files too
+
+
+@needs_hosts
+def test_a_rank_killed_on_the_far_host_is_reported_and_every_survivor_raises(bed):
+    """Rank 3 (on h2) is SIGKILLed: the survivors on both hosts raise well within the deadline,
+    and ddlrun says every rank's status (the status files are in the shared working directory) and
+    exits 137."""
+    t0 = time.monotonic()
+    done = _across(bed, "ddlrun", _KILLED_ON_H2, timeout_s=10)
+    took = time.monotonic() - t0
+    out = done.stdout + done.stderr
+    assert done.returncode == 137, out
+    assert "ddlrun: exit status per rank: 0: 1, 1: 1, 2: 1, 3: 137" in out, out
+    assert "rank 3 was killed by SIGKILL" in out, out
+    assert sorted(line.split()[2] for line in done.stdout.splitlines() if line.startswith("LOST")) == ["0", "1", "2"]
+    assert took < 10 + 20, took  # within the deadline and a few seconds (2-core machine)
+    assert not list(ROOT.glob(".ddlrun-status-*"))  # ddlrun removed its status folder
