@@ -6,7 +6,8 @@ checks  every "ddl" backend operation on exact integer data, sub-groups, futures
         collectives at sizes from 0 to several pipeline chunks, the hooks' default
         communicator, and, across emulated hosts (DDL_TOPOLOGY), that the bytes between
         hosts went through gloo; DDP with the int8 compression hook. Rank 0 prints
-        "torch_launchers_worker: N ranks, checks, K checks, F failures" and the transport counters.
+        "torch_launchers_worker: N ranks, topology T, checks, K checks, F failures", and per rank
+        the transport counters, its hostname and its link to each peer (self, shm or gloo).
 init    ``ddl_triton.init()`` from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, one barrier and an
         allreduce; prints what it raised (the bootstrap-mismatch tests give it bad variables).
 mismatch one allreduce for which the last rank passes another size: every rank must raise
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -130,21 +132,28 @@ def check_transports(ck, r: int, w: int) -> None:
     if len(comm.placement.on_node) > 1:
         ck.true("bytes within a host went through shm", moved.get("shm", {}).get("sent", 0) > 0, str(moved))
     ck.moved = moved
+    # Where this rank really runs and the link to each peer (what the wiring routes by): across
+    # real hosts (the testbed) the test holds these against the hostnames.
+    ck.where = (socket.gethostname(), comm.topology.signature, " ".join(comm.placement.links))
 
 
 def _verdict(ck, r: int, w: int, group, mode: str) -> int:
     everyone = [None] * w
-    dist.all_gather_object(everyone, (ck.failures, ck.cases, getattr(ck, "moved", None)), group=group)
+    where = getattr(ck, "where", None)
+    dist.all_gather_object(everyone, (ck.failures, ck.cases, getattr(ck, "moved", None), where), group=group)
     dist.destroy_process_group()
     if r != 0:
         return 0
-    failures = [f for fs, _, _ in everyone for f in fs]
+    failures = [f for fs, _, _, _ in everyone for f in fs]
     for f in failures[:50]:
         print("FAIL", f)
-    topology = os.environ.get("DDL_TOPOLOGY", str(w))
-    for q, (_, _, moved) in enumerate(everyone):
+    # The topology the communicator used (DDL_TOPOLOGY's, else detected), rank 0's word for it.
+    topology = where[1] if where else os.environ.get("DDL_TOPOLOGY", str(w))
+    for q, (_, _, moved, at) in enumerate(everyone):
         print(f"torch_launchers_worker: rank {q} transport bytes: {moved}")
-    print(f"torch_launchers_worker: {w} ranks, topology {topology}, {mode}, {sum(c for _, c, _ in everyone)} checks, "
+        if at:
+            print(f"torch_launchers_worker: rank {q} on host {at[0]}, links {at[2]}")
+    print(f"torch_launchers_worker: {w} ranks, topology {topology}, {mode}, {sum(c for _, c, _, _ in everyone)} checks, "
           f"{len(failures)} failures", flush=True)
     return 1 if failures else 0
 
