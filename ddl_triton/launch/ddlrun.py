@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = dict(job.env, DDL_STATUS_DIR=folder)  # the ranks record start, errors and exit there
         failed_pids: list[int] = []
         grace = survivor_grace(job.env)
-        returncode = run(job.command, env, failed_pids, status_folder=folder, grace=grace)
+        returncode = run(job.command, env, failed_pids, status_folder=folder, grace=grace, ranks=args.ranks)
         if returncode != 0:
             ranks = status.read(folder)
             report_ranks(ranks, failed_pids)

@@ -9,6 +9,9 @@ the ranks left running long after one was lost.
 - Survivors' grace: once a rank is lost, the others get one collective deadline (DDL_TIMEOUT,
   else Options' default) plus time to report, to notice and exit by themselves; then ddlrun asks
   those still running for their flight recorders and ends the job.
+- Every rank ended: once a rank was lost and every rank has recorded its end, nothing is left for
+  mpiexec to wait for but its proxies; a proxy on a host it can no longer reach (a cut link) would
+  keep it waiting for minutes, so ddlrun ends mpiexec a moment later.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from .report import say
 _FAILED_PID = re.compile(r"PID (\d+) RUNNING AT")  # MPICH hydra's "BAD TERMINATION" banner
 _REPORT_SECONDS = 15.0                              # for a survivor to report the loss and exit
 _DUMP_SECONDS = 2.0                                 # for the ranks to dump their flight recorders
+_SETTLE_SECONDS = 2.0   # after every rank ended, for mpiexec to finish by itself before it is ended
+_KILL_SECONDS = 5.0     # after SIGTERM, for mpiexec to go before SIGKILL
 
 
 def survivor_grace(env: dict[str, str]) -> float:
@@ -42,17 +47,18 @@ def survivor_grace(env: dict[str, str]) -> float:
 
 
 def run(command: list[str], env: dict[str, str], failed_pids: list[int] | None = None,
-        status_folder: str = "", grace: float = 0.0) -> int:
+        status_folder: str = "", grace: float = 0.0, ranks: int = 0) -> int:
     """Run the job to its end and return mpiexec's exit status (negative: killed by that signal).
 
     The ranks' stderr goes straight to ddlrun's; their stdout (and mpiexec's) is relayed line
     by line, noting the pids that MPICH's launcher names as the first to fail. With a
-    ``status_folder``, a watcher ends the job ``grace`` seconds after a rank was lost.
+    ``status_folder``, a watcher ends the job ``grace`` seconds after a rank was lost, or as soon
+    as all ``ranks`` ranks have ended after one was lost.
     """
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
                                errors="replace")
     if status_folder:
-        threading.Thread(target=_end_stragglers, args=(process, status_folder, grace), daemon=True).start()
+        threading.Thread(target=_end_stragglers, args=(process, status_folder, grace, ranks), daemon=True).start()
     with _signals_passed_to(process, status_folder):
         for line in process.stdout:
             sys.stdout.write(line)
@@ -63,13 +69,14 @@ def run(command: list[str], env: dict[str, str], failed_pids: list[int] | None =
         return process.wait()
 
 
-def _end_stragglers(process: subprocess.Popen, folder: str, grace: float) -> None:
+def _end_stragglers(process: subprocess.Popen, folder: str, grace: float, ranks: int = 0) -> None:
     """Once a rank was lost (its guard recorded its death, or it exited non-zero), give the
     others ``grace`` seconds to exit; then ask every rank still running to dump its flight
     recorder (SIGUSR2), and SIGTERM mpiexec, which passes it to every rank (the last resort:
     a survivor that never calls another collective, or that is stuck in MPI_Finalize,
-    would otherwise run forever)."""
-    first_loss = None
+    would otherwise run forever). When instead all ``ranks`` have recorded their end, end
+    mpiexec ``_SETTLE_SECONDS`` later: it can only be waiting for a proxy it cannot reach."""
+    first_loss = all_ended = None
     while process.poll() is None:
         if first_loss is None:
             try:
@@ -77,6 +84,13 @@ def _end_stragglers(process: subprocess.Popen, folder: str, grace: float) -> Non
                     first_loss = time.monotonic()
             except OSError:
                 return
+        elif all_ended is None and ranks and _every_rank_ended(folder, ranks):
+            all_ended = time.monotonic()
+        elif all_ended is not None and time.monotonic() - all_ended > _SETTLE_SECONDS:
+            say(f"every rank has ended, but mpiexec is still waiting {_SETTLE_SECONDS:g} s later (for a host it "
+                "cannot reach?): ending it")
+            _end(process)
+            return
         elif time.monotonic() - first_loss > grace:
             say(f"a rank was lost {grace:g} s ago and the job is still running: asking the ranks left for their "
                 "flight recorders (SIGUSR2), then ending the job")
@@ -86,6 +100,24 @@ def _end_stragglers(process: subprocess.Popen, folder: str, grace: float) -> Non
                 process.send_signal(signal.SIGTERM)
             return
         time.sleep(0.2)
+
+
+def _every_rank_ended(folder: str, ranks: int) -> bool:
+    """Whether each of ranks 0..ranks-1 has a ``returncode`` record (its guard saw it end)."""
+    try:
+        ended = {r for r, events in status.read(folder).items() if "returncode" in events}
+    except OSError:
+        return False
+    return ended >= set(range(ranks))
+
+
+def _end(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it is still there ``_KILL_SECONDS`` later."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(_KILL_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def _a_rank_was_lost(folder: str) -> bool:

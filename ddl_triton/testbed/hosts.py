@@ -35,6 +35,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -187,10 +188,20 @@ class Testbed:
         self._up = False
 
     def __enter__(self) -> "Testbed":
+        # SIGTERM (a timeout, a job scheduler) must tear down too: turn it into SystemExit, which
+        # unwinds through __exit__, when this thread may and nobody else handles it.
+        self._old_sigterm = None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self.up()
 
     def __exit__(self, *exc) -> None:
-        self.down()
+        try:
+            self.down()
+        finally:
+            if self._old_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
 
     # -- using the hosts ----------------------------------------------------------------------
     def command(self, host: str, argv: list[str], cwd: str | None = None) -> list[str]:
@@ -308,6 +319,10 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _kill_netns(netns: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddl_triton.launch import checks, command, report, supervision
+from ddl_triton.launch import checks, command, report, status, supervision
 from ddl_triton.launch.ddlrun import main
 
 JOB_TIMEOUT_S = 60
@@ -244,6 +244,16 @@ def test_the_report_names_the_host_of_a_rank_on_another_host(capsys):
     report.report_ranks(ranks, failed_pids=[11, 12])
     err = capsys.readouterr().err
     assert "rank 0 (pid 11)" in err and "rank 1 (pid 12 on elsewhere-h2)" in err, err
+
+
+def test_every_rank_ended_needs_each_ranks_end_record(tmp_path):
+    for rank in (0, 1, 3):
+        status.record(str(tmp_path), rank, "returncode", "1")
+    status.record(str(tmp_path), 2, "start", "123")
+    assert not supervision._every_rank_ended(str(tmp_path), 4)  # rank 2 is still running
+    status.record(str(tmp_path), 2, "returncode", "0")
+    assert supervision._every_rank_ended(str(tmp_path), 4)
+    assert not supervision._every_rank_ended(str(tmp_path), 5)
 
 
 def test_child_env_sets_ddl_variables_over_the_base():
