@@ -8,6 +8,12 @@ median round (p20/p80 go to the JSON). Columns follow nccl-tests:
 algbw = bytes / time; busbw = algbw * 2(n-1)/n for allreduce. ``#wrong`` counts
 elements that differ from the exact answer on integer-valued data after the
 timed rounds (checked on every rank, summed over ranks).
+
+Across hosts (``--link-rate 1gbit``, the rate each host's link is shaped to, e.g. on the
+testbed: docs/testbed.md), each row also shows ``bound``: the least time any allreduce of
+S bytes over H hosts needs on that link, 2(H-1)/H * S through each host's link in each
+direction (reduce-scatter, then all-gather, between the hosts), and ``%bound``, that
+time's share of the measured one (100% = the link is the only cost).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import torch.distributed
 from mpi4py import MPI
 
 import ddl_triton as ddl
+from ddl_triton.testbed.hosts import parse_rate
 from ddl_triton.tuning.timing import quantile, start_gloo
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -126,6 +133,8 @@ def main(argv=None) -> int:
     p.add_argument("--schedule", default="auto",
                    help="auto (the planner's choice), a schedule name, or 'all' (one row per schedule)")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
+    p.add_argument("--link-rate", default="", help="the rate each host's link is shaped to (e.g. 1gbit): adds "
+                                                   "the link bound and each row's share of it")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -139,12 +148,16 @@ def main(argv=None) -> int:
     elem = torch.empty(0, dtype=dtype).element_size()
     impls = _impls(comm, mpi_comm, dist, args.op, dtype, names, args.schedule)
     n = comm.size
+    hosts = len(set(comm.placement.node_of_rank))
+    link_bits = parse_rate(args.link_rate) if args.link_rate else 0
     rows = []
     if comm.rank == 0:
         print(f"# ddl_triton collectives: {n} ranks, allreduce, topology {comm.topology.signature}, "
-              f"{args.rounds} interleaved rounds, median; algbw/busbw in GB/s; shm/mpi: bytes sent per call, mean over ranks")
+              f"{args.rounds} interleaved rounds, median; algbw/busbw in GB/s; shm/mpi: bytes sent per call, mean over ranks"
+              + (f"; {hosts} hosts, links {args.link_rate}: bound = 2(H-1)/H*S on one host's link" if link_bits else ""))
         print(f"{'size(B)':>10} {'count':>9} {'type':>8} {'redop':>5} {'impl':>17} {'time(us)':>10} {'algbw':>7} "
-              f"{'busbw':>7} {'#wrong':>6} {'shm B':>10} {'mpi B':>10} {'mpi/impl':>8}")
+              f"{'busbw':>7} {'#wrong':>6} {'shm B':>10} {'mpi B':>10} {'mpi/impl':>8}"
+              + (f" {'bound(us)':>10} {'%bound':>7}" if link_bits else ""))
     for nbytes in _sizes(max(args.min_bytes, elem), args.max_bytes):
         count = nbytes // elem
         buf = (torch.arange(count) % 13).to(dtype)
@@ -181,13 +194,17 @@ def main(argv=None) -> int:
                 row[im.name]["plan"] = str(im.comm.explain("allreduce", count * elem, dtype))
             lines.append((im.name, med, algbw, busbw, wrong, per_call))
         mpi_time = row["mpi"]["p50_us"] / 1e6 if "mpi" in row else None
+        bound = 2 * (hosts - 1) / hosts * count * elem * 8 / link_bits if link_bits and hosts > 1 else None
+        if bound is not None:
+            row["link_bound_us"] = bound * 1e6
         if comm.rank == 0:
             for name, med, algbw, busbw, wrong, per_call in lines:
                 shm_b = f"{per_call['shm']:.0f}" if "shm" in per_call else "-"
                 mpi_b = f"{per_call['mpi']:.0f}" if "mpi" in per_call else "-"
                 ratio = f"{mpi_time / med:.2f}" if mpi_time else "-"
+                share = f" {bound * 1e6:>10.1f} {100 * bound / med:>6.1f}%" if bound is not None else ""
                 print(f"{count * elem:>10} {count:>9} {args.dtype:>8} {args.op:>5} {name:>17} {med * 1e6:>10.1f} "
-                      f"{algbw:>7.3f} {busbw:>7.3f} {wrong:>6} {shm_b:>10} {mpi_b:>10} {ratio:>8}", flush=True)
+                      f"{algbw:>7.3f} {busbw:>7.3f} {wrong:>6} {shm_b:>10} {mpi_b:>10} {ratio:>8}{share}", flush=True)
         rows.append(row)
     if comm.rank == 0 and args.schedule == "all":
         _print_crossovers(rows, [im.name for im in impls if im.name.startswith("ddl:")])

@@ -7,7 +7,9 @@ A :class:`Testbed` of N hosts is, for each host ``h<i>``:
 - a holder process in new UTS, IPC and mount namespaces: its own hostname (``h<i>``), its own
   ``/dev/shm`` and ``/tmp`` (private tmpfs), its own boot id and an ``/etc/hosts`` naming every host.
   Every process of the host shares its network namespace, which is how ``kill`` finds them all
-  (no PID namespace: a process inside one host must be able to enter another, as ssh would);
+  (no PID namespace: a process inside one host must be able to enter another, as ssh would).
+  The folders under /tmp that hold this process's interpreter, package and working directory (a
+  clone in /tmp, say) stay visible on every host, as a cluster's shared file system would be;
 - ``tbf`` shaping both directions of its link to ``rate`` (the host's egress and the switch port
   toward it, so two senders into one host are limited too).
 
@@ -89,7 +91,8 @@ def _ip(*args: str, netns: str | None = None) -> None:
 class Testbed:
     """N hosts on one machine (see the module doc). ``rate`` shapes every link ("" for none)."""
 
-    def __init__(self, hosts: int = 2, rate: str = "1gbit", *, name: str | None = None, persistent: bool = False):
+    def __init__(self, hosts: int = 2, rate: str = "1gbit", *, name: str | None = None, persistent: bool = False,
+                 shared: tuple[str, ...] = ()):
         if not 1 <= hosts <= 16:
             raise ValueError(f"ddl-testbed: hosts must be 1..16, got {hosts}")
         if rate:
@@ -105,6 +108,7 @@ class Testbed:
         # persistent: made by `ddl-testbed up`, which exits at once; else owned by this process,
         # and `reap` may remove it once this process is gone.
         self._owner = None if persistent else os.getpid()
+        self.shared = _shared_under_tmp(shared)
         self._up = False
 
     # -- life cycle -------------------------------------------------------------------------
@@ -157,11 +161,15 @@ class Testbed:
         state = self._run_dir / f"{host}.state"
         state.write_text(json.dumps({"testbed": self.name, "host": host}))
         ready = self._run_dir / f"{host}.ready"
+        outer_tmp = self._run_dir / f"{host}.outer_tmp"  # the machine's /tmp, seen from inside the host
+        outer_tmp.mkdir()
+        keep = "".join(f" && mkdir -p {d} && mount --bind {outer_tmp}{d[len('/tmp'):]} {d}" for d in self.shared)
         # The holder keeps the host's namespaces alive. Bind mounts first (their sources live outside
         # /tmp), then the private tmpfs; it then waits forever (SIGKILL from down/kill ends it).
         script = (f"hostname {host} && mount --bind {boot_id} /proc/sys/kernel/random/boot_id && "
                   f"mount --bind {self._run_dir / 'hosts'} /etc/hosts && mount -t tmpfs tmpfs /dev/shm && "
-                  f"mount -t tmpfs tmpfs /tmp && cp {state} {INSIDE_STATE} && echo $$ > {ready}.tmp && "
+                  f"mount --bind /tmp {outer_tmp} && mount -t tmpfs tmpfs /tmp{keep} && "
+                  f"cp {state} {INSIDE_STATE} && echo $$ > {ready}.tmp && "
                   f"mv {ready}.tmp {ready} && exec sleep infinity")
         subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "--ipc", "--mount", "--propagation",
                           "private", "--fork", "--kill-child", "sh", "-c", script],
@@ -277,6 +285,19 @@ class Testbed:
         bed._owner = state["owner"]
         bed._up = True
         return bed
+
+
+def _shared_under_tmp(extra: tuple[str, ...]) -> tuple[str, ...]:
+    """The top folders under /tmp of this process's interpreter, ddl_triton's source, the working
+    directory and ``extra``: what a host must still see through its private /tmp."""
+    import sys
+    package_root = Path(__file__).resolve().parents[2]
+    tops = set()
+    for path in (sys.prefix, str(package_root), os.getcwd(), *extra):
+        parts = Path(os.path.realpath(path)).parts
+        if len(parts) >= 3 and parts[1] == "tmp":
+            tops.add(os.path.join("/tmp", parts[2]))
+    return tuple(sorted(tops))
 
 
 def reap() -> list[str]:

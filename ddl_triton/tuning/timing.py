@@ -57,12 +57,15 @@ def start_gloo(world):
 
     import torch.distributed as dist
 
+    # One host: loopback. Across hosts: rank 0's host name, which every host resolves.
+    names = world.allgather(socket.gethostname())
+    address = "127.0.0.1" if len(set(names)) == 1 else names[0]
     port = None
     if world.Get_rank() == 0:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((address if address == "127.0.0.1" else "", 0))
             port = s.getsockname()[1]
     port = world.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(),
+    dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=world.Get_rank(),
                             world_size=world.Get_size())
     return dist.group.WORLD

@@ -63,6 +63,11 @@ def test_rates_and_bursts():
         hosts_mod.parse_rate("fast")
 
 
+def test_the_folders_a_job_needs_under_tmp_stay_shared():
+    shared = hosts_mod._shared_under_tmp(("/tmp/ddl-clone-x/.venv/bin", "/work/elsewhere"))
+    assert "/tmp/ddl-clone-x" in shared and not any(d.startswith("/work") for d in shared)
+
+
 @needs_hosts
 def test_hosts_share_nothing_but_the_network(bed):
     names = [bed.run(h, ["hostname"]).stdout.strip() for h in bed.hosts]
