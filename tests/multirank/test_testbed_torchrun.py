@@ -15,8 +15,7 @@ import pytest
 
 from ddl_triton import testbed  # the module, not its classes: pytest would try to collect Testbed*
 from ddl_triton.testbed import check_available, reap
-from support.launch import TESTS
-from test_torch_launchers import TORCHRUN, _env  # one clean environment for ranks torchrun starts
+from support.launch import TESTS, TORCHRUN, torch_launcher_env as _env
 
 ROOT = TESTS.parent
 

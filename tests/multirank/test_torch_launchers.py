@@ -5,30 +5,17 @@ torch Store (ddl_triton/runtime/bootstrap.py): shm within a host, gloo between (
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from support.launch import TESTS, ddl_segments
+from support.launch import TESTS, TORCHRUN, ddl_segments, torch_launcher_env as _env
 
 ROOT = TESTS.parent
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-_MPI_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
-             "MV2_COMM_WORLD_SIZE", "HYDRA_CONTROL_FD")
-
-
-def _env(**extra) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in _MPI_VARS and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "60"})
-    env.update(extra)
-    return env
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:

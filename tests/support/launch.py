@@ -38,3 +38,18 @@ def assert_clean_run(proc: subprocess.CompletedProcess, before: set[str]) -> Non
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-6000:]}"
     leaked = ddl_segments() - before
     assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
+
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+_MPI_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+             "MV2_COMM_WORLD_SIZE", "HYDRA_CONTROL_FD")
+
+
+def torch_launcher_env(**extra) -> dict[str, str]:
+    """The environment for ranks that torch's launchers start: this one without MPI's, PMI's and
+    torch's own rank variables (a test may itself run under mpiexec or torchrun), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in _MPI_VARS and k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "60"})
+    env.update(extra)
+    return env
