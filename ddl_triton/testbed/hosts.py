@@ -246,13 +246,6 @@ class Testbed:
         del self.holders[host]
         self._save()
 
-    def bytes_through(self, host: str) -> tuple[int, int]:
-        """(bytes sent, bytes received) on ``host``'s eth0 so far."""
-        stats = Path(f"/sys/class/net/eth0/statistics")
-        out = self.run(host, ["cat", str(stats / "tx_bytes"), str(stats / "rx_bytes")], cwd="/")
-        tx, rx = out.stdout.split()
-        return int(tx), int(rx)
-
     # -- state ---------------------------------------------------------------------------------
     def _ns(self, host: str) -> str:
         return f"{self.name}-{host}"
