@@ -55,7 +55,8 @@ can be pasted into a shell. A job that fails makes ddlrun print each rank's exit
 then "ddlrun: job failed with exit code X (why)", and exit with X: the first killed rank's
 128 + N when a rank was killed by signal N, else the lowest failing rank's own status
 (MPICH's mpiexec returns the bitwise OR of the ranks' statuses, which names nobody: a killed
-rank's 137 beside survivors' 3 makes 139); 128 + N when mpiexec itself was killed by signal N.
+rank's 137 beside survivors' 3 makes 139), even when mpiexec itself then died of a signal; with no
+failing rank recorded, 128 + N when mpiexec was killed by signal N.
 
 Signals: Ctrl-C in a terminal reaches mpiexec directly (it runs in ddlrun's process group),
 so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and

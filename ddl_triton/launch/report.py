@@ -2,8 +2,8 @@
 of status.py), and the job's own exit status with its reason.
 
 Every line goes to stderr prefixed "ddlrun: " (``say``). The job's status is the first killed
-rank's 128 + N, else the lowest failing rank's own status, else mpiexec's; 128 + N when mpiexec
-itself was killed by signal N.
+rank's 128 + N, else the lowest failing rank's own status (even when mpiexec itself then died of a
+signal); else mpiexec's, or 128 + N when mpiexec was killed by signal N.
 """
 from __future__ import annotations
 
@@ -84,18 +84,24 @@ def job_status(ranks: dict[int, dict[str, str]]) -> tuple[int, str] | None:
 def report(returncode: int, ranks_status: tuple[int, str] | None = None) -> int:
     """Say how a failed job ended; returns ddlrun's exit status.
 
-    ``returncode`` is mpiexec's; ``ranks_status`` (from ``job_status``) is the status the
-    ranks' own records give, with its reason, and wins when there is one."""
+    ``returncode`` is mpiexec's (negative: killed by that signal); ``ranks_status`` (from
+    ``job_status``) is the status the ranks' own records give, with its reason, and wins when
+    there is one."""
     if returncode == 0:
         return 0
+    if ranks_status is not None:
+        # The ranks' records win even over mpiexec's own death: hydra can die of SIGPIPE writing to
+        # the proxy of a host whose rank has just failed, after every rank recorded its end.
+        status, reason = ranks_status
+        if returncode < 0:
+            note = f"; mpiexec was then killed by {_signal_name(-returncode)}"
+        else:
+            note = "" if status == returncode else f"; mpiexec's {returncode} is the bitwise OR of the ranks' statuses"
+        say(f"job failed with exit code {status} ({reason}{note})")
+        return status
     if returncode < 0:
         say(f"job failed with exit code {128 - returncode} (mpiexec was killed by {_signal_name(-returncode)})")
         return 128 - returncode
-    if ranks_status is not None:
-        status, reason = ranks_status
-        note = "" if status == returncode else f"; mpiexec's {returncode} is the bitwise OR of the ranks' statuses"
-        say(f"job failed with exit code {status} ({reason}{note})")
-        return status
     say(f"job failed with exit code {returncode}")
     return returncode
 

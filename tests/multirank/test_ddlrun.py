@@ -293,6 +293,13 @@ def test_job_status_is_the_killed_ranks_not_hydras_bitwise_or(capsys):
             "ranks' statuses)") in capsys.readouterr().err
 
 
+def test_a_failing_ranks_status_wins_over_mpiexec_dying_of_a_signal_afterwards(capsys):
+    ranks = _records(r0={"start": "10", "returncode": "0"}, r1={"start": "11", "returncode": "3", "exit": ""})
+    assert report.report(-signal.SIGPIPE, report.job_status(ranks)) == 3
+    assert "job failed with exit code 3 (rank 1 exited with status 3; mpiexec was then killed by SIGPIPE)" \
+        in capsys.readouterr().err
+
+
 def test_job_status_without_a_kill_is_the_lowest_failing_ranks():
     ranks = _records(r0={"returncode": "0"}, r1={"returncode": "4"}, r2={"returncode": "2"})
     assert report.job_status(ranks) == (4, "rank 1 exited with status 4")
