@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         returncode = run(job.command, env, failed_pids, status_folder=folder, grace=grace, ranks=args.ranks)
         if returncode != 0:
             ranks = status.read(folder)
-            report_ranks(ranks, failed_pids)
+            report_ranks(ranks, failed_pids, status.silent_ranks(folder, ranks))
             return report(returncode, job_status(ranks))
     return report(returncode)
 

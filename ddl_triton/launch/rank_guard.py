@@ -24,6 +24,8 @@ Semantics:
   writing ``rank<r>.killed`` (pid and signal name) into ``DDL_STATUS_DIR`` and one line on
   stderr naming the rank, its pid and the signal. The status is also written there as
   ``rank<r>.returncode``.
+- Heartbeat: while the rank runs, the guard rewrites ``rank<r>.alive`` every second, so that
+  ddlrun can tell a rank whose host is gone (its guard fell silent) from one still working.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import subprocess
 import sys
 
 _PR_SET_PDEATHSIG = 1
+_HEARTBEAT_SECONDS = 1.0  # status.py's SILENT_SECONDS must be several of these
 
 
 def _rank_from_environment() -> int:
@@ -57,16 +60,35 @@ def _prepare_child() -> None:
         pass
 
 
+_status = None
+
+
 def _record(rank: int, event: str, text: str) -> None:
     """Write ``rank<r>.<event>`` into DDL_STATUS_DIR with ddl_triton/launch/status.py's writer, loaded
     from its file: importing the package would import torch in every guard."""
+    global _status
     folder = os.environ.get("DDL_STATUS_DIR", "")
     if folder:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "status.py")
-        spec = importlib.util.spec_from_file_location("_ddl_status", path)
-        status = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(status)
-        status.record(folder, rank, event, text)
+        if _status is None:
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "status.py")
+            spec = importlib.util.spec_from_file_location("_ddl_status", path)
+            _status = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(_status)
+        _status.record(folder, rank, event, text)
+
+
+def _wait_beating(child: subprocess.Popen, rank: int) -> int:
+    """Wait for the rank, rewriting ``rank<r>.alive`` every ``HEARTBEAT_SECONDS`` meanwhile: a
+    guard that stops (its host died, or its link to the shared folder was cut) is how ddlrun
+    tells a rank that is gone from one that is only slow (supervision.py)."""
+    beating = bool(os.environ.get("DDL_STATUS_DIR"))
+    while True:
+        if beating:
+            _record(rank, "alive", "")
+        try:
+            return child.wait(_HEARTBEAT_SECONDS if beating else None)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _record_kill(rank: int, pid: int, signum: int) -> None:
@@ -92,8 +114,8 @@ def main(argv: list[str]) -> int:
         print(f"ddlrun: rank {_rank_from_environment()}: cannot start {argv[0]!r}: {e}", file=sys.stderr)
         return 127
     signal.signal(signal.SIGTERM, lambda s, _f: child.poll() is None and child.send_signal(s))
-    status = child.wait()
     rank = _rank_from_environment()
+    status = _wait_beating(child, rank)
     if status < 0:
         _record_kill(rank, child.pid, -status)
         status = 128 - status

@@ -25,7 +25,7 @@ def _rank_and_pid(rank: int, ranks: dict[int, dict[str, str]]) -> str:
     return f"rank {rank} (pid {ranks[rank]['start']}{elsewhere})"
 
 
-def report_ranks(ranks: dict[int, dict[str, str]], failed_pids: list[int]) -> None:
+def report_ranks(ranks: dict[int, dict[str, str]], failed_pids: list[int], silent: list[int] = ()) -> None:
     """Say how each rank that did not simply exit ended, the pid the launcher's banner names,
     what the ranks' collectives reported (a survivor names the rank it lost), and every
     recorded exit status. Each rank is described once, by the most certain record:
@@ -34,11 +34,17 @@ def report_ranks(ranks: dict[int, dict[str, str]], failed_pids: list[int]) -> No
     - ``returncode`` without ``exit``: it exited by itself, skipping its exit handlers
       (``os._exit``, or the interpreter died of a fatal error);
     - ``start`` alone: nothing saw it end (its guard was killed too, or there is no guard:
-      Open MPI's launcher runs the ranks directly).
+      Open MPI's launcher runs the ranks directly); among them, ``silent``: ranks whose guard's
+      heartbeat stopped (status.silent_ranks), as when their host died or lost its link.
     """
     rank_of_pid = {int(e["start"]): r for r, e in ranks.items() if e.get("start", "").isdigit()}
     unseen = [r for r in sorted(ranks)
-              if "start" in ranks[r] and not {"exit", "killed", "returncode"} & ranks[r].keys()]
+              if "start" in ranks[r] and not {"exit", "killed", "returncode"} & ranks[r].keys() and r not in silent]
+    gone = [r for r in silent if "start" in ranks.get(r, {})]
+    if gone:
+        hosts = sorted({ranks[r].get("host", "") for r in gone} - {""})
+        say(f"ranks whose guard fell silent, their host gone or cut off{' (' + ', '.join(hosts) + ')' if hosts else ''}: "
+            f"{', '.join(_rank_and_pid(r, ranks) for r in gone)}")
     if unseen:
         say(f"ranks whose end nobody recorded (killed by a signal, crashed, or ended by the launcher's "
             f"cleanup): {', '.join(_rank_and_pid(r, ranks) for r in unseen)}")

@@ -9,8 +9,9 @@ rank of the world communicator writes there:
     rank<r>.exit    at interpreter exit, however it ends short of being killed
 
 A rank with a ``start`` file and no ``exit`` file was killed (SIGKILL, OOM, a crash).
-The rank guard (rank_guard.py) adds ``rank<r>.killed`` and ``rank<r>.returncode``; ``ddlrun``
-reads them all back with ``read``. The rank guard loads this file by path (it imports no package),
+The rank guard (rank_guard.py) adds ``rank<r>.killed`` and ``rank<r>.returncode``, and rewrites
+``rank<r>.alive`` every second while the rank runs (``silent_ranks``: whose guard fell silent,
+as when its host died); ``ddlrun`` reads them all back with ``read``. The rank guard loads this file by path (it imports no package),
 so it imports nothing beyond the standard library.
 """
 from __future__ import annotations
@@ -18,9 +19,11 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import time
 
 _folder = ""
 _rank = -1
+SILENT_SECONDS = 5.0  # a guard that has not rewritten its heartbeat for this long is gone (it beats every 1 s)
 
 
 def start(folder: str, rank: int) -> None:
@@ -67,3 +70,19 @@ def read(folder: str) -> dict[int, dict[str, str]]:
             with open(os.path.join(folder, name)) as f:
                 out.setdefault(int(stem[4:]), {})[event] = f.read()
     return out
+
+
+def silent_ranks(folder: str, ranks: dict[int, dict[str, str]]) -> list[int]:
+    """The ranks of ``ranks`` (``read``'s) that started, recorded no end, and whose guard has not
+    rewritten its heartbeat (``rank<r>.alive``) for ``SILENT_SECONDS``: its host, or the host's
+    link, is gone."""
+    now = time.time()
+    silent = []
+    for r, events in sorted(ranks.items()):
+        if "alive" in events and "start" in events and "returncode" not in events:
+            try:
+                if now - os.stat(os.path.join(folder, f"rank{r}.alive")).st_mtime > SILENT_SECONDS:
+                    silent.append(r)
+            except OSError:
+                pass
+    return silent

@@ -9,9 +9,10 @@ the ranks left running long after one was lost.
 - Survivors' grace: once a rank is lost, the others get one collective deadline (DDL_TIMEOUT,
   else Options' default) plus time to report, to notice and exit by themselves; then ddlrun asks
   those still running for their flight recorders and ends the job.
-- Every rank ended: once a rank was lost and every rank has recorded its end, nothing is left for
-  mpiexec to wait for but its proxies; a proxy on a host it can no longer reach (a cut link) would
-  keep it waiting for minutes, so ddlrun ends mpiexec a moment later.
+- Every rank ended: once a rank was lost and every rank has recorded its end (or its guard fell
+  silent: a host that died records nothing), nothing is left for mpiexec to wait for but its
+  proxies; a proxy on a host it can no longer reach (a cut link, a dead host) would keep it
+  waiting for minutes, so ddlrun ends mpiexec a moment later.
 """
 from __future__ import annotations
 
@@ -87,8 +88,8 @@ def _end_stragglers(process: subprocess.Popen, folder: str, grace: float, ranks:
         elif all_ended is None and ranks and _every_rank_ended(folder, ranks):
             all_ended = time.monotonic()
         elif all_ended is not None and time.monotonic() - all_ended > _SETTLE_SECONDS:
-            say(f"every rank has ended, but mpiexec is still waiting {_SETTLE_SECONDS:g} s later (for a host it "
-                "cannot reach?): ending it")
+            say(f"every rank has ended or fallen silent, but mpiexec is still waiting {_SETTLE_SECONDS:g} s later "
+                "(for a host it cannot reach?): ending it")
             _end(process)
             return
         elif time.monotonic() - first_loss > grace:
@@ -103,9 +104,12 @@ def _end_stragglers(process: subprocess.Popen, folder: str, grace: float, ranks:
 
 
 def _every_rank_ended(folder: str, ranks: int) -> bool:
-    """Whether each of ranks 0..ranks-1 has a ``returncode`` record (its guard saw it end)."""
+    """Whether each of ranks 0..ranks-1 has a ``returncode`` record (its guard saw it end), or
+    a guard that fell silent (status.silent_ranks: its host, or the host's link, is gone)."""
     try:
-        ended = {r for r, events in status.read(folder).items() if "returncode" in events}
+        records = status.read(folder)
+        ended = {r for r, events in records.items() if "returncode" in events}
+        ended.update(status.silent_ranks(folder, records))
     except OSError:
         return False
     return ended >= set(range(ranks))

@@ -78,10 +78,11 @@ class Communicator:
         self._transports, route, shm, self._comm = wiring.transports, wiring.route, wiring.shm, wiring.control
         every_peer_on_shm = self.placement.every_peer_on_shm
         self._calls = calls.CallChecker(self._comm, self.rank, self.size,
-                                        shm if every_peer_on_shm else None, options.timeout) \
-            if options.check_calls else None
+                                        shm if every_peer_on_shm else None, options.timeout,
+                                        describe=self.placement.describe) if options.check_calls else None
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
                                   depth=options.pipeline_depth)
+        self._executor.describe = self.placement.describe  # errors name a lost peer's host
         self._gpu = gpu_path.GpuPath(self.placement, self.options, self._comm)  # built on the first CUDA collective
         self._small = SmallAllreduce(shm, self.rank, self.size, self.placement.on_node, options.timeout, self._calls) \
             if every_peer_on_shm and shm is not None else None

@@ -63,8 +63,9 @@ class CallChecker:
     has the same ``Iallgather`` (transports/gloo.py).
     """
 
-    def __init__(self, comm, rank: int, size: int, shm, timeout: float):
+    def __init__(self, comm, rank: int, size: int, shm, timeout: float, describe=None):
         self.comm = comm
+        self.describe = describe  # peer -> how an error names it (Placement.describe), else "rank P"
         self.rank = rank
         self.size = size
         self.shm = shm  # set when every peer is reached over shm
@@ -91,8 +92,9 @@ class CallChecker:
             run()
             self.end(seq, fp)
         except PeerTimeout as e:
+            who = self.describe(e.peer) if self.describe is not None else e.who
             raise CollectiveTimeout(f"rank {self.rank}: {collective} #{seq} timed out: "
-                                    f"{'lost' if e.dead else 'not heard from'} {e.who} ({e.what})") from None
+                                    f"{'lost' if e.dead else 'not heard from'} {who} ({e.what})") from None
 
     def begin(self, seq: int, fp: tuple[int, ...]) -> None:
         """Before the collective: publish (shm) or exchange and compare (MPI)."""

@@ -10,6 +10,8 @@ they can never disagree about where a rank is.
 """
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 
 from ..options import Options
@@ -29,6 +31,8 @@ class Placement:
     on_node: tuple[int, ...]        # the ranks of this rank's node, this one included (NVSHMEM spans them)
     links: tuple[str, ...]          # per peer, the transport that reaches it ("self" for this rank)
     transport: str                  # Options.transport: "mpi" sends everything over the inter-node link
+    host_names: tuple[str, ...] = ()  # each rank's host name, when the ranks span hosts (for errors)
+    pids: tuple[int, ...] = ()        # each rank's process id, likewise
 
     def link(self, a: int, b: int) -> str:
         """The planner's link class between ranks ``a`` and ``b``: "shm" inside a node, else "mpi"
@@ -36,6 +40,33 @@ class Placement:
         if self.transport == "mpi" or self.node_of_rank[a] != self.node_of_rank[b]:
             return "mpi"
         return "shm"
+
+    @property
+    def spans_hosts(self) -> bool:
+        return len(set(self.host_of_rank)) > 1
+
+    def describe(self, peer: int) -> str:
+        """``peer`` as an error names it: "rank 2 on h2" when the ranks span hosts, else "rank 2".
+        ``peer`` < 0 is a wait on every rank at once (an MPI or gloo collective), which cannot say
+        whose message is missing; what can be said is narrowed from this host: a rank of this host
+        whose process has exited, else (every rank here alive) one of the ranks on the other hosts."""
+        if peer >= 0:
+            return f"rank {peer} on {self.host_names[peer]}" if self.spans_hosts else f"rank {peer}"
+        unknown = "a rank (the wait was on all ranks at once: which one is unknown)"
+        if not self.spans_hosts:
+            return unknown
+        here = [r for r in range(self.size) if self.host_of_rank[r] == self.host_of_rank[self.rank] and r != self.rank]
+        exited = [r for r in here if not _alive(self.pids[r])]
+        if exited:
+            return (f"rank(s) {', '.join(map(str, exited))} on this host, {self.host_names[self.rank]}, whose "
+                    "process has exited (the wait was on all ranks at once)")
+        elsewhere: dict[str, list[int]] = {}
+        for r in range(self.size):
+            if self.host_of_rank[r] != self.host_of_rank[self.rank]:
+                elsewhere.setdefault(self.host_names[r], []).append(r)
+        return ("a rank on another host, one of " + "; ".join(f"rank(s) {', '.join(map(str, rs))} on {h}"
+                                                               for h, rs in elsewhere.items())
+                + f" (the wait was on all ranks at once, and every rank on {self.host_names[self.rank]} is alive)")
 
     @property
     def every_peer_on_shm(self) -> bool:
@@ -73,4 +104,18 @@ def place(bootstrap, options: Options) -> Placement:
     use_shm = options.transport == "auto" and len(on_node) > 1
     between = "mpi" if bootstrap.kind == "mpi" else "gloo"
     links = tuple("self" if p == rank else "shm" if use_shm and p in on_node else between for p in range(size))
-    return Placement(rank, size, topology, node_of_rank, host_of_rank, on_node, links, options.transport)
+    # Across hosts, errors name each rank's host, and tell a rank of this host that has exited (its pid).
+    names, pids = zip(*bootstrap.allgather((socket.gethostname(), os.getpid()))) if len(set(host_of_rank)) > 1 \
+        else ((), ())
+    return Placement(rank, size, topology, node_of_rank, host_of_rank, on_node, links, options.transport,
+                     tuple(names), tuple(pids))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

@@ -2,6 +2,8 @@
 
     ddl-testbed up --hosts 2 --rate 1gbit      # prints the testbed's name, e.g. dt3fa2, and its hosts
     ddl-testbed exec h1 -- hostname            # on the only testbed up (else --name NAME)
+    ddl-testbed cut h2 [--direction up|down]   # h2's link carries nothing (both ways, or one); mend h2
+    ddl-testbed shape h2 --rate 10mbit         # h2's link turns slow; kill h2 ends the host (a power cut)
     ddl-testbed list
     ddl-testbed down                           # the only one up; --name NAME; --all
 
@@ -37,6 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--name")
     ex.add_argument("host")
     ex.add_argument("command", nargs=argparse.REMAINDER)
+    faults = {}
+    for verb, help_ in (("cut", "stop a host's link carrying anything"), ("mend", "bring a cut link back"),
+                        ("shape", "shape a host's link to a new rate"), ("kill", "end a host, as a power cut")):
+        faults[verb] = sub.add_parser(verb, help=help_)
+        faults[verb].add_argument("--name")
+        faults[verb].add_argument("host")
+    faults["cut"].add_argument("--direction", choices=("both", "up", "down"), default="both",
+                               help="up: what the host sends; down: what it is sent (default both)")
+    faults["shape"].add_argument("--rate", required=True, help="tbf rate, e.g. 10mbit ('' for none)")
     sub.add_parser("list", help="the testbeds that are up")
     down = sub.add_parser("down", help="take a testbed down (every process, namespace and link)")
     down.add_argument("--name")
@@ -53,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
             if not command:
                 raise ValueError("ddl-testbed exec: no command (ddl-testbed exec h1 -- CMD ...)")
             return _one(args.name).run(args.host, command, capture_output=False, timeout=None).returncode
+        if args.verb in faults:
+            bed = _one(args.name)
+            if args.verb == "cut":
+                bed.cut(args.host, args.direction)
+            elif args.verb == "shape":
+                bed.shape(args.host, args.rate)
+            else:
+                getattr(bed, args.verb)(args.host)
+            return 0
         if args.verb == "list":
             reap()
             for name in live_names():

@@ -14,8 +14,9 @@ A :class:`Testbed` of N hosts is, for each host ``h<i>``:
   toward it, so two senders into one host are limited too).
 
 Commands enter a host with ``nsenter`` into the holder's namespaces (``run``, ``popen``). ``cut``
-takes a host's link down and ``mend`` brings it back; ``kill`` ends the host (SIGKILL to every
-process in it, as a power cut would). ``down`` removes everything; the context manager calls it on
+takes a host's link down, both ways or one way, and ``mend`` brings it back; ``shape`` changes its
+rate mid-run; ``kill`` ends the host (its link goes silent, then SIGKILL to every process in it, as
+a power cut would). ``down`` removes everything; the context manager calls it on
 any exit, Ctrl-C included. Every name carries a per-run prefix, so two testbeds never collide;
 ``reap`` removes testbeds whose owning process died without taking them down.
 
@@ -59,7 +60,7 @@ def check_available() -> None:
     for tool in ("ip", "tc", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             raise TestbedUnavailable(f"ddl-testbed: needs the '{tool}' command (iproute2 / util-linux)")
-    probe = f"ddlprobe{os.getpid()}"
+    probe = f"ddlprobe{os.getpid()}-{secrets.token_hex(3)}"  # unique: testbeds may start in several threads at once
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         raise TestbedUnavailable(f"ddl-testbed: cannot create a network namespace: {made.stderr.strip()}")
@@ -152,10 +153,7 @@ class Testbed:
         _ip("addr", "add", f"{self.address[host]}/24", "dev", "eth0", netns=ns)
         _ip("link", "set", "eth0", "up", netns=ns)
         if self.rate:
-            for where, dev in ((ns, "eth0"), (switch, port)):
-                subprocess.run(["tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.rate,
-                                "burst", str(burst_bytes(self.rate)), "latency", "50ms"], check=True,
-                               capture_output=True)
+            self.shape(host, self.rate)
         boot_id = self._run_dir / f"{host}.boot_id"
         boot_id.write_text(str(uuid.uuid4()) + "\n")
         state = self._run_dir / f"{host}.state"
@@ -230,21 +228,52 @@ class Testbed:
         kwargs.setdefault("stdin", subprocess.DEVNULL)
         return subprocess.Popen(self.command(host, argv, cwd), **kwargs)
 
-    def cut(self, host: str) -> None:
-        """Take ``host``'s link down at the switch, both directions (its own eth0 stays up, as a cut
-        cable leaves the host's interface configured)."""
-        _ip("link", "set", f"{self.name}{host}p", "down", netns=self._ns("sw"))
+    def cut(self, host: str, direction: str = "both") -> None:
+        """Stop ``host``'s link from carrying anything: ``both`` ways (the switch port goes down, as a
+        cut cable; the host's own eth0 stays up and configured), or one way only: ``up`` drops what
+        the host sends, ``down`` what is sent to it (a queue that holds nothing, pfifo limit 0, on
+        that direction's egress). ``mend`` undoes any of them."""
+        if direction == "both":
+            _ip("link", "set", f"{self.name}{host}p", "down", netns=self._ns("sw"))
+        elif direction in ("up", "down"):
+            where, dev = self._egress(host, direction)
+            subprocess.run(["tc", "-n", where, "qdisc", "replace", "dev", dev, "root", "pfifo", "limit", "0"],
+                           check=True, capture_output=True)
+        else:
+            raise ValueError(f"ddl-testbed: direction must be both, up or down, got {direction!r}")
 
     def mend(self, host: str) -> None:
+        """Bring ``host``'s link back after any ``cut``, shaped as it was."""
+        self._holder(host)
         _ip("link", "set", f"{self.name}{host}p", "up", netns=self._ns("sw"))
+        self.shape(host, self.rate)
+
+    def shape(self, host: str, rate: str) -> None:
+        """Shape both directions of ``host``'s link to ``rate`` ("" for none) from now on (a link that
+        turns slow mid-run); ``mend`` returns it to the testbed's rate."""
+        if rate:
+            parse_rate(rate)
+        for direction in ("up", "down"):
+            where, dev = self._egress(host, direction)
+            if rate:
+                subprocess.run(["tc", "-n", where, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
+                                "burst", str(burst_bytes(rate)), "latency", "50ms"], check=True, capture_output=True)
+            else:
+                subprocess.run(["tc", "-n", where, "qdisc", "del", "dev", dev, "root"], capture_output=True)
 
     def kill(self, host: str) -> None:
-        """End ``host``: SIGKILL to every process on it, as a power cut would. Its network namespace
-        stays (as a dead host's cable does), so its peers see silence, not a refused connection."""
+        """End ``host`` as a power cut would: its link goes silent first (so its peers get no FIN or
+        RST from the sockets of the processes dying), then SIGKILL to every process on it. The
+        network namespace stays, cut, as a dead host's cable does."""
         self._holder(host)
+        self.cut(host)
         _kill_netns(self._ns(host))
         del self.holders[host]
         self._save()
+
+    def _egress(self, host: str, direction: str) -> tuple[str, str]:
+        """(namespace, device) whose egress carries ``direction`` of ``host``'s link."""
+        return (self._ns(host), "eth0") if direction == "up" else (self._ns("sw"), f"{self.name}{host}p")
 
     # -- state ---------------------------------------------------------------------------------
     def _ns(self, host: str) -> str:
