@@ -56,8 +56,12 @@ def run(command: list[str], env: dict[str, str], failed_pids: list[int] | None =
     ``status_folder``, a watcher ends the job ``grace`` seconds after a rank was lost, or as soon
     as all ``ranks`` ranks have ended after one was lost.
     """
+    # restore_signals=False: mpiexec keeps this interpreter's ignored SIGPIPE. Across hosts, hydra
+    # writes to the proxy of a host whose ranks have just ended and dies of SIGPIPE (exit 141 after
+    # every rank exited 0); ignored, the write fails with EPIPE, which hydra handles. The rank guard
+    # restores the default for the ranks (Popen's restore_signals).
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
-                               errors="replace")
+                               errors="replace", restore_signals=False)
     if status_folder:
         threading.Thread(target=_end_stragglers, args=(process, status_folder, grace, ranks), daemon=True).start()
     with _signals_passed_to(process, status_folder):

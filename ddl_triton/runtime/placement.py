@@ -58,7 +58,7 @@ class Placement:
         here = [r for r in range(self.size) if self.host_of_rank[r] == self.host_of_rank[self.rank] and r != self.rank]
         exited = [r for r in here if not _alive(self.pids[r])]
         if exited:
-            return (f"rank(s) {', '.join(map(str, exited))} on this host, {self.host_names[self.rank]}, whose "
+            return (f"rank(s) {', '.join(map(str, exited))} on {self.host_names[self.rank]} (this host), whose "
                     "process has exited (the wait was on all ranks at once)")
         elsewhere: dict[str, list[int]] = {}
         for r in range(self.size):

@@ -256,6 +256,29 @@ def test_every_rank_ended_needs_each_ranks_end_record(tmp_path):
     assert not supervision._every_rank_ended(str(tmp_path), 5)
 
 
+def test_a_rank_whose_guard_fell_silent_counts_as_ended_and_is_reported_with_its_host(tmp_path, capsys):
+    folder = str(tmp_path)
+    for rank in (0, 1):
+        status.record(folder, rank, "returncode", "1")
+    for rank in (2, 3):
+        status.record(folder, rank, "start", str(100 + rank))
+        status.record(folder, rank, "host", "far-h2")
+        status.record(folder, rank, "alive", "")
+    assert not supervision._every_rank_ended(folder, 4)  # their guards beat a moment ago: still running
+    stale = time.time() - status.SILENT_SECONDS - 1
+    os.utime(tmp_path / "rank2.alive", (stale, stale))
+    assert status.silent_ranks(folder, status.read(folder)) == [2]
+    assert not supervision._every_rank_ended(folder, 4)
+    os.utime(tmp_path / "rank3.alive", (stale, stale))
+    assert supervision._every_rank_ended(folder, 4)  # rank 3's host is gone too: nothing left to wait for
+    ranks = status.read(folder)
+    report.report_ranks(ranks, [], status.silent_ranks(folder, ranks))
+    err = capsys.readouterr().err
+    assert ("ddlrun: ranks whose guard fell silent, their host gone or cut off (far-h2): rank 2 (pid 102 on far-h2), "
+            "rank 3 (pid 103 on far-h2)") in err, err
+    assert "whose end nobody recorded" not in err  # each rank is described once
+
+
 def test_child_env_sets_ddl_variables_over_the_base():
     args = Namespace(topology="2x2", timeout=2.5)
     env = command.child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old"})
@@ -442,6 +465,13 @@ def test_guard_turns_a_rank_killed_by_a_signal_into_exit_status_128_plus_n(tmp_p
     assert signame == "SIGKILL" and int(pid) > 0
     assert f"ddlrun: rank 5 (pid {pid}) was killed by SIGKILL" in proc.stderr
     assert (tmp_path / "rank5.returncode").read_text() == "137"
+
+
+def test_guard_beats_a_heartbeat_while_the_rank_runs(tmp_path):
+    proc = run_guard(tmp_path, "import time; time.sleep(3)")
+    assert proc.returncode == 0
+    beat = tmp_path / "rank5.alive"
+    assert beat.exists() and time.time() - beat.stat().st_mtime < 2  # rewritten since the start, 3 s ago
 
 
 def test_guard_passes_the_exit_status_and_default_signals_through(tmp_path):

@@ -5,7 +5,8 @@ checks  every "ddl" backend operation on exact integer data, sub-groups, futures
         checks, here bootstrapped from torchrun's store), the world communicator's own
         collectives at sizes from 0 to several pipeline chunks, the hooks' default
         communicator, and, across emulated hosts (DDL_TOPOLOGY), that the bytes between
-        hosts went through gloo; DDP with the int8 compression hook. Rank 0 prints
+        hosts went through gloo; DDP (plain and with the int8 compression hook) and FSDP2
+        replicas bitwise identical. Rank 0 prints
         "torch_launchers_worker: N ranks, topology T, checks, K checks, F failures", and per rank
         the transport counters, its hostname and its link to each peer (self, shm or gloo).
 init    ``ddl_triton.init()`` from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, one barrier and an
@@ -61,7 +62,7 @@ def run_checks() -> int:
         tw.check_subgroups(ck, r, w)
         check_world_collectives(ck, r, w)
         tw.check_training(ck, r, w)
-        check_compression_hook(ck, r, w)
+        check_replicas_identical(ck, r, w)
         check_transports(ck, r, w)
     except Exception:  # noqa: BLE001 - report, with the others, instead of hanging them
         ck.failures.append(f"rank {r}: exception\n{traceback.format_exc()}")
@@ -99,26 +100,39 @@ def check_world_collectives(ck, r: int, w: int) -> None:
     comm.barrier()
 
 
-def check_compression_hook(ck, r: int, w: int) -> None:
-    """DDP on "ddl" with the int8 compression hook on its default communicator (the world's):
-    a few steps on rank-specific data, then the replicas must be bitwise identical."""
+def check_replicas_identical(ck, r: int, w: int) -> None:
+    """DDP on "ddl" (plain, then with the int8 compression hook on its default communicator, the
+    world's) and FSDP2 on "ddl": a few steps on rank-specific data, then every rank's parameters
+    (FSDP2: gathered whole) must hold the same bits, compared over a gloo group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from ddl_triton.torch.hooks import HookState, int8_compress_hook
 
-    torch.manual_seed(r)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
-    ddp.register_comm_hook(HookState(), int8_compress_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for step in range(3):
-        x = torch.randn(16, 64, generator=torch.Generator().manual_seed(10 * step + r))
-        opt.zero_grad()
-        ddp(x).square().mean().backward()
-        opt.step()
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    replicas = [torch.empty_like(flat) for _ in range(w)]
-    dist.all_gather(replicas, flat)
-    ck.true("DDP + int8 hook: replicas bitwise identical",
-            all(torch.equal(q.view(torch.int32), replicas[0].view(torch.int32)) for q in replicas))
+    gloo = dist.new_group(backend="gloo")
+    for name in ("DDP", "DDP + int8 hook", "FSDP2"):
+        torch.manual_seed(0 if name == "FSDP2" else r)  # DDP broadcasts rank 0's start; FSDP2 needs one
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+        if name == "FSDP2":
+            mesh = init_device_mesh("cpu", (w,))
+            for layer in (model[0], model[2], model):
+                fully_shard(layer, mesh=mesh)
+            wrapped = model
+        else:
+            wrapped = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+            if name != "DDP":
+                wrapped.register_comm_hook(HookState(), int8_compress_hook)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        for step in range(3):
+            x = torch.randn(16, 64, generator=torch.Generator().manual_seed(10 * step + r))
+            opt.zero_grad()
+            wrapped(x).square().mean().backward()
+            opt.step()
+        params = [p.full_tensor() if name == "FSDP2" else p for p in model.parameters()]
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        replicas = [torch.empty_like(flat) for _ in range(w)]
+        dist.all_gather(replicas, flat, group=gloo)
+        ck.true(f"{name}: replicas bitwise identical",
+                all(torch.equal(q.view(torch.int32), replicas[0].view(torch.int32)) for q in replicas))
 
 
 def check_transports(ck, r: int, w: int) -> None:
