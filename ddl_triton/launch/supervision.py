@@ -94,7 +94,7 @@ def _end_stragglers(process: subprocess.Popen, folder: str, grace: float, ranks:
         elif all_ended is not None and time.monotonic() - all_ended > _SETTLE_SECONDS:
             say(f"every rank has ended or fallen silent, but mpiexec is still waiting {_SETTLE_SECONDS:g} s later "
                 "(for a host it cannot reach?): ending it")
-            _end(process)
+            _end(process, _SETTLE_SECONDS)  # no rank is left to wind down: SIGKILL soon
             return
         elif time.monotonic() - first_loss > grace:
             say(f"a rank was lost {grace:g} s ago and the job is still running: asking the ranks left for their "
@@ -119,11 +119,12 @@ def _every_rank_ended(folder: str, ranks: int) -> bool:
     return ended >= set(range(ranks))
 
 
-def _end(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL if it is still there ``_KILL_SECONDS`` later."""
+def _end(process: subprocess.Popen, patience: float = _KILL_SECONDS) -> None:
+    """SIGTERM, then SIGKILL if it is still there ``patience`` seconds later (hydra, told to end,
+    may still wait to pass the signal to a proxy it cannot reach)."""
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait(_KILL_SECONDS)
+        process.wait(patience)
     except subprocess.TimeoutExpired:
         process.kill()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from ..options import Options
@@ -57,6 +58,11 @@ class Placement:
             return unknown
         here = [r for r in range(self.size) if self.host_of_rank[r] == self.host_of_rank[self.rank] and r != self.rank]
         exited = [r for r in here if not _alive(self.pids[r])]
+        for _ in range(_RECHECKS if here else 0):  # a peer that just died may still be closing its sockets
+            if exited:
+                break
+            time.sleep(_RECHECK_SECONDS)
+            exited = [r for r in here if not _alive(self.pids[r])]
         if exited:
             return (f"rank(s) {', '.join(map(str, exited))} on {self.host_names[self.rank]} (this host), whose "
                     "process has exited (the wait was on all ranks at once)")
@@ -111,9 +117,19 @@ def place(bootstrap, options: Options) -> Placement:
                      tuple(names), tuple(pids))
 
 
+_RECHECKS, _RECHECK_SECONDS = 6, 0.05  # an error path only: 0.3 s at most
+
+
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs: a zombie (killed, its parent not yet told,
+    as torchrun's agent is not at once) has ended."""
     try:
-        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)  # no /proc (not Linux)
     except ProcessLookupError:
         return False
     except PermissionError:

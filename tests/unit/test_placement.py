@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from ddl_triton.planning.topology import Topology
 from ddl_triton.runtime.placement import Placement
@@ -39,3 +40,19 @@ def test_a_wait_on_every_rank_names_the_other_hosts_ranks_when_every_rank_here_i
     gone = _exited_pid()
     assert _placement(0, (me, gone, 1, 1)).describe(-1).startswith(
         "rank(s) 1 on h1 (this host), whose process has exited")
+
+
+def test_a_killed_rank_not_yet_reaped_by_its_parent_counts_as_exited():
+    # torchrun's agent reaps a killed rank a moment later: meanwhile it is a zombie, which
+    # os.kill(pid, 0) still finds.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        for _ in range(200):  # until it has exited, unreaped: bounded, 10 s
+            with open(f"/proc/{child.pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        assert "rank(s) 1 on h1 (this host), whose process has exited" in \
+            _placement(0, (os.getpid(), child.pid, 1, 1)).describe(-1)
+    finally:
+        child.wait()
