@@ -178,7 +178,9 @@ class Testbed:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ddl-testbed: host {host} did not start within {_READY_TIMEOUT_S:g} s")
             time.sleep(0.02)
-        self.holders[host] = _outer_pid_of(ns)
+        # The pid the holder wrote before it exec'd sleep: the same process, whatever it is running
+        # by now (looking for a "sleep" in the namespace raced with that exec on a busy machine).
+        self.holders[host] = int(ready.read_text())
         self._save()
 
     def down(self) -> None:
@@ -343,25 +345,9 @@ def _listing() -> str:
     return f"; up: {', '.join(names)}" if names else "; none is up"
 
 
-def _outer_pid_of(netns: str) -> int:
-    """The PID (in the root namespace) of the holder inside ``netns``: the only process there."""
-    pids = _pids_in_netns(netns)
-    holders = [p for p in pids if _comm(p) == "sleep"]
-    if len(holders) != 1:
-        raise RuntimeError(f"ddl-testbed: expected one holder in {netns}, found {pids}")
-    return holders[0]
-
-
 def _pids_in_netns(netns: str) -> list[int]:
     done = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
     return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _exit_on_sigterm(signum, _frame) -> None:
