@@ -49,7 +49,7 @@ def test_compressed_allreduce_through_triton_kernels():
 
 
 @needs_sklearn
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [3])  # 3: a world that no power of two divides; 2 ranks: the gloo run below
 def test_ddp_hooks(n):
     out = _run(n, "--skip-collectives", min_checks=30 * n)
     for name in ("allreduce", "fp16", "bf16", "int8", "onebit", "int8-2buckets", "onebit-2buckets", "int8-summed",
