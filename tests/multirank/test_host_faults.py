@@ -91,8 +91,10 @@ def test_a_fault_across_hosts_ends_every_rank_clearly_at_the_deadline(runs, laun
             assert not end.recorded, story
             continue
         if not end.recorded:
-            # torchrun's agent ends a host's other ranks once one of them failed (its fail-fast)
-            assert launcher == "torchrun" and fault == "kill-rank", story
+            # torchrun's agent ends its host's ranks once the job failed elsewhere (its fail-fast:
+            # a rank of its own exited, or the other host's agent closed the rendezvous store),
+            # which may come before their own deadline; they are gone in time (checked above).
+            assert launcher == "torchrun", story
             continue
         assert end.error.startswith("CollectiveTimeout: "), story
         assert end.after_s < TIMEOUT_S + SLACK_S, story
