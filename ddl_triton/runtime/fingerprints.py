@@ -107,6 +107,8 @@ class CallChecker:
         self._mine[:] = fp
         req = self.comm.Iallgather(self._mine, self._all)
         wait_until(req.Test, self.timeout, -1, f"the other ranks' call #{seq}")
+        if self._all.tobytes() == self._mine.tobytes() * self.size:
+            return  # the common case, in one comparison: building every rank's tuple cost 4.4 us at 2 ranks, 33 us at 16
         theirs = {p: tuple(int(v) for v in self._all[6 * p:6 * p + 6]) for p in range(self.size)}
         self._compare(seq, fp, theirs)
 
