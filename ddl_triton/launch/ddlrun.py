@@ -56,7 +56,9 @@ then "ddlrun: job failed with exit code X (why)", and exit with X: the first kil
 128 + N when a rank was killed by signal N, else the lowest failing rank's own status
 (MPICH's mpiexec returns the bitwise OR of the ranks' statuses, which names nobody: a killed
 rank's 137 beside survivors' 3 makes 139), even when mpiexec itself then died of a signal; with no
-failing rank recorded, 128 + N when mpiexec was killed by signal N.
+failing rank recorded, 128 + N when mpiexec was killed by signal N. When every rank recorded exit
+status 0, the job succeeded and ddlrun exits 0 whatever mpiexec's status: across hosts, hydra can
+fail after the fact (it notifies a host's proxy that has already finished, gets EPIPE, exits 255).
 
 Signals: Ctrl-C in a terminal reaches mpiexec directly (it runs in ddlrun's process group),
 so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and
@@ -82,7 +84,7 @@ from .checks import (CheckFailed, check_ranks, check_same_mpi, check_script, che
                      find_mpiexec, find_program, probe_interpreter)
 from .command import Job, child_env, command_line, ddl_env_vars, mpiexec_command
 from .hosts import as_spec, check_slots, parse_hosts, read_hostfile
-from .report import PROG, job_status, report, report_ranks, say
+from .report import PROG, every_rank_exited_zero, job_status, report, report_ranks, say
 from .supervision import run, survivor_grace
 
 _CHECK_FAILED = 2
@@ -110,7 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         grace = survivor_grace(job.env)
         returncode = run(job.command, env, failed_pids, status_folder=folder, grace=grace, ranks=args.ranks)
         if returncode != 0:
-            ranks = status.read(folder)
+            ranks = status.settle(folder, args.ranks)
+            if every_rank_exited_zero(ranks, args.ranks):
+                # Across hosts hydra may fail after the fact: notifying a host's proxy that has
+                # already finished that another rank ended, it gets EPIPE and exits 255.
+                say(f"every rank exited 0; mpiexec's own exit status {returncode} came after (hydra could not "
+                    "reach a host's proxy that had already finished): the job succeeded")
+                return 0
             report_ranks(ranks, failed_pids, status.silent_ranks(folder, ranks))
             return report(returncode, job_status(ranks))
     return report(returncode)

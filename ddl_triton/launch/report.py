@@ -69,6 +69,12 @@ def _exit_codes(ranks: dict[int, dict[str, str]]) -> dict[int, int]:
     return {r: int(e["returncode"]) for r, e in ranks.items() if e.get("returncode", "").lstrip("-").isdigit()}
 
 
+def every_rank_exited_zero(ranks: dict[int, dict[str, str]], size: int) -> bool:
+    """Whether each of ranks 0..size-1 has a recorded exit status of 0 (and none was killed)."""
+    codes = _exit_codes(ranks)
+    return size > 0 and all(codes.get(r) == 0 and "killed" not in ranks.get(r, {}) for r in range(size))
+
+
 def job_status(ranks: dict[int, dict[str, str]]) -> tuple[int, str] | None:
     """The job's exit status from the ranks' own, with the reason; None when none is known.
 

@@ -57,9 +57,10 @@ def run(command: list[str], env: dict[str, str], failed_pids: list[int] | None =
     as all ``ranks`` ranks have ended after one was lost.
     """
     # restore_signals=False: mpiexec keeps this interpreter's ignored SIGPIPE. Across hosts, hydra
-    # writes to the proxy of a host whose ranks have just ended and dies of SIGPIPE (exit 141 after
-    # every rank exited 0); ignored, the write fails with EPIPE, which hydra handles. The rank guard
-    # restores the default for the ranks (Popen's restore_signals).
+    # notifies a host's proxy that has already finished that a rank ended, and died of SIGPIPE
+    # (exit 141 after every rank exited 0); ignored, the write fails with EPIPE and hydra exits
+    # 255, which ddlrun's report sees through (ddlrun.py). The rank guard restores the default for
+    # the ranks (Popen's restore_signals).
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, bufsize=1,
                                errors="replace", restore_signals=False)
     if status_folder:

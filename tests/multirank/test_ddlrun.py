@@ -8,6 +8,7 @@ import socket
 import signal
 import subprocess
 import sys
+import threading
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -321,6 +322,33 @@ def test_a_failing_ranks_status_wins_over_mpiexec_dying_of_a_signal_afterwards(c
     assert report.report(-signal.SIGPIPE, report.job_status(ranks)) == 3
     assert "job failed with exit code 3 (rank 1 exited with status 3; mpiexec was then killed by SIGPIPE)" \
         in capsys.readouterr().err
+
+
+def test_a_job_whose_every_rank_exited_zero_succeeded_whatever_mpiexec_says():
+    clean = _records(r0={"start": "10", "returncode": "0"}, r1={"start": "11", "returncode": "0"})
+    assert report.every_rank_exited_zero(clean, 2)
+    assert not report.every_rank_exited_zero(clean, 3)  # rank 2 recorded nothing
+    assert not report.every_rank_exited_zero({**clean, 1: {"start": "11", "returncode": "3"}}, 2)
+    assert not report.every_rank_exited_zero({}, 0)
+
+
+def test_settle_waits_for_a_remote_guards_last_record_but_not_for_a_silent_one(tmp_path):
+    folder = str(tmp_path)
+    status.record(folder, 0, "returncode", "0")
+    status.record(folder, 1, "start", "11")
+    status.record(folder, 1, "alive", "")
+    late = threading.Timer(0.3, lambda: status.record(folder, 1, "returncode", "0"))
+    late.start()
+    t0 = time.monotonic()
+    records = status.settle(folder, 2, patience=5)
+    assert records[1]["returncode"] == "0" and 0.25 < time.monotonic() - t0 < 3
+    status.record(folder, 2, "start", "12")
+    status.record(folder, 2, "alive", "")
+    stale = time.time() - status.SILENT_SECONDS - 1
+    os.utime(tmp_path / "rank2.alive", (stale, stale))
+    t0 = time.monotonic()
+    assert "returncode" not in status.settle(folder, 3, patience=5)[2]
+    assert time.monotonic() - t0 < 1  # its host is gone: nothing to wait for
 
 
 def test_job_status_without_a_kill_is_the_lowest_failing_ranks():
