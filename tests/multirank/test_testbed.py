@@ -131,8 +131,7 @@ _BYTES = textwrap.dedent("""
 # Every host runs its ranks through hydra's ssh launcher, with the testbed's stand-in for ssh.
 _ACROSS = ["env", "-u", "DDL_TOPOLOGY", "UCX_NET_DEVICES=eth0", f"HYDRA_LAUNCHER_EXEC={BIN / 'ddl-testbed-ssh'}", "DDL_TUNING_FILE=off",
            "OMP_NUM_THREADS=1", "PYTHONPATH=" + str(ROOT / "tests")]
-_LAUNCHERS = {"mpiexec": [str(BIN / "mpiexec"), "-hosts", "h1:2,h2:2", "-launcher", "ssh", "-n", "4"],
-              "ddlrun": [str(BIN / "ddlrun"), "-n", "4", "-H", "h1:2,h2:2", "--"]}
+_LAUNCHERS = {"ddlrun": [str(BIN / "ddlrun"), "-n", "4", "-H", "h1:2,h2:2", "--"]}
 
 
 def _across(bed, launcher: str, body: str | Path, timeout_s: int = 30, *args: str, env: tuple[str, ...] = ()):
@@ -142,17 +141,18 @@ def _across(bed, launcher: str, body: str | Path, timeout_s: int = 30, *args: st
         script.write_text(body)
     else:
         script = body
-    # restore_signals=False: mpiexec keeps pytest's ignored SIGPIPE, as ddlrun gives it (supervision.py:
-    # hydra otherwise dies of SIGPIPE now and then, writing to the proxy of a host that just ended).
+    # restore_signals=False: mpiexec keeps pytest's ignored SIGPIPE, as ddlrun gives it (supervision.py).
     return bed.run("h1", [*_ACROSS, f"DDL_TIMEOUT={timeout_s}", *env, *_LAUNCHERS[launcher], sys.executable,
                           str(script), *args], cwd=str(ROOT), timeout=180, restore_signals=False)
 
 
 @needs_hosts
-def test_every_collective_op_and_dtype_exact_and_identical_across_two_hosts_under_mpiexec(bed):
+def test_every_collective_op_and_dtype_exact_and_identical_across_two_hosts_under_ddlrun(bed):
     # The exact suite (every collective, op and dtype, sizes 0, 1, primes, not divisible by 4,
     # bitwise identical on every rank), with no DDL_TOPOLOGY: the 2x2 grid comes from the hosts.
-    done = _across(bed, "mpiexec", ROOT / "tests" / "multirank" / "multirank_worker.py", 60, "--quick")
+    # Under ddlrun, not plain mpiexec: hydra alone may exit 141 or 255 after a clean job across
+    # hosts (docs/launch.md), which ddlrun sees through.
+    done = _across(bed, "ddlrun", ROOT / "tests" / "multirank" / "multirank_worker.py", 60, "--quick")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     m = re.search(r"multirank_worker: 4 ranks, (\d+) checks, 0 failures", done.stdout)
     assert m and int(m.group(1)) > 1000, done.stdout[-3000:]
