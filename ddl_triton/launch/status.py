@@ -88,16 +88,18 @@ def silent_ranks(folder: str, ranks: dict[int, dict[str, str]]) -> list[int]:
     return silent
 
 
+def ended(folder: str, records: dict[int, dict[str, str]]) -> set[int]:
+    """The ranks of ``records`` (``read``'s) that recorded their end (``returncode``, written by
+    their guard) or whose guard fell silent (``silent_ranks``): none of them will write again."""
+    return {r for r, events in records.items() if "returncode" in events} | set(silent_ranks(folder, records))
+
+
 def settle(folder: str, ranks: int, patience: float = 3.0) -> dict[int, dict[str, str]]:
-    """``read(folder)`` once every rank 0..ranks-1 has recorded its end (``returncode``), or has
-    fallen silent (``silent_ranks``), or ``patience`` seconds have passed: mpiexec can end a
-    moment before a remote rank guard writes its last record."""
+    """``read(folder)`` once each of ranks 0..ranks-1 has ``ended``, or ``patience`` seconds have
+    passed: mpiexec can end a moment before a remote rank guard writes its last record."""
     deadline = time.monotonic() + patience
     while True:
         records = read(folder)
-        ended = {r for r, events in records.items() if "returncode" in events}
-        if ended >= set(range(ranks)) or time.monotonic() > deadline:
-            return records
-        if ended | set(silent_ranks(folder, records)) >= set(range(ranks)):
+        if ended(folder, records) >= set(range(ranks)) or time.monotonic() > deadline:
             return records
         time.sleep(0.05)

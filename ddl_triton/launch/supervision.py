@@ -112,12 +112,9 @@ def _every_rank_ended(folder: str, ranks: int) -> bool:
     """Whether each of ranks 0..ranks-1 has a ``returncode`` record (its guard saw it end), or
     a guard that fell silent (status.silent_ranks: its host, or the host's link, is gone)."""
     try:
-        records = status.read(folder)
-        ended = {r for r, events in records.items() if "returncode" in events}
-        ended.update(status.silent_ranks(folder, records))
+        return status.ended(folder, status.read(folder)) >= set(range(ranks))
     except OSError:
         return False
-    return ended >= set(range(ranks))
 
 
 def _end(process: subprocess.Popen, patience: float = _KILL_SECONDS) -> None:
