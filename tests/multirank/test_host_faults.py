@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
-from ddl_triton import testbed
-from ddl_triton.testbed import check_available, reap
+from ddl_triton.testbed import reap
 from support.host_faults import FaultRun, run_fault
+from support.real_hosts import UNAVAILABLE as _UNAVAILABLE
 
 TIMEOUT_S = 5.0
 SLACK_S = 4.0      # past the deadline, for a rank to report and exit (2 busy cores, 16 ranks at once)
@@ -26,11 +26,6 @@ SCENARIOS = [("ddlrun", f) for f in ("cut-up", "cut-down", "kill-host", "kill-ra
     [("torchrun", f) for f in ("cut-up", "kill-host", "kill-rank")]
 WAVES = 1
 
-try:
-    check_available()
-    _UNAVAILABLE = ""
-except testbed.TestbedUnavailable as e:
-    _UNAVAILABLE = str(e)
 
 
 @pytest.fixture(scope="module")

@@ -16,22 +16,13 @@ import pytest
 
 from ddl_triton import testbed  # the module, not its classes: pytest would try to collect Testbed*
 from ddl_triton.testbed import check_available, hosts as hosts_mod, reap
+from support.real_hosts import UNAVAILABLE as _UNAVAILABLE, namespaces as _namespaces
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SCRATCH = ROOT / "build" / "testbed-tests"  # on the shared file system: each host's /tmp is its own
 
-try:
-    check_available()
-    _UNAVAILABLE = ""
-except testbed.TestbedUnavailable as e:
-    _UNAVAILABLE = str(e)
 needs_hosts = pytest.mark.skipif(bool(_UNAVAILABLE), reason=_UNAVAILABLE or "")
-
-
-def _namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
 def _ours(name: str) -> set[str]:

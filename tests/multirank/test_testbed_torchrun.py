@@ -14,21 +14,12 @@ import time
 import pytest
 
 from ddl_triton import testbed  # the module, not its classes: pytest would try to collect Testbed*
-from ddl_triton.testbed import check_available, reap
+from ddl_triton.testbed import reap
 from support.launch import TESTS, TORCHRUN, torch_launcher_env as _env
+from support.real_hosts import UNAVAILABLE as _UNAVAILABLE, namespaces as _namespaces
 
 ROOT = TESTS.parent
 
-try:
-    check_available()
-    _UNAVAILABLE = ""
-except testbed.TestbedUnavailable as e:
-    _UNAVAILABLE = str(e)
-
-
-def _namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from support import real_hosts
 from support.launch import TESTS, TORCHRUN, ddl_segments, torch_launcher_env as _env
 
 ROOT = TESTS.parent
@@ -54,16 +55,7 @@ def test_mp_spawn_file_init_ddp_replicas_bitwise_identical():
     assert "ddp_anywhere: 2 ranks, 5 steps" in out and "replicas bitwise identical: True" in out, out[-3000:]
 
 
-def _real_hosts() -> bool:
-    from ddl_triton.testbed import TestbedUnavailable, check_available
-    try:
-        check_available()
-    except TestbedUnavailable:
-        return False
-    return True
-
-
-@pytest.mark.skipif(_real_hosts(), reason="this machine builds real hosts: tests/multirank/test_testbed_torchrun.py "
+@pytest.mark.skipif(not real_hosts.UNAVAILABLE, reason="this machine builds real hosts: tests/multirank/test_testbed_torchrun.py "
                                           "runs the same checks across two of them")
 def test_two_emulated_hosts_under_torchrun_every_collective_exact_bytes_through_gloo():
     # Every backend op, sub-groups, p2p, DDP/gloo/FSDP2 training, the communicator's own collectives
