@@ -9,6 +9,8 @@ and averages the bucket over the ranks of ``state.comm``:
     bf16_compress_hook     bf16                        the mean rounded to bf16 (works on the CPU)
     int8_compress_hook     int8 + fp32 scale / block   block-quantized, error feedback
     onebit_compress_hook   1 bit + fp32 scale / chunk  1-bit Adam style, error feedback on both sides
+    auto_compress_hook     fp32 on shm inside a host;  per-level: compressed only where the link is slow,
+                           int8 (or 1-bit) between     as ``state.compression`` says ("auto": decided per size)
 
 The hooks talk over ``state.comm`` (default ``ddl_triton.init()``, i.e. MPI.COMM_WORLD), not over
 DDP's process group, so they work the same whether DDP runs on gloo or on the "ddl" backend; the
@@ -46,10 +48,11 @@ import torch.distributed as dist
 
 import ddl_triton
 
-from ..runtime import compressed
+from ..runtime import compressed, per_level
+from .level_compression import LevelCompression
 
-__all__ = ["HookState", "allreduce_hook", "bf16_compress_hook", "fp16_compress_hook", "int8_compress_hook",
-           "onebit_compress_hook"]
+__all__ = ["HookState", "allreduce_hook", "auto_compress_hook", "bf16_compress_hook", "fp16_compress_hook",
+           "int8_compress_hook", "onebit_compress_hook"]
 
 
 class HookState:
@@ -61,6 +64,8 @@ class HookState:
     onebit_param_scales: 1-bit sends one scale per chunk (default) or, when True, one per
     parameter within each chunk (4 bytes more per parameter; a layer of small gradients then
     is not sent at the scale of a layer of large ones).
+    compression: what ``auto_compress_hook`` sends between hosts: "auto" (default: decided per
+    bucket size, ddl_triton/tuning/compression.py), "int8", "onebit" or "none" (fp32 everywhere).
     Counters: ``calls`` (hook invocations), ``grad_bytes`` (bucket bytes handed to the hooks),
     ``payload_bytes`` (bytes the hooks' algorithms send from this rank, computed from their
     layouts; for allreduce_hook that of a bandwidth-optimal ring, 2(n-1)/n * bytes),
@@ -70,15 +75,18 @@ class HookState:
              -> state.calls == 2, state.grad_bytes == 8000, state.payload_bytes == 2 * 6 * 4 * (64 + 1)
     """
 
-    __slots__ = ("comm", "error_feedback", "block", "onebit_param_scales", "calls", "grad_bytes", "payload_bytes",
-                 "residual_resets", "_residuals", "_at_start")
+    __slots__ = ("comm", "error_feedback", "block", "onebit_param_scales", "compression", "calls", "grad_bytes",
+                 "payload_bytes", "residual_resets", "_residuals", "_at_start", "_levels")
 
-    def __init__(self, comm=None, error_feedback: bool = True, block: int = 256, onebit_param_scales: bool = False):
+    def __init__(self, comm=None, error_feedback: bool = True, block: int = 256, onebit_param_scales: bool = False,
+                 compression: str = "auto"):
         self.comm = comm if comm is not None else ddl_triton.init()
         self.error_feedback = bool(error_feedback)
         if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
             raise ValueError(f"HookState: block must be a power of two in [4, 65536], got {block!r}")
         self.block = block
+        self._levels = LevelCompression(self.comm, compression, block=block, error_feedback=error_feedback)
+        self.compression = compression
         self.onebit_param_scales = bool(onebit_param_scales)
         self.calls = 0
         self.grad_bytes = 0
@@ -102,6 +110,15 @@ class HookState:
     def reset_residuals(self) -> None:
         """Forget all error-feedback residuals (e.g. after loading a checkpoint)."""
         self._residuals.clear()
+
+    def explain(self, nbytes: int) -> str:
+        """What ``auto_compress_hook`` sends between hosts for a bucket of ``nbytes``, and why
+        (the first call is collective: it builds the per-level groups, and may probe the link)."""
+        return self._levels.explain(nbytes)
+
+    def close(self) -> None:
+        """Close the per-level groups ``auto_compress_hook`` made (never ``comm``)."""
+        self._levels.close()
 
     def __repr__(self) -> str:
         return (f"HookState(rank={self.comm.rank}, size={self.comm.size}, error_feedback={self.error_feedback}, "
@@ -205,6 +222,35 @@ def onebit_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.fut
         worker, server = state._residual(bucket, "onebit", n, b - a)
     return _future(lambda: compressed.allreduce_onebit(comm, buf, op="avg", residual=worker,
                                                        server_residual=server, groups=groups, async_op=True))
+
+
+def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket in full precision inside each host and compressed between hosts.
+
+    ``ddl_triton.runtime.per_level.allreduce``: an fp32 reduce_scatter over shm inside the host,
+    an int8 (or 1-bit) allreduce of this rank's shard with the same-index ranks of the other
+    hosts, an fp32 all_gather over shm. The inter-host method is ``state.compression``: "auto"
+    decides per bucket size (``state.explain(nbytes)`` says why; never on one host), "int8" or
+    "onebit" name one, "none" is fp32 throughout. Error feedback (``state.error_feedback``)
+    keeps, per bucket, what the inter-host phase lost: 1/L of the bucket (L ranks per host).
+    On one host, or where auto finds compression does not pay, it is ``allreduce_hook``.
+    Bytes per rank: 2(L-1)/L * 4N on shm, and on the link ``compressed.wire_bytes`` of the
+    shard: ~2(H-1)/H * N/L * (1 + 4/block) for int8 (H hosts), against 2(H-1)/H * 4N/L in fp32.
+    Example (2 hosts x 2 ranks, int8): buckets [r, -r, 2r] on rank r -> all [1.5, -1.5, 3.0].
+    """
+    buf = bucket.buffer()
+    lc = state._levels
+    method = lc.decide(buf.numel() * 4).method
+    if method == "none" or buf.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return allreduce_hook(state, bucket)
+    levels = lc.levels
+    state._count(buf, sum(per_level.wire_bytes(levels, method, buf.numel(), block=state.block).values()))
+    worker = server = None
+    if state.error_feedback:
+        w, s = per_level.residual_sizes(levels, method, buf.numel())
+        worker, server = state._residual(bucket, "per-level " + method, w, s)
+    return _future(lambda: per_level.allreduce(levels, buf, method=method, op="avg", block=state.block,
+                                               residual=worker, server_residual=server, async_op=True))
 
 
 # DDP refuses any hook *named* "bf16_compress_hook" unless CUDA and NCCL >= 2.10 are present (it

@@ -1,0 +1,127 @@
+"""What the per-level compressed allreduce keeps between calls: the groups, the choices, the residuals.
+
+A :class:`LevelCompression` serves both ways in: ``hooks.auto_compress_hook`` (residuals keyed by
+DDP's bucket index, in ``HookState``) and the "ddl" process group's allreduce under
+``Options.compression`` (residuals keyed by the tensor's buffer, here: DDP's bucket buffers
+persist across steps). For a call of ``nbytes`` it decides the inter-host method:
+
+    setting   method between hosts
+    "int8"    int8 blocks, error feedback          (full precision on one host: nothing to save)
+    "onebit"  1 bit per element, error feedback    (likewise)
+    "auto"    what ddl_triton/tuning/compression.py decides for this size: the tuning table's
+              ``compression`` section if the communicator's table has one, else the cost model
+              on the link probed at first use
+
+and runs ``ddl_triton.runtime.per_level.allreduce``, or the communicator's own fp32 allreduce
+when the method is "none". Its first use is collective (every rank, same point, as the first
+compressed call always is): it builds the per-level groups (``per_level.Levels``) and, for
+"auto" without a table, probes the link. Every rank then makes the same choices, because the
+probe's figures (or the table) are the same everywhere.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime import per_level
+
+SETTINGS = ("none", "int8", "onebit", "auto")
+# The option path compresses only tensors of at least this many bytes: DDP's buckets are 1 MiB
+# and up (but for a small model's only or last one), while the small allreduces an application
+# makes itself (losses, metrics, batch-norm statistics) expect exact results; and below it the
+# link time int8 can save (~0.4 ms of 64 KiB at 1 Gbit/s) is about what its two extra
+# latency-bound steps cost between hosts.
+MIN_BYTES = 64 * 1024
+
+
+class LevelCompression:
+    """Per-level compression of one communicator's allreduces under ``setting`` (module doc).
+
+    ``block``: the int8 quantization block; ``error_feedback``: keep what compression lost
+    and send it with the next call of the same key. ``decisions``: every size decided so far
+    ({nbytes: tuning.compression.Decision}); ``residual_resets``: keys whose residual was
+    dropped because the tensor under them changed size or method."""
+
+    def __init__(self, comm, setting: str, *, block: int = 256, error_feedback: bool = True):
+        if setting not in SETTINGS:
+            raise ValueError(f"rank {comm.rank}: compression must be one of {', '.join(SETTINGS)}, got {setting!r}")
+        self.comm, self.setting, self.block, self.error_feedback = comm, setting, block, bool(error_feedback)
+        self.decisions: dict = {}
+        self.residual_resets = 0
+        self._levels: per_level.Levels | None = None
+        self._speeds = None
+        self._residuals: dict = {}
+
+    @property
+    def levels(self) -> per_level.Levels:
+        """The per-level groups (built at first use: collective)."""
+        if self._levels is None:
+            self._levels = per_level.Levels(self.comm)
+        return self._levels
+
+    def decide(self, nbytes: int):
+        """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason."""
+        from ..tuning import compression as rule
+
+        held = self.decisions.get(nbytes)
+        if held is not None:
+            return held
+        lv = self.levels
+        if self.setting == "none":
+            d = rule.Decision("none", "compression is off (Options.compression = none)")
+        elif self.setting != "auto":
+            d = rule.decide(nbytes, lv.hosts, lv.local_size, None, None, uniform=lv.uniform) \
+                if lv.hosts == 1 or not lv.uniform else rule.Decision(self.setting, f"named: {self.setting}")
+        else:
+            table = getattr(self.comm.planner, "table", None)
+            section = getattr(table, "compression", None) if table is not None else None
+            d = rule.from_table(section, nbytes, lv.hosts) if section else None
+            if d is None:
+                if lv.hosts > 1 and lv.uniform and self._speeds is None:
+                    self._speeds = rule.probe(lv)
+                link, speed = self._speeds or (None, None)
+                d = rule.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform, block=self.block)
+        self.decisions[nbytes] = d
+        return d
+
+    def explain(self, nbytes: int) -> str:
+        """One line: what an ``nbytes`` allreduce sends between hosts, and why."""
+        d = self.decide(nbytes)
+        return f"{nbytes} B: {d.method} between hosts ({d.reason})"
+
+    def allreduce(self, tensor: torch.Tensor, key, op: str = "avg", async_op: bool = True):
+        """Allreduce ``tensor`` in place with the method decided for its size; residuals under ``key``."""
+        method = self.decide(tensor.numel() * 4).method
+        if method == "none":
+            return self.comm.allreduce(tensor, op=op, async_op=async_op)
+        worker, server = self.residuals(key, method, tensor.numel()) if self.error_feedback else (None, None)
+        return per_level.allreduce(self.levels, tensor, method=method, op=op, block=self.block, residual=worker,
+                                   server_residual=server, async_op=async_op)
+
+    def residuals(self, key, method: str, numel: int):
+        """(worker, server) error-feedback residuals under ``key``: zeros when new, or when the size or
+        method under the key changed (counted in ``residual_resets``)."""
+        w, s = per_level.residual_sizes(self.levels, method, numel)
+        held = self._residuals.get(key)
+        if held is not None and held[0] == (method, numel):
+            return held[1], held[2]
+        if held is not None:
+            self.residual_resets += 1
+        pair = (torch.zeros(w, dtype=torch.float32), None if s is None else torch.zeros(s, dtype=torch.float32))
+        self._residuals[key] = ((method, numel), *pair)
+        return pair
+
+    def reset_residuals(self) -> None:
+        self._residuals.clear()
+
+    def close(self) -> None:
+        if self._levels is not None:
+            self._levels.close()
+            self._levels = None
+
+
+def buffer_key(tensor: torch.Tensor) -> tuple:
+    """The option path's residual key: the memory under the tensor, its size and dtype. DDP's
+    bucket buffers live across steps, so each keeps its own residual; a different tensor that
+    later occupies the same memory with the same size would inherit it (one call's worth of
+    error, then corrected), which is why only DDP-sized tensors (MIN_BYTES) take this path."""
+    return tensor.data_ptr(), tensor.numel(), tensor.dtype

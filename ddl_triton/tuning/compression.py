@@ -1,0 +1,238 @@
+"""When compression pays: the rule behind ``compression="auto"``, per level and per size.
+
+Only the inter-host level is ever compressed (ddl_triton/runtime/per_level.py); inside a host
+the bytes go over shm, where compression lost in every measurement so far, so on one host the
+answer is always "none". Between hosts the question is whether the bytes saved on the link are
+worth the time spent compressing. Two sources answer it, in this order:
+
+1. **A tuning table's ``compression`` section** (``ddl-tune --compression``, which
+   ``sweep_compression`` fills): each level's link as measured (latency, bandwidth), and per size
+   the measured time of the full-precision allreduce and of the per-level int8 and 1-bit ones.
+   A size takes the entry measured nearest to it (log scale); the winner there decides.
+2. **Else, a cost model of the inter-host phase** on the link as probed at first use
+   (``probe``: an fp32 allreduce of 8 B and of 1 MiB over the cross group, and int8 /
+   1-bit compression of 1 MiB on this CPU; every rank takes the slowest rank's times, so every
+   rank decides alike). For a shard of s = 4C bytes (C = ceil(N / L)) on H hosts:
+
+       none:   2(H-1) * latency + 2(H-1)/H * s / bandwidth
+       int8:   2(H-1) * latency + wire_bytes("int8", C, H) / bandwidth + 2 * s / int8_speed
+       onebit: 2(H-1) * latency + wire_bytes("onebit", C, H) / bandwidth + 2 * s / onebit_speed
+
+   (the intra-host phases are the same fp32 bytes either way, so they cancel; ``*_speed`` is fp32
+   bytes per second through one compress + decompress, and a call does about two of them: the
+   worker's, and the server's fused reduce-and-requantize with the final decompress).
+
+``auto`` picks among "none" and "int8" only: 1-bit's quality depends on the optimizer (it
+oscillates under momentum, docs/torch.md), which a rule measuring time cannot see; name
+``onebit`` to use it. The table still records 1-bit's times, and ``Decision.estimates_us``
+shows them. Example (2 hosts x 1 rank, 1 Gbit/s: 0.114 GB/s, 150 us; int8 at 1 GB/s): a 2 MiB
+bucket -> none 18.7 ms, int8 8.9 ms: "int8"; a 4 KiB tensor -> none 336 us, int8 347 us: "none".
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from ..runtime import compressed
+
+__all__ = ["AUTO_METHODS", "CompressorSpeed", "Decision", "LinkSpeed", "decide", "from_table", "predict_us",
+           "probe", "sweep_compression"]
+
+AUTO_METHODS = ("int8",)  # what auto may choose besides "none" (see the module doc for 1-bit)
+_PROBE_SMALL, _PROBE_BIG = 8, 1 << 20
+
+
+@dataclass(frozen=True)
+class LinkSpeed:
+    """A level's link: fixed cost per message step (us) and bandwidth (bytes/s), and where from."""
+
+    latency_us: float
+    bytes_per_s: float
+    source: str
+
+    def describe(self) -> str:
+        return f"{self.bytes_per_s / 1e9:.3f} GB/s, {self.latency_us:.0f} us per step ({self.source})"
+
+
+@dataclass(frozen=True)
+class CompressorSpeed:
+    """fp32 bytes per second through one compress + decompress on this CPU, per method."""
+
+    bytes_per_s: dict
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What auto chose for one size, and why (``reason``: one line, as explain prints it)."""
+
+    method: str                         # "none", "int8" (or "onebit" when a caller allows it)
+    reason: str
+    estimates_us: dict = field(default_factory=dict)
+
+
+def predict_us(method: str, nbytes: int, hosts: int, local: int, link: LinkSpeed, speed: CompressorSpeed,
+               block: int = 256) -> float:
+    """The cost model's time (us) of the inter-host phase for an ``nbytes`` fp32 tensor (module doc)."""
+    if hosts == 1 or nbytes == 0:
+        return 0.0
+    c = -(-(nbytes // 4) // local)
+    steps = 2 * (hosts - 1) * link.latency_us
+    if method == "none":
+        return steps + 2 * (hosts - 1) / hosts * 4 * c / link.bytes_per_s * 1e6
+    wire = compressed.wire_bytes(method, c, hosts, block=block)
+    return steps + wire / link.bytes_per_s * 1e6 + 2 * 4 * c / speed.bytes_per_s[method] * 1e6
+
+
+def decide(nbytes: int, hosts: int, local: int, link: LinkSpeed | None, speed: CompressorSpeed | None, *,
+           uniform: bool = True, methods=AUTO_METHODS, block: int = 256) -> Decision:
+    """auto's choice for an ``nbytes`` fp32 allreduce on ``hosts`` hosts of ``local`` ranks."""
+    if hosts == 1:
+        return Decision("none", "one host: every level is shm, where compression never pays")
+    if not uniform:
+        return Decision("none", "hosts hold unequal rank counts: no per-level groups, full precision")
+    est = {m: predict_us(m, nbytes, hosts, local, link, speed, block) for m in ("none", *methods)}
+    best = min(est, key=lambda m: (est[m], m != "none"))  # a tie keeps full precision
+    shown = ", ".join(f"{m} {t:.0f} us" for m, t in sorted(est.items(), key=lambda kv: kv[1]))
+    return Decision(best, f"cost model of the inter-host phase on {link.describe()}: {shown}", est)
+
+
+def from_table(section: dict, nbytes: int, hosts: int, methods=AUTO_METHODS) -> Decision | None:
+    """The table's choice for ``nbytes`` (the entry measured nearest in log size), or None when
+    the section has no entries. ``section``: a tuning table's ``compression`` (module doc)."""
+    rows = section.get("entries") or []
+    if hosts == 1:
+        return Decision("none", "one host: every level is shm, where compression never pays")
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: (abs(math.log(max(r["bytes"], 1) / max(nbytes, 1))), r["bytes"]))
+    times = {m: t for m, t in row["by_method"].items() if m == "none" or m in methods}
+    best = min(times, key=lambda m: (times[m], m != "none"))
+    shown = ", ".join(f"{m} {t:.0f} us" for m, t in sorted(row["by_method"].items(), key=lambda kv: kv[1]))
+    inter = section.get("levels", {}).get("inter")
+    link = f" on an inter-host link of {inter['bytes_per_s'] / 1e9:.3f} GB/s" if inter else ""
+    return Decision(best, f"tuning table: measured at {row['bytes']} B{link}: {shown}", dict(times))
+
+
+def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
+    """Measure the inter-host link and this CPU's compressors (collective over ``levels.comm``:
+    every rank, same point; about 10 fp32 allreduces of at most 1 MiB). Every rank returns the
+    slowest rank's figures, so every rank decides alike."""
+    import torch
+
+    comm, cross, hosts = levels.comm, levels.cross, levels.hosts
+    mine = [_time_allreduce(cross, _PROBE_SMALL), _time_allreduce(cross, _PROBE_BIG)]
+    mine += [_time_compressor(m) for m in ("int8", "onebit")]
+    agreed = torch.tensor(mine, dtype=torch.float64)
+    comm.allreduce(agreed, op="max")  # same figures everywhere: the same decisions everywhere
+    small, big, t_int8, t_onebit = agreed.tolist()
+    steps = 2 * (hosts - 1)
+    latency = small / steps * 1e6
+    bw = 2 * (hosts - 1) / hosts * _PROBE_BIG / max(big - small, 1e-9)
+    link = LinkSpeed(latency, bw, f"probed at first use over the {hosts} hosts")
+    return link, CompressorSpeed({"int8": _PROBE_BIG / t_int8, "onebit": _PROBE_BIG / t_onebit})
+
+
+def sweep_compression(levels, sizes: list[int], rounds: int = 5) -> dict:
+    """The tuning table's ``compression`` section: each level's link, and per size the median
+    time (slowest rank, interleaved rounds) of the plain fp32 allreduce ("none") and of the
+    per-level int8 and 1-bit allreduces with error feedback. Collective over ``levels.comm``."""
+    import torch
+
+    from ..runtime import per_level
+
+    comm = levels.comm
+    out: dict = {"levels": {}, "entries": []}
+    if levels.node is not None and levels.local_size > 1:
+        out["levels"]["intra"] = _link_entry(levels.node, 1, "shm")
+    if levels.cross is not None:
+        out["levels"]["inter"] = _link_entry(levels.cross, levels.hosts, "inter-host")
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4, dtype=torch.float32)
+        runs = {"none": lambda: comm.allreduce(x, op="avg")}
+        if levels.hosts > 1 and levels.uniform:
+            for m in per_level.METHODS:
+                w, s = per_level.residual_sizes(levels, m, x.numel())
+                res = torch.zeros(w)
+                srv = torch.zeros(s) if s is not None else None
+                runs[m] = lambda m=m, res=res, srv=srv: per_level.allreduce(levels, x, method=m, residual=res,
+                                                                            server_residual=srv)
+        samples: dict = {m: [] for m in runs}
+        for _ in range(rounds):
+            for m, run in runs.items():
+                samples[m].append(_slowest(comm, run))
+        out["entries"].append({"bytes": nbytes, "by_method": {m: round(statistics.median(t) * 1e6, 3)
+                                                              for m, t in samples.items()}})
+    return out
+
+
+# -- private ----------------------------------------------------------------------------------
+def _time_allreduce(comm, nbytes: int, reps: int = 5) -> float:
+    """Median seconds of an fp32 allreduce of ``nbytes`` on ``comm``, after one warm-up."""
+    import torch
+
+    x = torch.zeros(nbytes // 4, dtype=torch.float32)
+    comm.allreduce(x)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        comm.allreduce(x)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _time_compressor(method: str, reps: int = 3) -> float:
+    """Median seconds of one compress + decompress of 1 MiB of fp32 with ``method``'s kernels."""
+    import torch
+
+    from ..kernels import dequantize_int8, quantize_int8, sign_compress, sign_decompress
+
+    x = torch.linspace(-1, 1, _PROBE_BIG // 4, dtype=torch.float32)
+    residual = torch.zeros_like(x)
+    out = torch.empty_like(x)
+
+    def once() -> None:
+        if method == "int8":
+            q, s = quantize_int8(x, block=256)
+            dequantize_int8(q, s, out=out, block=256)
+        else:
+            bits, scale = sign_compress(x, residual)
+            sign_decompress(bits, scale, x.numel(), out=out)
+
+    once()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _slowest(comm, run) -> float:
+    """Seconds of ``run()`` after a barrier, the slowest rank's (every rank gets the same)."""
+    import torch
+
+    comm.barrier()
+    t0 = time.perf_counter()
+    run()
+    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    comm.allreduce(t, op="max")
+    return float(t[0])
+
+
+def _link_entry(comm, hosts: int, what: str) -> dict:
+    """A level's link as a fp32 allreduce of 8 B and 1 MiB on ``comm`` measures it."""
+    small = _slowest_median(comm, _PROBE_SMALL)
+    big = _slowest_median(comm, _PROBE_BIG)
+    steps = 2 * (max(hosts, comm.size) - 1)
+    return {"what": what, "ranks": comm.size, "latency_us": round(small / steps * 1e6, 3),
+            "bytes_per_s": round(2 * (comm.size - 1) / comm.size * _PROBE_BIG / max(big - small, 1e-9), 1)}
+
+
+def _slowest_median(comm, nbytes: int, reps: int = 5) -> float:
+    import torch
+
+    x = torch.zeros(nbytes // 4, dtype=torch.float32)
+    comm.allreduce(x)
+    return statistics.median(_slowest(comm, lambda: comm.allreduce(x)) for _ in range(reps))
