@@ -1,7 +1,16 @@
-"""Data-parallel training scaling at 2 ranks: ddl_triton against gloo and against the host's ceiling.
+"""Data-parallel training scaling: ddl_triton against gloo, the host's ceiling and, across hosts, the link's bound.
 
 Run:  ddlrun -n 2 -- python bench/train_scaling.py [--model cnn|mlp|both] [--steps 5] [--rounds 10]
                                                   [--gradient-as-bucket-view] [--json F]
+Across hosts (docs/testbed.md; bench/train_scaling_across_hosts.py runs both launchers and layouts):
+      ddlrun -n 4 -H h1:2,h2:2 -- python bench/train_scaling.py --link-rate 1gbit
+      torchrun --nnodes 2 --node-rank I --nproc-per-node 2 --master-addr h1 --master-port P \
+          bench/train_scaling.py --link-rate 1gbit                                  (on each host I)
+
+Any launcher that ``dist.init_process_group("ddl")`` follows will do (an MPI launcher: MPI's
+ranks and ddl's own store; torchrun: torch's store, and ddl over its gloo transport between
+hosts); the benchmark's own coordination (barriers, the gathered step times) goes over a gloo
+group beside the groups it times, so it needs no MPI. Any world size from 2.
 
 Workloads (synthetic data, batch 32 per rank, SGD with momentum 0.9, one torch thread per rank):
 - ``cnn``: a ResNet-style CNN on 3x32x32 images: stem conv 3->32, basic blocks 32->32, 32->64,
@@ -10,11 +19,13 @@ Workloads (synthetic data, batch 32 per rank, SGD with momentum 0.9, one torch t
 - ``mlp``: 3072 -> 1536 -> 768 -> 10 with ReLU on flattened 3x32x32 images; about 5.9M
   parameters (23.6 MB of gradients per step), so communication matters more.
 
-Modes, timed in interleaved rounds (every mode once per round, the order rotating):
-- ``1 rank``: one rank trains alone, without DDP, while the other sleeps (the baseline); rank 0
-  in even rounds and rank 1 in odd ones, since the two cores of a host need not be equally fast;
-- ``2 independent``: both ranks train without any communication: the ceiling this host allows
-  (the two cores share memory bandwidth and caches, so it is below 100%);
+Modes, timed in interleaved rounds (every mode once per round, the order rotating); N is the
+world size:
+- ``1 rank``: one rank trains alone, without DDP, while the others sleep (the baseline); rank
+  r % N in round r, since the cores (and hosts) need not be equally fast;
+- ``N independent``: every rank trains without any communication: the ceiling this machine
+  allows (the cores share memory bandwidth and caches, so it is below N times the baseline;
+  with more ranks than cores, they also share the cores);
 - ``ddp no-comm``: DDP on "ddl" with a comm hook that communicates nothing and no buffer
   broadcast: DDP's own work (autograd hooks, copies into and out of its buckets), the best
   any backend can do under DDP; its replicas diverge, so they are not compared;
@@ -22,21 +33,35 @@ Modes, timed in interleaved rounds (every mode once per round, the order rotatin
   (asynchronously, as a real bucket) and leaves the gradients alone, buffer broadcast on:
   everything "ddl" does but move the gradients, so ``ddl`` against it is the cost of the
   gradient bytes, and it against ``ddp no-comm`` the cost of keeping the ranks in step (the
-  slower rank of each step sets the pace; the two ranks compute the same phase at once);
+  slower rank of each step sets the pace; the ranks compute the same phase at once);
   its replicas diverge, so they are not compared;
 - ``gloo``: DDP on torch's gloo;
 - ``ddl``: DDP on the "ddl" backend (DDP's own allreduce through the process group);
-- ``ddl+<hook>``: DDP on "ddl" with a comm hook from ddl_triton.torch.hooks.
+- ``ddl+<hook>``: DDP on "ddl" with a comm hook from ddl_triton.torch.hooks (``ddl+auto``:
+  ``auto_compress_hook``, compression chosen per level of the hierarchy, where that hook exists).
 
 "cpu ms" is the CPU time one rank's process spends per step, every thread included (the
 busiest rank's): what communication costs the cores beside the time it adds. A step's time
 is, for each step, the slowest rank's; a round's figure is the median over its steps; the
 table quotes the median over rounds. The ratios are paired: each round's ratio of two
-modes' figures, then the median over rounds, so the host's drift, which every mode of a
-round shares, cancels. Efficiency = 1-rank step / step (img/s over twice the 1-rank img/s);
-"of ceiling" = 2-independent step / step. After the last round, every DDP mode's replicas
-that communicate are compared across ranks, bit for bit.
-``--gradient-as-bucket-view`` passes DDP's own option of that name to every DDP mode
+modes' figures, then the median over rounds, so the machine's drift, which every mode of a
+round shares, cancels. Efficiency = 1-rank step / step (img/s over N times the 1-rank img/s);
+"of ceiling" = N-independent step / step; "of no-comm" = ddp-no-comm step / step, the share of
+what DDP itself allows. After the last round, every DDP mode's replicas that communicate are
+compared across ranks, bit for bit.
+
+Across hosts (ranks on more than one hostname) with ``--link-rate`` (the rate each host's link
+is shaped to), the table adds the link:
+- ``link MB``: bytes through the busiest host's interface (``--link-iface``, default eth0; its
+  kernel counters, headers and every flow included, the larger of sent and received) per step;
+- ``bound``: the share of the no-comm step the mode could reach at best on that link. DDP issues
+  its last bucket when backward ends, so nothing hides that bucket's time on the link; every
+  earlier bucket is assumed hidden. bound = no-comm / (no-comm + t_last), t_last = the mode's
+  link bytes per step, times the last bucket's share of the gradient bytes, over the rate.
+The header states the same bound for fp32 from DDP's bucket layout alone (its logged bucket
+sizes after the rebuild; the last bucket carries 2(H-1)/H * S_last through each of the H hosts'
+links): the figure no full-precision mode can pass.
+``--gradient-as-bucket-view`` passes DDP's option of that name to every DDP mode
 (gradients live in DDP's buckets: no copy into or out of them).
 """
 from __future__ import annotations
@@ -55,15 +80,21 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from _timing import unchanged_bucket_hook  # bench/ is on the path when run as a script
+from ddl_triton.testbed.hosts import parse_rate  # the standard library only: no testbed is needed
 
 BATCH = 32
-HOOKS = ("allreduce", "fp16", "bf16", "int8", "onebit")
+HOOKS = ("allreduce", "fp16", "bf16", "int8", "onebit", "auto")  # "auto" where the hooks module has it
+ONE_RANK = "1 rank"
 NO_COMM = "ddp no-comm"
 LOCKSTEP = "ddp lockstep"
+
+
+def independent(n: int) -> str:
+    """The name of the ceiling mode at world size n ("2 independent")."""
+    return f"{n} independent"
 
 
 class _BasicBlock(nn.Module):
@@ -97,11 +128,45 @@ def build_mlp() -> nn.Module:
 MODELS = {"cnn": build_cnn, "mlp": build_mlp}
 
 
-def _idle_barrier(world) -> None:
-    """A barrier that sleeps while it waits, so a rank sitting a mode out leaves its core free."""
-    req = world.Ibarrier()
-    while not req.Test():
-        time.sleep(0.0005)
+def available_hooks() -> list[str]:
+    """The names in HOOKS whose hook ddl_triton.torch.hooks defines (``auto`` may not exist yet)."""
+    from ddl_triton.torch import hooks
+    return [h for h in HOOKS if hasattr(hooks, _hook_name(h))]
+
+
+def _hook_name(short: str) -> str:
+    return "allreduce_hook" if short == "allreduce" else f"{short}_compress_hook"
+
+
+class _Control:
+    """The benchmark's own coordination, on a gloo group of its own beside the timed ones (the
+    control path: whatever launched the ranks, MPI or torchrun, and whatever is being timed)."""
+
+    def __init__(self):
+        self.group = dist.new_group(backend="gloo")
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def barrier(self) -> None:
+        """Every rank here. gloo waits in the kernel, so a rank sitting a mode out leaves its core free."""
+        dist.barrier(group=self.group)
+
+    def allgather(self, obj) -> list:
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+
+def _link_counters(iface: str) -> tuple[int, int]:
+    """(bytes sent, bytes received) so far through this host's interface ``iface``: the kernel's
+    counters of this network namespace (headers and every flow included, as the shaper sees them)."""
+    with open("/proc/self/net/dev") as f:
+        for line in f.read().splitlines()[2:]:
+            name, _, fields = line.partition(":")
+            if name.strip() == iface:
+                values = fields.split()
+                return int(values[8]), int(values[0])
+    raise SystemExit(f"train_scaling.py: rank {dist.get_rank()} on {socket.gethostname()}: no interface "
+                     f"{iface!r} in /proc/self/net/dev (--link-iface names the link between hosts)")
 
 
 def _batches(rank: int, count: int = 4):
@@ -131,10 +196,7 @@ class _Trainer:
             self.model.register_comm_hook(comm, _lockstep_hook)
         elif name.startswith("ddl+"):
             from ddl_triton.torch import hooks
-            hook = {"allreduce": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
-                    "bf16": hooks.bf16_compress_hook, "int8": hooks.int8_compress_hook,
-                    "onebit": hooks.onebit_compress_hook}[name[4:]]
-            self.model.register_comm_hook(hooks.HookState(comm), hook)
+            self.model.register_comm_hook(hooks.HookState(comm), getattr(hooks, _hook_name(name[4:])))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.data = _batches(rank)
         self.i = 0
@@ -156,6 +218,14 @@ class _Trainer:
             h.update(p.detach().contiguous().numpy().tobytes())
         return h.hexdigest()
 
+    def bucket_sizes(self) -> list[int]:
+        """DDP's bucket sizes in bytes, in the order DDP reduces them (the last is issued when
+        backward ends), as DDP logs them: once it has rebuilt its buckets in the order the first
+        step's gradients arrived (``rebuilt_bucket_sizes``), those."""
+        data = self.model._get_ddp_logging_data()
+        logged = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
+        return [int(x) for x in logged.replace(" ", "").split(",") if x]
+
 
 def _lockstep_hook(comm, bucket):
     """A DDP comm hook that waits for every rank's same bucket (a 4-byte allreduce, issued
@@ -165,93 +235,133 @@ def _lockstep_hook(comm, bucket):
     return future
 
 
-def _setup(world) -> None:
-    """torch.distributed on "ddl" (the default group) with a gloo group beside it, both over
-    torch's TCP store on a port rank 0 picks."""
-    import ddl_triton.torch  # noqa: F401 - registers "ddl"
-    if world.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    else:
-        port = None
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(world.bcast(port, root=0))
-    dist.init_process_group("ddl", rank=world.rank, world_size=world.size)
+def _check_modes(modes: list[str], n: int) -> None:
+    known = [ONE_RANK, independent(n), NO_COMM, LOCKSTEP, "gloo", "ddl"] + [f"ddl+{h}" for h in available_hooks()]
+    unknown = [m for m in modes if m not in known]
+    if unknown:
+        raise SystemExit(f"train_scaling.py: rank {dist.get_rank()}: unknown mode(s) {unknown} at {n} ranks; "
+                         f"known: {', '.join(known)}")
 
 
-def run(model: str, steps: int, rounds: int, modes: list[str], world, bucket_cap_mb: float | None = None,
-        bucket_view: bool = False) -> dict:
+def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bucket_cap_mb: float | None = None,
+        bucket_view: bool = False, link_rate: str = "", link_iface: str = "eth0") -> dict:
     import ddl_triton as ddl
-    rank = world.rank
+    rank, n = ctl.rank, ctl.size
     comm = ddl.init()
     gloo = dist.new_group(backend="gloo")
-    groups = {"1 rank": None, "2 independent": None, "gloo": gloo}
+    groups = {ONE_RANK: None, independent(n): None, "gloo": gloo}
     trainers = {m: _Trainer(m, MODELS[model], groups.get(m, dist.group.WORLD), comm, rank, bucket_cap_mb,
                             bucket_view)
                 for m in modes}
+    hostnames = ctl.allgather(socket.gethostname())
+    hosts = len(set(hostnames))
+    link_bits = parse_rate(link_rate) if link_rate and hosts > 1 else 0
+    reads_link = bool(link_bits) and hostnames.index(hostnames[rank]) == rank  # one rank per host reads
     times: dict[str, list[float]] = {m: [] for m in modes}  # per round: the median step, seconds
     cpu_times: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds per step, all threads
+    link_bytes: dict[str, list[float]] = {m: [] for m in modes}  # per round: the busiest host's, per step
     for r in range(rounds):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for m in order:
             t = trainers[m]
-            _idle_barrier(world)
-            active = m != "1 rank" or rank == r % world.size
-            steps_taken = []
-            cpu = 0.0
+            ctl.barrier()
+            active = m != ONE_RANK or rank == r % n
+            steps_taken, cpu, link = [], 0.0, None
             if active:
                 for _ in range(2):
                     t.step()  # warm-up: caches, buckets rebuilt, the allocator's pools
+            if link_bits:
+                ctl.barrier()  # every rank's link window holds this mode's timed steps and nothing else
+            if active:
+                link0 = _link_counters(link_iface) if reads_link else None
                 cpu0 = time.process_time()
                 steps_taken = [t.step() for _ in range(steps)]
                 cpu = (time.process_time() - cpu0) / steps
-            per_rank = world.allgather((steps_taken, cpu))  # control path
-            slowest = [max(s[i] for s, _ in per_rank if s) for i in range(steps)]
+                if link0 is not None:
+                    link = max(b - a for a, b in zip(link0, _link_counters(link_iface))) / steps
+            per_rank = ctl.allgather((steps_taken, cpu, link))  # control path
+            slowest = [max(s[i] for s, _, _ in per_rank if s) for i in range(steps)]
             times[m].append(statistics.median(slowest))
-            cpu_times[m].append(max(c for _, c in per_rank if c))
-    digests = {m: world.allgather(trainers[m].digest()) for m in modes if trainers[m].synced}
+            cpu_times[m].append(max(c for _, c, _ in per_rank if c))
+            if any(x is not None for _, _, x in per_rank):
+                link_bytes[m].append(max(x for _, _, x in per_rank if x is not None))
+    digests = {m: ctl.allgather(trainers[m].digest()) for m in modes if trainers[m].synced}
     params = sum(p.numel() for p in trainers[modes[0]].model.parameters())
+    ddp_trainers = [t for t in trainers.values() if t.ddp]
+    buckets = ddp_trainers[0].bucket_sizes() if ddp_trainers else []
 
     def paired(numerator: str, m: str) -> list[float]:
         """Per round: that round's ``numerator`` step / mode m's step (none for the baseline itself)."""
-        if numerator not in times or m == "1 rank":
+        if numerator not in times or m == ONE_RANK:
             return []
         return [a / b for a, b in zip(times[numerator], times[m])]
 
+    # The link's bound: what the last bucket, issued when backward ends, needs on the link.
+    no_comm = statistics.median(times[NO_COMM]) if NO_COMM in times else None
+    last_share = buckets[-1] / sum(buckets) if buckets else None
+
+    def bound(seconds_on_link: float) -> float | None:
+        return no_comm / (no_comm + seconds_on_link) if no_comm else None
+
+    fp32_last_s = 2 * (hosts - 1) / hosts * buckets[-1] * 8 / link_bits if link_bits and buckets else None
     rows = []
     for m in modes:
-        ranks = 1 if m == "1 rank" else world.size
+        ranks = 1 if m == ONE_RANK else n
         step = statistics.median(times[m])
+        per_step = statistics.median(link_bytes[m]) if link_bytes[m] else None
+        mode_bound = None
+        if per_step is not None and last_share is not None and trainers[m].ddp and m not in (NO_COMM, LOCKSTEP):
+            mode_bound = bound(per_step * last_share * 8 / link_bits)
         rows.append({"mode": m, "step_ms": step * 1e3, "step_ms_rounds": [x * 1e3 for x in times[m]],
                      "cpu_ms": statistics.median(cpu_times[m]) * 1e3,
                      "img_per_s": ranks * BATCH / step,
-                     "efficiency": _median_or_none(paired("1 rank", m)),
-                     "of_ceiling": _median_or_none(paired("2 independent", m)),
-                     "of_ceiling_rounds": paired("2 independent", m),
+                     "efficiency": _median_or_none(paired(ONE_RANK, m)),
+                     "of_ceiling": _median_or_none(paired(independent(n), m)),
+                     "of_ceiling_rounds": paired(independent(n), m),
+                     "of_no_comm": _median_or_none(paired(NO_COMM, m)),
+                     "of_no_comm_rounds": paired(NO_COMM, m),
+                     "link_bytes_per_step": per_step, "bound": mode_bound,
                      "identical": (len(set(digests[m])) == 1) if m in digests else None})
     return {"model": model, "params": params, "batch_per_rank": BATCH, "steps": steps, "rounds": rounds,
-            "ranks": world.size, "gradient_as_bucket_view": bucket_view, "bucket_cap_mb": bucket_cap_mb, "rows": rows}
+            "ranks": n, "hosts": hosts, "ranks_per_host": [hostnames.count(h) for h in dict.fromkeys(hostnames)],
+            "gradient_as_bucket_view": bucket_view, "bucket_cap_mb": bucket_cap_mb, "bucket_sizes": buckets,
+            "link_rate": link_rate if link_bits else None,
+            "fp32_last_bucket_link_ms": fp32_last_s * 1e3 if fp32_last_s is not None else None,
+            "fp32_bound": bound(fp32_last_s) if fp32_last_s is not None else None, "rows": rows}
 
 
 def _median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _pct(x: float | None) -> str:
+    return f"{x:.1%}" if x else "-"
+
+
 def _print(result: dict) -> None:
     view = ", gradient_as_bucket_view" if result["gradient_as_bucket_view"] else ""
     view += f", bucket cap {result['bucket_cap_mb']} MB" if result["bucket_cap_mb"] is not None else ""
+    layout = f"{result['hosts']} hosts x {'/'.join(map(str, result['ranks_per_host']))} ranks" \
+        if result["hosts"] > 1 else f"{result['ranks']} ranks"
     print(f"# {result['model']}: {result['params'] / 1e6:.2f}M parameters, batch {result['batch_per_rank']} per "
-          f"rank, {result['ranks']} ranks, median of {result['rounds']} rounds x {result['steps']} steps{view}")
+          f"rank, {layout}, median of {result['rounds']} rounds x {result['steps']} steps{view}")
+    across = result["link_rate"] is not None
+    if across:
+        sizes = ", ".join(f"{b / 1e6:.2f}" for b in result["bucket_sizes"])
+        print(f"# links {result['link_rate']}; DDP buckets (MB, in reduction order) {sizes}: the last needs "
+              f"{result['fp32_last_bucket_link_ms']:.1f} ms on the link in fp32 (2(H-1)/H*S), so fp32 is bound at "
+              f"{_pct(result['fp32_bound'])} of no-comm")
     print(f"{'mode':>16} {'step ms':>9} {'cpu ms':>8} {'img/s':>8} {'efficiency':>10} {'of ceiling':>10} "
-          f"{'identical':>9}")
+          f"{'of no-comm':>10}" + (f" {'link MB':>8} {'bound':>7}" if across else "") + f" {'identical':>9}")
     for row in result["rows"]:
-        eff = f"{row['efficiency']:.1%}" if row["efficiency"] else "-"
-        ofc = f"{row['of_ceiling']:.1%}" if row["of_ceiling"] else "-"
         same = {None: "-", True: "yes", False: "NO"}[row["identical"]]
-        print(f"{row['mode']:>16} {row['step_ms']:>9.2f} {row['cpu_ms']:>8.2f} {row['img_per_s']:>8.1f} {eff:>10} "
-              f"{ofc:>10} {same:>9}",
-              flush=True)
+        link = ""
+        if across:
+            mb = f"{row['link_bytes_per_step'] / 1e6:.2f}" if row["link_bytes_per_step"] is not None else "-"
+            link = f" {mb:>8} {_pct(row['bound']):>7}"
+        print(f"{row['mode']:>16} {row['step_ms']:>9.2f} {row['cpu_ms']:>8.2f} {row['img_per_s']:>8.1f} "
+              f"{_pct(row['efficiency']):>10} {_pct(row['of_ceiling']):>10} {_pct(row['of_no_comm']):>10}{link} "
+              f"{same:>9}", flush=True)
 
 
 def main() -> int:
@@ -266,25 +376,35 @@ def main() -> int:
                    "explicitly applies to the first bucket too)")
     p.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP's option: gradients live in its buckets (no copies into or out of them)")
+    p.add_argument("--link-rate", default="", help="across hosts: the rate each host's link is shaped to "
+                   "(e.g. 1gbit); adds each mode's bytes on the link and its bound")
+    p.add_argument("--link-iface", default="eth0", help="across hosts: the interface of the link (default eth0)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.link_rate:
+        parse_rate(args.link_rate)  # a bad rate fails here, before any rank starts training
     torch.set_num_threads(1)
-    world = MPI.COMM_WORLD
-    if world.size != 2:
-        raise SystemExit("train_scaling.py: run it on 2 ranks (ddlrun -n 2 -- python bench/train_scaling.py)")
-    modes = args.modes.split(",") if args.modes else ["1 rank", "2 independent", NO_COMM, LOCKSTEP, "gloo", "ddl"] + \
-        [f"ddl+{h}" for h in HOOKS]
-    _setup(world)
+    import ddl_triton.torch  # noqa: F401 - registers "ddl"
+    # The launcher's rendezvous: ddl:// over MPI under ddlrun/mpiexec, torch's store under torchrun.
+    dist.init_process_group("ddl")
+    ctl = _Control()
+    if ctl.size < 2:
+        raise SystemExit(f"train_scaling.py: rank {ctl.rank}: run it on 2 ranks or more "
+                         "(ddlrun -n 2 -- python bench/train_scaling.py), not on 1")
+    modes = args.modes.split(",") if args.modes else \
+        [ONE_RANK, independent(ctl.size), NO_COMM, LOCKSTEP, "gloo", "ddl"] + [f"ddl+{h}" for h in available_hooks()]
+    _check_modes(modes, ctl.size)
     results = []
     for model in (("cnn", "mlp") if args.model == "both" else (args.model,)):
-        result = run(model, args.steps, args.rounds, modes, world, args.bucket_cap_mb,
-                     args.gradient_as_bucket_view)
+        result = run(model, args.steps, args.rounds, modes, ctl, args.bucket_cap_mb, args.gradient_as_bucket_view,
+                     args.link_rate, args.link_iface)
         results.append(result)
-        if world.rank == 0:
+        if ctl.rank == 0:
             _print(result)
-    if world.rank == 0 and args.json:
+    if ctl.rank == 0 and args.json:
         meta = {"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                "python": sys.version.split()[0]}
+                "python": sys.version.split()[0], "launcher": "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ
+                else "mpi"}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=1)
     dist.destroy_process_group()

@@ -1,0 +1,197 @@
+"""bench/train_scaling.py across hosts: 2 hosts, links shaped to ``--rate``, under ddlrun and under
+torchrun, at 2 hosts x 1 rank and 2 hosts x 2 ranks; each job's own table as it ends, then one
+compact table of every job's shares of the no-comm ceiling beside their bounds.
+
+On a testbed (docs/testbed.md; needs root), run from the repository root:
+
+    .venv/bin/python bench/train_scaling_across_hosts.py --rate 1gbit [--layouts 1,2]
+        [--launchers ddlrun,torchrun] [train_scaling.py's flags: --model cnn --steps 5 --rounds 6 ...]
+
+On real hosts, run it on the first of them, with the repository (and its virtual environment) at
+the same path on every host and a shared file system under it (rank 0 writes the JSON there):
+
+    .venv/bin/python bench/train_scaling_across_hosts.py --hosts a,b --rate 10gbit --iface eth1
+
+A testbed run is that same real-hosts run, started inside h1 with ``--hosts h1,h2`` and
+``ddl-testbed-ssh`` as the ssh (``--ssh``). Per layout and launcher:
+- ddlrun: ``ddlrun -n 2K -H a:K,b:K`` on this host; hydra reaches the other through ``--ssh``
+  (HYDRA_LAUNCHER_EXEC);
+- torchrun: ``ssh HOST torchrun --nnodes 2 --node-rank i --nproc-per-node K --master-addr a`` on
+  each host at once (a static rendezvous: ranks 0..K-1 on a, as under ddlrun). Bounded: past
+  ``--timeout``, or 10 s after one host's torchrun failed, the others are stopped.
+Every job runs train_scaling.py with ``--link-rate RATE --link-iface IFACE`` and
+DDL_TUNING_FILE=off (unless set), OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME and UCX_NET_DEVICES set
+to the interface. The JSON of each job goes to ``--json-prefix``<launcher>-2x<K>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SCRIPT = "bench/train_scaling.py"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", default="1gbit", help="the rate of each host's link (the testbed shapes it to this)")
+    p.add_argument("--hosts", default="", help="real hosts, a comma list of 2, this one first (default: a testbed)")
+    p.add_argument("--ssh", default="ssh", help="the command that runs a command line on another host")
+    p.add_argument("--iface", default="eth0", help="the interface between the hosts")
+    p.add_argument("--layouts", default="1,2", help="ranks per host, a comma list (2 hosts each)")
+    p.add_argument("--launchers", default="ddlrun,torchrun")
+    p.add_argument("--port", type=int, default=29431, help="torchrun's store on the first host (+1 per job)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per job")
+    p.add_argument("--json-prefix", default="build/train-scaling-across-hosts-")
+    args, rest = p.parse_known_args(argv)
+    launchers = args.launchers.split(",")
+    if set(launchers) - {"ddlrun", "torchrun"}:
+        p.error(f"--launchers: ddlrun and/or torchrun, not {args.launchers!r}")
+    layouts = [int(k) for k in args.layouts.split(",")]
+    if not args.hosts:
+        return _on_testbed(args, argv if argv is not None else sys.argv[1:])
+    hosts = args.hosts.split(",")
+    if len(hosts) != 2:
+        p.error(f"--hosts: two hosts, not {args.hosts!r}")
+    (ROOT / args.json_prefix).parent.mkdir(parents=True, exist_ok=True)
+    worst, jobs = 0, []
+    for per_host in layouts:
+        for launcher in launchers:
+            out = ROOT / f"{args.json_prefix}{launcher}-2x{per_host}.json"
+            out.unlink(missing_ok=True)  # a failed job must not leave an older run's figures behind
+            flags = ["--link-rate", args.rate, "--link-iface", args.iface, "--json", str(out), *rest]
+            print(f"# {launcher}: 2 hosts x {per_host} rank{'s' if per_host > 1 else ''}, links {args.rate}",
+                  flush=True)
+            run = _ddlrun if launcher == "ddlrun" else _torchrun
+            code = run(args, hosts, per_host, flags, port=args.port + len(jobs))
+            worst = max(worst, code)
+            jobs.append((launcher, per_host, out))
+    _print_summary(jobs, args.rate)
+    return worst
+
+
+def _on_testbed(args, argv: list[str]) -> int:
+    """Bring up a testbed of 2 hosts at ``args.rate`` and run this script inside h1 against h1,h2."""
+    from ddl_triton.testbed import Testbed
+    with Testbed(hosts=2, rate=args.rate) as bed:
+        command = [sys.executable, str(Path(__file__).resolve()), *argv, "--hosts", "h1,h2",
+                   "--ssh", str(BIN / "ddl-testbed-ssh")]
+        jobs = len(args.layouts.split(",")) * len(args.launchers.split(","))
+        done = bed.run("h1", command, cwd=str(ROOT), capture_output=False, timeout=args.timeout * jobs + 60)
+        return done.returncode
+
+
+def _env(iface: str, ssh: str) -> dict[str, str]:
+    env = {"UCX_NET_DEVICES": iface, "GLOO_SOCKET_IFNAME": iface, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "DDL_TUNING_FILE": os.environ.get("DDL_TUNING_FILE", "off"),
+           "HYDRA_LAUNCHER_EXEC": shutil.which(ssh) or ssh}
+    return env
+
+
+def _ddlrun(args, hosts: list[str], per_host: int, flags: list[str], port: int) -> int:
+    env = dict(os.environ, **_env(args.iface, args.ssh))
+    command = [str(BIN / "ddlrun"), "-n", str(2 * per_host), "-H", ",".join(f"{h}:{per_host}" for h in hosts), "--",
+               sys.executable, SCRIPT, *flags]
+    try:
+        return subprocess.run(command, cwd=ROOT, env=env, timeout=args.timeout, stdin=subprocess.DEVNULL).returncode
+    except subprocess.TimeoutExpired:
+        print(f"# ddlrun: past --timeout {args.timeout:g} s, stopped", flush=True)
+        return 124
+
+
+def _torchrun(args, hosts: list[str], per_host: int, flags: list[str], port: int) -> int:
+    """One torchrun per host, at once, through ``args.ssh``; the first host's output printed, and
+    every host's tail on a failure."""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in _env(args.iface, args.ssh).items() if k != "HYDRA_LAUNCHER_EXEC")
+    outs = [tempfile.TemporaryFile("w+") for _ in hosts]  # files, not pipes: a full pipe would stall a host
+    procs = []
+    for i, (host, out) in enumerate(zip(hosts, outs)):
+        torchrun = [str(BIN / "torchrun"), "--nnodes", str(len(hosts)), "--node-rank", str(i), "--nproc-per-node",
+                    str(per_host), "--master-addr", hosts[0], "--master-port", str(port), SCRIPT, *flags]
+        # exec all the way down, so that stopping the ssh stops torchrun (which stops its ranks).
+        remote = f"cd {shlex.quote(str(ROOT))} && exec env {env} {shlex.join(torchrun)}"
+        procs.append(subprocess.Popen([args.ssh, host, remote], stdout=out, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL))
+    try:
+        deadline = time.monotonic() + args.timeout
+        while any(q.poll() is None for q in procs) and time.monotonic() < deadline:
+            if any(q.returncode not in (None, 0) for q in procs):
+                deadline = min(deadline, time.monotonic() + 10)
+            time.sleep(0.2)
+    finally:
+        for q in procs:
+            if q.poll() is None:
+                q.terminate()
+        for q in procs:
+            try:
+                q.wait(20)
+            except subprocess.TimeoutExpired:
+                q.kill()
+                q.wait(10)
+    codes = [q.returncode for q in procs]
+    for i, (host, out) in enumerate(zip(hosts, outs)):
+        out.seek(0)
+        text = out.read()
+        out.close()
+        if i == 0 and not any(codes):
+            print(text, end="", flush=True)
+        elif any(codes):
+            print(f"# torchrun on {host}: exit {codes[i]}\n{text[-4000:]}", flush=True)
+    return max(abs(c) for c in codes)
+
+
+def _print_summary(jobs: list[tuple[str, int, Path]], rate: str) -> None:
+    """Per model: each mode's share of the no-comm ceiling and its bound, one column per job."""
+    loaded = []
+    for launcher, per_host, path in jobs:
+        results = json.loads(path.read_text())["results"] if path.exists() else []
+        loaded.append((f"{launcher} 2x{per_host}", {r["model"]: r for r in results}))
+    models = list(dict.fromkeys(m for _, by_model in loaded for m in by_model))
+    for model in models:
+        print(f"\n# {model}, links {rate}: share of the no-comm ceiling (paired medians) / the mode's bound "
+              f"(from the bytes it put on the link)", flush=True)
+        columns = [(name, by_model.get(model)) for name, by_model in loaded]
+        modes = list(dict.fromkeys(_row_name(row["mode"]) for _, r in columns if r for row in r["rows"]))
+        print(f"{'':>16}" + "".join(f" {name:>17}" for name, _ in columns))
+
+        def line(label: str, cell) -> None:
+            print(f"{label:>16}" + "".join(f" {cell(r) if r else 'failed':>17}" for _, r in columns), flush=True)
+
+        line("fp32 bound", lambda r: _pct(r["fp32_bound"]))
+        line("no-comm step ms", lambda r: next((f"{x['step_ms']:.1f}" for x in r["rows"]
+                                                 if x["mode"] == "ddp no-comm"), "-"))
+        # What the machine allows: every rank training alone at once, against one rank alone (with
+        # more ranks than cores, this is where oversubscription shows).
+        line("ceiling/1 rank", lambda r: next((_pct(x["efficiency"]) for x in r["rows"]
+                                               if _row_name(x["mode"]) == "N independent"), "-"))
+        for mode in modes:
+            def cell(r, mode=mode) -> str:
+                row = next((x for x in r["rows"] if _row_name(x["mode"]) == mode), None)
+                if row is None:
+                    return "-"
+                if row["bound"] is None:
+                    return _pct(row["of_no_comm"])
+                return f"{_pct(row['of_no_comm'])} / {_pct(row['bound'])}"
+            line(mode, cell)
+
+
+def _row_name(mode: str) -> str:
+    """One row for the ceiling across layouts: "2 independent" and "4 independent" are "N independent"."""
+    return "N independent" if mode.endswith(" independent") else mode
+
+
+def _pct(x) -> str:
+    return f"{x:.1%}" if x else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
