@@ -38,7 +38,10 @@ world size:
 - ``gloo``: DDP on torch's gloo;
 - ``ddl``: DDP on the "ddl" backend (DDP's own allreduce through the process group);
 - ``ddl+<hook>``: DDP on "ddl" with a comm hook from ddl_triton.torch.hooks (``ddl+auto``:
-  ``auto_compress_hook``, compression chosen per level of the hierarchy, where that hook exists).
+  ``auto_compress_hook``: full precision inside a host, compressed between hosts where it pays);
+- ``ddl[<setting>]``: DDP on a "ddl" process group made with ``DDL_COMPRESSION=<setting>`` (the
+  ``compression`` option of the default path: int8, onebit or auto), no hook. Where a mode
+  compresses per level, the table's notes say what each bucket size sent between hosts, and why.
 
 "cpu ms" is the CPU time one rank's process spends per step, every thread included (the
 busiest rank's): what communication costs the cores beside the time it adds. A step's time
@@ -87,6 +90,7 @@ from ddl_triton.testbed.hosts import parse_rate  # the standard library only: no
 
 BATCH = 32
 HOOKS = ("allreduce", "fp16", "bf16", "int8", "onebit", "auto")  # "auto" where the hooks module has it
+COMPRESSION_MODES = ("auto",)  # ddl[<setting>] in the default modes; int8 and onebit by name
 ONE_RANK = "1 rank"
 NO_COMM = "ddp no-comm"
 LOCKSTEP = "ddp lockstep"
@@ -136,6 +140,26 @@ def available_hooks() -> list[str]:
 
 def _hook_name(short: str) -> str:
     return "allreduce_hook" if short == "allreduce" else f"{short}_compress_hook"
+
+
+def compression_settings() -> list[str]:
+    """The settings of Options.compression other than "none" (none where the option does not exist)."""
+    from ddl_triton import options
+    return [c for c in getattr(options, "COMPRESSION", ()) if c != "none"]
+
+
+def _compressed_group(setting: str):
+    """A "ddl" process group over every rank whose communicator has Options.compression = setting:
+    a new group reads the DDL_* variables when it is made, so set DDL_COMPRESSION for that moment."""
+    before = os.environ.get("DDL_COMPRESSION")
+    os.environ["DDL_COMPRESSION"] = setting
+    try:
+        return dist.new_group(backend="ddl")
+    finally:
+        if before is None:
+            del os.environ["DDL_COMPRESSION"]
+        else:
+            os.environ["DDL_COMPRESSION"] = before
 
 
 class _Control:
@@ -190,13 +214,16 @@ class _Trainer:
         if name == NO_COMM:
             ddp_options["forward_sync_buffers"] = False  # DDP's only communication besides gradients
         self.model = DDP(net, **ddp_options) if self.ddp else net
+        self.hook_state = None
+        self.group = group
         if name == NO_COMM:
             self.model.register_comm_hook(None, unchanged_bucket_hook)
         elif name == LOCKSTEP:
             self.model.register_comm_hook(comm, _lockstep_hook)
         elif name.startswith("ddl+"):
             from ddl_triton.torch import hooks
-            self.model.register_comm_hook(hooks.HookState(comm), getattr(hooks, _hook_name(name[4:])))
+            self.hook_state = hooks.HookState(comm)
+            self.model.register_comm_hook(self.hook_state, getattr(hooks, _hook_name(name[4:])))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.data = _batches(rank)
         self.i = 0
@@ -226,6 +253,21 @@ class _Trainer:
         logged = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
         return [int(x) for x in logged.replace(" ", "").split(",") if x]
 
+    def compression_notes(self) -> list[str]:
+        """Where this mode compresses per level: what each of its bucket sizes sent between hosts,
+        and why (decided during training, so asking again is not collective)."""
+        if self.name == "ddl+auto":
+            explain = self.hook_state.explain
+        elif self.name.startswith("ddl[") and self.group.compression is not None:
+            explain = self.group.compression.explain
+        else:
+            return []
+        return [explain(b) for b in self.bucket_sizes()]
+
+    def close(self) -> None:
+        if self.hook_state is not None and hasattr(self.hook_state, "close"):
+            self.hook_state.close()  # the per-level groups auto_compress_hook made
+
 
 def _lockstep_hook(comm, bucket):
     """A DDP comm hook that waits for every rank's same bucket (a 4-byte allreduce, issued
@@ -236,7 +278,8 @@ def _lockstep_hook(comm, bucket):
 
 
 def _check_modes(modes: list[str], n: int) -> None:
-    known = [ONE_RANK, independent(n), NO_COMM, LOCKSTEP, "gloo", "ddl"] + [f"ddl+{h}" for h in available_hooks()]
+    known = [ONE_RANK, independent(n), NO_COMM, LOCKSTEP, "gloo", "ddl"] + [f"ddl+{h}" for h in available_hooks()] \
+        + [f"ddl[{c}]" for c in compression_settings()]
     unknown = [m for m in modes if m not in known]
     if unknown:
         raise SystemExit(f"train_scaling.py: rank {dist.get_rank()}: unknown mode(s) {unknown} at {n} ranks; "
@@ -250,6 +293,7 @@ def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bu
     comm = ddl.init()
     gloo = dist.new_group(backend="gloo")
     groups = {ONE_RANK: None, independent(n): None, "gloo": gloo}
+    groups.update({m: _compressed_group(m[4:-1]) for m in modes if m.startswith("ddl[")})
     trainers = {m: _Trainer(m, MODELS[model], groups.get(m, dist.group.WORLD), comm, rank, bucket_cap_mb,
                             bucket_view)
                 for m in modes}
@@ -289,6 +333,9 @@ def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bu
     params = sum(p.numel() for p in trainers[modes[0]].model.parameters())
     ddp_trainers = [t for t in trainers.values() if t.ddp]
     buckets = ddp_trainers[0].bucket_sizes() if ddp_trainers else []
+    notes = {m: trainers[m].compression_notes() for m in modes}
+    for t in trainers.values():
+        t.close()
 
     def paired(numerator: str, m: str) -> list[float]:
         """Per round: that round's ``numerator`` step / mode m's step (none for the baseline itself)."""
@@ -320,7 +367,7 @@ def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bu
                      "of_ceiling_rounds": paired(independent(n), m),
                      "of_no_comm": _median_or_none(paired(NO_COMM, m)),
                      "of_no_comm_rounds": paired(NO_COMM, m),
-                     "link_bytes_per_step": per_step, "bound": mode_bound,
+                     "link_bytes_per_step": per_step, "bound": mode_bound, "compression": notes[m],
                      "identical": (len(set(digests[m])) == 1) if m in digests else None})
     return {"model": model, "params": params, "batch_per_rank": BATCH, "steps": steps, "rounds": rounds,
             "ranks": n, "hosts": hosts, "ranks_per_host": [hostnames.count(h) for h in dict.fromkeys(hostnames)],
@@ -362,6 +409,9 @@ def _print(result: dict) -> None:
         print(f"{row['mode']:>16} {row['step_ms']:>9.2f} {row['cpu_ms']:>8.2f} {row['img_per_s']:>8.1f} "
               f"{_pct(row['efficiency']):>10} {_pct(row['of_ceiling']):>10} {_pct(row['of_no_comm']):>10}{link} "
               f"{same:>9}", flush=True)
+    for row in result["rows"]:
+        for note in row["compression"]:
+            print(f"# {row['mode']}: {note}")
 
 
 def main() -> int:
@@ -392,7 +442,8 @@ def main() -> int:
         raise SystemExit(f"train_scaling.py: rank {ctl.rank}: run it on 2 ranks or more "
                          "(ddlrun -n 2 -- python bench/train_scaling.py), not on 1")
     modes = args.modes.split(",") if args.modes else \
-        [ONE_RANK, independent(ctl.size), NO_COMM, LOCKSTEP, "gloo", "ddl"] + [f"ddl+{h}" for h in available_hooks()]
+        [ONE_RANK, independent(ctl.size), NO_COMM, LOCKSTEP, "gloo", "ddl"] + [f"ddl+{h}" for h in available_hooks()] \
+        + [f"ddl[{c}]" for c in COMPRESSION_MODES if c in compression_settings()]
     _check_modes(modes, ctl.size)
     results = []
     for model in (("cnn", "mlp") if args.model == "both" else (args.model,)):

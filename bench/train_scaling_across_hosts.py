@@ -21,11 +21,15 @@ A testbed run is that same real-hosts run, started inside h1 with ``--hosts h1,h
   ``--timeout``, or 10 s after one host's torchrun failed, the others are stopped.
 Every job runs train_scaling.py with ``--link-rate RATE --link-iface IFACE`` and
 DDL_TUNING_FILE=off (unless set), OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME and UCX_NET_DEVICES set
-to the interface. The JSON of each job goes to ``--json-prefix``<launcher>-2x<K>.json.
+to the interface. The JSON of each job goes to ``--json-prefix``<launcher>-2x<K>.json. ``--lock F``
+holds an exclusive lock on F during each job (``--lock /tmp/ddl_bench.lock`` for timed runs on a
+shared machine), so other timed runs can go between the jobs.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -52,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=29431, help="torchrun's store on the first host (+1 per job)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per job")
     p.add_argument("--json-prefix", default="build/train-scaling-across-hosts-")
+    p.add_argument("--lock", default="", help="a file to hold an exclusive lock on during each job (as flock(1) "
+                   "would: /tmp/ddl_bench.lock for timed runs), released between jobs")
     args, rest = p.parse_known_args(argv)
     launchers = args.launchers.split(",")
     if set(launchers) - {"ddlrun", "torchrun"}:
@@ -72,7 +78,8 @@ def main(argv=None) -> int:
             print(f"# {launcher}: 2 hosts x {per_host} rank{'s' if per_host > 1 else ''}, links {args.rate}",
                   flush=True)
             run = _ddlrun if launcher == "ddlrun" else _torchrun
-            code = run(args, hosts, per_host, flags, port=args.port + len(jobs))
+            with _locked(args.lock):
+                code = run(args, hosts, per_host, flags, port=args.port + len(jobs))
             worst = max(worst, code)
             jobs.append((launcher, per_host, out))
     _print_summary(jobs, args.rate)
@@ -88,6 +95,20 @@ def _on_testbed(args, argv: list[str]) -> int:
         jobs = len(args.layouts.split(",")) * len(args.launchers.split(","))
         done = bed.run("h1", command, cwd=str(ROOT), capture_output=False, timeout=args.timeout * jobs + 60)
         return done.returncode
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    """Hold an exclusive flock on ``path`` (nothing when ""): one timed job at a time on a shared machine."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _env(iface: str, ssh: str) -> dict[str, str]:
