@@ -89,12 +89,23 @@ def main(argv=None) -> int:
 def _on_testbed(args, argv: list[str]) -> int:
     """Bring up a testbed of 2 hosts at ``args.rate`` and run this script inside h1 against h1,h2."""
     from ddl_triton.testbed import Testbed
-    with Testbed(hosts=2, rate=args.rate) as bed:
-        command = [sys.executable, str(Path(__file__).resolve()), *argv, "--hosts", "h1,h2",
-                   "--ssh", str(BIN / "ddl-testbed-ssh")]
-        jobs = len(args.layouts.split(",")) * len(args.launchers.split(","))
-        done = bed.run("h1", command, cwd=str(ROOT), capture_output=False, timeout=args.timeout * jobs + 60)
-        return done.returncode
+    command = [sys.executable, str(Path(__file__).resolve()), *argv, "--hosts", "h1,h2",
+               "--ssh", str(BIN / "ddl-testbed-ssh")]
+    lock_fd = None
+    if args.lock:
+        # h1 has a /tmp of its own: the lock file it must hold is this one, reached through an
+        # inherited descriptor (its /proc/self/fd link opens this very file from any mount namespace).
+        lock_fd = os.open(args.lock, os.O_RDWR | os.O_CREAT, 0o666)
+        command += ["--lock", f"/proc/self/fd/{lock_fd}"]
+    try:
+        with Testbed(hosts=2, rate=args.rate) as bed:
+            jobs = len(args.layouts.split(",")) * len(args.launchers.split(","))
+            done = bed.run("h1", command, cwd=str(ROOT), capture_output=False, timeout=args.timeout * jobs + 60,
+                           pass_fds=() if lock_fd is None else (lock_fd,))
+            return done.returncode
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
 
 
 @contextlib.contextmanager
