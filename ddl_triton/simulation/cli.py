@@ -4,6 +4,8 @@
         --schedule multidim [--compress int8] [--baseline 4] [--plot curves.png]
     python -m ddl_triton.simulate allreduce --cluster local --ranks 2 --bytes 4194304 --schedule ring \\
         [--topology 2x2] [--link-emulation mpi:bw=1GB/s,lat=50us]
+    python -m ddl_triton.simulate allreduce --cluster testbed --ranks 4 --topology 2x2 --bytes 4194304 \\
+        --schedule hierarchical [--rate 1gbit]
 
 train: per GPU count, the iteration time, the communication not hidden behind backward,
 and the scaling efficiency against one GPU (and against ``--baseline`` GPUs, a paper's own
@@ -12,7 +14,9 @@ baseline), for each schedule given (``--schedule`` accepts a comma-separated lis
 ddl_triton/clusters/*.toml hold the hardware numbers, each with its source.
 
 allreduce: one allreduce on this host (``--cluster local``: the cost model ddl-tune fitted
-here for these ranks and topology, probing for one if there is none), or on any cluster.
+here for these ranks and topology, probing for one if there is none), across the testbed's hosts
+(``--cluster testbed --topology XxH [--rate 1gbit]``: the same fitted model, its MPI link moved
+onto the testbed's shaped one), or on any cluster.
 ``--link-emulation`` adds the emulated link (transports/link_emulation.py) to the MPI
 link's latency and per-byte time, to predict a ``DDL_LINK_EMULATION`` run.
 """
@@ -97,6 +101,8 @@ def _plot(curves: dict, args, cluster_name: str) -> None:
 
 
 def allreduce(args) -> int:
+    if args.cluster != "local" and load(args.cluster).calibrated:
+        return _allreduce_across_hosts(args)
     if args.cluster != "local":
         seconds, how = scale.allreduce_time(load(args.cluster), args.ranks, args.bytes, args.schedule[0],
                                             compress=args.compress)
@@ -109,6 +115,27 @@ def allreduce(args) -> int:
     where = f"topology {args.topology or args.ranks}" + (f", link {args.link_emulation}" if args.link_emulation else "")
     print(f"{args.schedule[0]} allreduce of {args.bytes} B on {args.ranks} ranks ({where}): {seconds * 1e6:.1f} us "
           f"predicted (model: {source})")
+    return 0
+
+
+def _allreduce_across_hosts(args) -> int:
+    """A calibrated cluster of hosts (the testbed): this host's fitted model for the same grid of
+    emulated nodes, its MPI link moved onto the cluster's (ddl_triton/simulation/across_hosts.py)."""
+    from . import across_hosts
+
+    cluster = load(args.cluster)
+    if args.rate:
+        cluster = across_hosts.with_rate(cluster, args.rate)
+    dims = [int(d) for d in (args.topology or f"1x{args.ranks}").lower().split("x")]
+    if len(dims) != 2 or dims[0] * dims[1] != args.ranks:
+        raise SystemExit(f"--cluster {args.cluster}: --topology must be XxH (X ranks on each of H hosts) for "
+                         f"{args.ranks} ranks, got {args.topology!r}")
+    model, source = across_hosts.hosts_model(cluster, dims[0], dims[1], probe=not args.no_probe)
+    p = across_hosts.hosts_allreduce(cluster, model, dims[0], dims[1], args.bytes, args.schedule[0],
+                                     chunk_bytes=args.chunk_bytes)
+    print(f"{args.schedule[0]} allreduce of {args.bytes} B on {dims[1]} hosts x {dims[0]} of {args.cluster}"
+          f"{' at ' + args.rate if args.rate else ''}: {p.seconds * 1e6:.1f} us predicted (unshaped "
+          f"{p.unshaped * 1e6:.1f} us; {p.link_bytes:.0f} B on the busiest host link; model: {source})")
     return 0
 
 
@@ -161,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--topology", default="")
     a.add_argument("--chunk-bytes", type=int, default=2 << 20, help="pipeline chunk (default: Options' 2 MiB)")
     a.add_argument("--link-emulation", default="")
+    a.add_argument("--rate", default="", help="a shaped cluster's tbf rate (--cluster testbed), e.g. 100mbit")
     a.add_argument("--compress", choices=sorted(scale.COMPRESSION), default="none")
     a.add_argument("--no-probe", action="store_true", help="without a tuning table, use the built-in model")
     args = p.parse_args(argv)

@@ -1,6 +1,6 @@
 """Cluster specifications for the scale-out simulator: levels, links, device and compute, as data.
 
-A cluster is a TOML file in ``ddl_triton/clusters/`` (``minsky``, ``bigbasin``, ``local``)
+A cluster is a TOML file in ``ddl_triton/simulation/clusters/`` (``minsky``, ``bigbasin``, ``local``, ``testbed``)
 or any path. Every number is a table ``{ value = ..., source = "..." }``: the source is a
 citation tag ([C] confirmed, [D] derived, [U] unconfirmed) or the word "assumed", so a
 prediction can always say what it rests on. Layout:
@@ -10,6 +10,10 @@ prediction can always say what it rests on. Layout:
     [links.intra] bandwidth_gbps, slowest_hop_gbps, alpha_us    (within a node)
     [links.inter] bandwidth_gbps, alpha_us                      (between nodes of a rack)
     [links.rack]  bandwidth_gbps, alpha_us                      (between racks)
+                  optional on a link: shaped_gbit, goodput_share, burst_bytes (a tbf token bucket
+                  on each direction of each host's link, as on the testbed: links[level]["shaped"]);
+                  same_host_alpha_us, same_host_gbps (MPI between two ranks of one host, which a
+                  fitted model of this host holds and a calibrated cluster replaces by the link's)
     [device]      hbm_gbps (reductions and copies run at memory speed), step_overhead_us,
                   bucket_overhead_us (a DDP bucket's cost beside its allreduce)
     [compute]     img_per_s at a model and batch, backward_over_forward
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ._data_files import named_file
+from .shaped_link import ShapedLink
 from ..planning.costmodel import CostModel, Link
 
 try:
@@ -107,6 +112,15 @@ def load(name_or_path: str) -> Cluster:
         if "slowest_hop_gbps" in spec:  # a ring within the node runs at its slowest hop
             gbps = min(gbps, _value(spec, "slowest_hop_gbps", sources, f"links.{level}"))
         links[level] = {"alpha": _value(spec, "alpha_us", sources, f"links.{level}") * 1e-6, "beta": 1 / (gbps * 1e9)}
+        if "shaped_gbit" in spec:  # a token bucket (tbf) on each direction of each host's link
+            share = links[level]["goodput_share"] = _value(spec, "goodput_share", sources, f"links.{level}")
+            links[level]["shaped"] = ShapedLink(
+                rate=_value(spec, "shaped_gbit", sources, f"links.{level}") * 1e9 / 8 * share,
+                burst=_value(spec, "burst_bytes", sources, f"links.{level}") * share)
+        for key in ("same_host_alpha_us", "same_host_gbps"):  # MPI between two ranks of one host
+            if key in spec:
+                value = _value(spec, key, sources, f"links.{level}")
+                links[level][key] = value * 1e-6 if key.endswith("_us") else 1 / (value * 1e9)
     device = data.get("device", {})
     img = compute.get("img_per_s", {})
     return Cluster(

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from .. import schedules
 from .cluster import Cluster
+from .shaped_link import ShapedLink, TokenBucket
 from ..planning.costmodel import CostModel
 from ..schedules import grid as grid_mod
 from .workload import Layer
@@ -183,7 +184,8 @@ def straggler_factor(gpus: int, jitter: float) -> float:
 
 def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *, batch: int,
               compute: float, bucket_mb: float = 25.0, compress: str = "none",
-              allreduce=None, jitter: float = 0.0, bucket_overhead=None, overlapped_overhead=None) -> Iteration:
+              allreduce=None, jitter: float = 0.0, bucket_overhead=None, overlapped_overhead=None,
+              first_bucket_mb: float | None = None, link: ShapedLink | None = None, link_bytes=None) -> Iteration:
     """One data-parallel iteration on ``gpus`` GPUs (see the module doc). ``allreduce(nbytes)``
     overrides the allreduce time. ``bucket_overhead``: seconds each bucket costs beside its
     allreduce (the comm hook, the hand-off to the communicator's thread; default the
@@ -192,7 +194,14 @@ def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *
     where communication shares compute's cores, as on this host, overlapping costs more than
     the hand-off (bench/validate_simulator.py measures both). ``jitter``: the
     per-GPU compute time's coefficient of variation ([U]; 0 = identical GPUs): every GPU
-    count above one computes at the expected pace of its slowest GPU (``straggler_factor``)."""
+    count above one computes at the expected pace of its slowest GPU (``straggler_factor``).
+    ``first_bucket_mb``: the first bucket's own cap (DDP caps its first bucket at 1 MiB by default;
+    None: ``bucket_mb`` like the rest). ``link``: a host link shaped by a token bucket
+    (simulation/shaped_link.py), which each bucket's allreduce crosses with ``link_bytes(nbytes)``
+    bytes on its busiest direction, in issue order; the allreduce is done when both its costed time
+    and its bytes on that link are through; the bucket's level carries over from bucket to bucket, so
+    a bucket issued after a spell of computing gets the burst. The allreduce's costed time
+    (``allreduce``) is then its unshaped time: the shaping is added here, once."""
     ratio = cluster.backward_over_forward
     total_macs = sum(l.fwd_macs for l in layers) or 1
     forward = compute * straggler_factor(gpus, jitter) / (1 + ratio)
@@ -202,7 +211,7 @@ def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *
         t += ratio * forward * layer.fwd_macs / total_macs
         ready.append((t, layer.params * 4))
     backward_end = t
-    cap = bucket_mb * 1e6
+    cap = (bucket_mb if first_bucket_mb is None else first_bucket_mb) * 1e6
     buckets, size, at = [], 0, 0.0
     for when, nbytes in ready:
         size += nbytes
@@ -210,17 +219,23 @@ def iteration(cluster: Cluster, layers: list[Layer], gpus: int, schedule: str, *
         if size >= cap:
             buckets.append((at, size))
             size = 0
+            cap = bucket_mb * 1e6
     if size:
         buckets.append((at, size))
     cost = allreduce or (lambda nbytes: allreduce_time(cluster, gpus, nbytes, schedule, compress=compress)[0])
     per_bucket = cluster.bucket_overhead if bucket_overhead is None else bucket_overhead
     per_overlapped = per_bucket if overlapped_overhead is None else overlapped_overhead
+    wire = TokenBucket(link) if link is not None else None
     end, spent = 0.0, 0.0
     if gpus > 1:
         for when, nbytes in buckets:
             extra = per_overlapped if when < backward_end else per_bucket
             took = cost(nbytes) + (extra(nbytes) if callable(extra) else extra)
-            end = max(end, when) + took
+            # Without overlap, the communication done so far has delayed the computing by ``spent``.
+            start = max(end, when if cluster.overlap else when + spent)
+            end = start + took
+            if wire is not None:
+                end = max(end, wire.transfer(start, link_bytes(nbytes)))
             spent += took
-    finished = max(backward_end, end) if cluster.overlap else backward_end + spent
+    finished = max(backward_end, end) if cluster.overlap else max(backward_end + spent, end)
     return Iteration(gpus, compute, finished, finished - backward_end, spent, len(buckets))

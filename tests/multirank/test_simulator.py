@@ -14,7 +14,7 @@ from ddl_triton.transports.link_emulation import LinkSpec, Pacer, parse
 from ddl_triton.simulation.workload import Layer, layers_from_module, load_layers
 
 
-@pytest.mark.parametrize("name", ["minsky", "bigbasin", "local"])
+@pytest.mark.parametrize("name", ["minsky", "bigbasin", "local", "testbed"])
 def test_every_number_of_a_cluster_spec_carries_a_source(name):
     cluster = load(name)
     assert cluster.sources and all(str(src).strip() for src in cluster.sources.values())
@@ -25,7 +25,7 @@ def test_a_spec_without_a_source_is_refused(tmp_path):
     spec.write_text('name = "bad"\n[levels]\ngpus_per_node = { value = 4 }\nnodes_per_rack = { value = 1, source = "x" }\n')
     with pytest.raises(ValueError, match="levels.gpus_per_node has no source"):
         load(str(spec))
-    with pytest.raises(ValueError, match="unknown cluster 'nope'; known: bigbasin, local, minsky"):
+    with pytest.raises(ValueError, match="unknown cluster 'nope'; known: bigbasin, local, minsky, testbed"):
         load("nope")
 
 
