@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, fields
 
 _KIB = 1024
+COMPRESSION = ("none", "int8", "onebit", "auto")  # Options.compression: see ddl_triton/torch/level_compression.py
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class Options:
                                           tuning table in use, on stderr (default 0)
     link_emulation (DDL_LINK_EMULATION)   a testing tool: "mpi:bw=1GB/s,lat=50us" makes MPI messages behave like
                                           a slower link (transports/link_emulation.py); "" (default): off
+    compression (DDL_COMPRESSION)         lossy, so opt-in: the "ddl" process group's float allreduces of at least
+                                          64 KiB (DDP's buckets) go fp32 over shm inside a host and compressed
+                                          between hosts (ddl_triton/runtime/per_level.py): "int8", "onebit", or
+                                          "auto" (per size, where it pays: ddl_triton/tuning/compression.py);
+                                          "none" (default): full precision everywhere
     """
 
     timeout: float = 300.0
@@ -61,6 +67,7 @@ class Options:
     dump_dir: str = ""
     debug: bool = False
     link_emulation: str = ""
+    compression: str = "none"
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -78,6 +85,9 @@ class Options:
             raise ValueError(f"Options.flight_entries must be >= 1, got {self.flight_entries}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"Options.kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
+        if self.compression not in COMPRESSION:
+            raise ValueError(f"Options.compression (DDL_COMPRESSION) must be one of {', '.join(COMPRESSION)}, "
+                             f"got {self.compression!r}")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Options":

@@ -20,6 +20,8 @@ probe's figures (or the table) are the same everywhere.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from ..runtime import per_level
@@ -31,6 +33,9 @@ SETTINGS = ("none", "int8", "onebit", "auto")
 # link time int8 can save (~0.4 ms of 64 KiB at 1 Gbit/s) is about what its two extra
 # latency-bound steps cost between hosts.
 MIN_BYTES = 64 * 1024
+# Residuals kept at most (least recently used dropped first): DDP's buckets are a few hundred at
+# the most, while buffers an application allreduces once and frees would otherwise pile up.
+MAX_KEYS = 256
 
 
 class LevelCompression:
@@ -49,7 +54,7 @@ class LevelCompression:
         self.residual_resets = 0
         self._levels: per_level.Levels | None = None
         self._speeds = None
-        self._residuals: dict = {}
+        self._residuals: OrderedDict = OrderedDict()
 
     @property
     def levels(self) -> per_level.Levels:
@@ -57,6 +62,13 @@ class LevelCompression:
         if self._levels is None:
             self._levels = per_level.Levels(self.comm)
         return self._levels
+
+    def takes(self, tensor: torch.Tensor, op: str) -> bool:
+        """Whether the option path compresses this allreduce: a setting other than "none", an
+        "avg" or "sum" of a float CPU tensor of at least MIN_BYTES."""
+        return (self.setting != "none" and op in ("avg", "sum") and tensor.is_cpu
+                and tensor.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and tensor.numel() * tensor.element_size() >= MIN_BYTES)
 
     def decide(self, nbytes: int):
         """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason."""
@@ -99,15 +111,19 @@ class LevelCompression:
 
     def residuals(self, key, method: str, numel: int):
         """(worker, server) error-feedback residuals under ``key``: zeros when new, or when the size or
-        method under the key changed (counted in ``residual_resets``)."""
+        method under the key changed (counted in ``residual_resets``). At most MAX_KEYS are kept."""
         w, s = per_level.residual_sizes(self.levels, method, numel)
         held = self._residuals.get(key)
         if held is not None and held[0] == (method, numel):
+            self._residuals.move_to_end(key)
             return held[1], held[2]
         if held is not None:
             self.residual_resets += 1
         pair = (torch.zeros(w, dtype=torch.float32), None if s is None else torch.zeros(s, dtype=torch.float32))
         self._residuals[key] = ((method, numel), *pair)
+        self._residuals.move_to_end(key)
+        while len(self._residuals) > MAX_KEYS:
+            self._residuals.popitem(last=False)
         return pair
 
     def reset_residuals(self) -> None:

@@ -33,6 +33,7 @@ from torch.distributed import ReduceOp
 from .arguments import (async_opts, chain, check_device, check_same, one_list, one_tensor, pairs, plain_opts,
                         reduce_opts, root_rank, split_rows)
 from .futures import completed_work, join_torch_works, then, torch_work
+from .level_compression import LevelCompression, buffer_key
 from .staging import copy_stage, reduce_stage, shares, unflatten_into
 
 BACKEND_NAME = "ddl"
@@ -58,6 +59,9 @@ class DdlProcessGroup(dist.ProcessGroup):
         self._owns_comm = owns_comm
         self._names: dict[str, str] = {}
         self._p2p = p2p
+        # Options.compression: DDP-sized float allreduces compressed between hosts only (opt-in: lossy).
+        self._compression = LevelCompression(comm, comm.options.compression) \
+            if comm.options.compression != "none" else None
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -89,6 +93,12 @@ class DdlProcessGroup(dist.ProcessGroup):
         """The ddl_triton Communicator this group runs on."""
         return self._comm
 
+    @property
+    def compression(self):
+        """The per-level compression of ``Options.compression`` (level_compression.py: its
+        ``explain(nbytes)`` says what a size sends between hosts, and why), or None when "none"."""
+        return self._compression
+
     def __repr__(self) -> str:
         return f"DdlProcessGroup(rank={self._comm.rank}, size={self._comm.size})"
 
@@ -103,6 +113,12 @@ class DdlProcessGroup(dist.ProcessGroup):
             return self._folded(tensor, op, opts, "allreduce")
         wire, finish = reduce_stage(tensor, op, "allreduce")
         _premultiply(wire, factor, "allreduce")
+        lc = self._compression
+        if lc is not None and lc.takes(wire, op):
+            lc.decide(wire.numel() * 4)  # here, not in the issue below: the first decision is collective
+            key = buffer_key(tensor)     # DDP's bucket buffers persist: each keeps its residual
+            # woken at once: its Work is made outside the queue, so nothing would wake a held call
+            return self._run(lambda a: lc.allreduce(wire, key, op=op, async_op=a), [tensor], opts, finish, hold=False)
         return self._run(lambda a: self._comm.allreduce(wire, op=op, async_op=a), [tensor], opts, finish)
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -313,6 +329,8 @@ class DdlProcessGroup(dist.ProcessGroup):
     def shutdown(self) -> None:
         """Release the point-to-point communicator, and the Communicator if this group created it."""
         self._p2p.close()
+        if self._compression is not None:
+            self._compression.close()
         if self._owns_comm:
             _close_communicator(self._comm)
             self._owns_comm = False
@@ -352,11 +370,11 @@ class DdlProcessGroup(dist.ProcessGroup):
         works = [single(o, i, async_opts(opts, options_type)) for o, i in pairs(outputs, inputs, what)]
         return join_torch_works(works, list(outputs))
 
-    def _run(self, call, outputs, opts, finish=None):
+    def _run(self, call, outputs, opts, finish=None, hold: bool = True):
         """Run ``call(async_op)`` inline when ``opts.asyncOp`` is false, else in the background."""
-        return self._run_many([call], outputs, opts, finish)
+        return self._run_many([call], outputs, opts, finish, hold)
 
-    def _run_many(self, calls, outputs, opts, finish=None):
+    def _run_many(self, calls, outputs, opts, finish=None, hold: bool = True):
         if not getattr(opts, "asyncOp", True):
             for call in calls:
                 call(False)
@@ -367,7 +385,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         # call into Python. Woken now, the communicator's thread would take the GIL and backward
         # would wait for it (0.4-0.7 ms per bucket on a busy core); get_future wakes it instead
         # (as do wait, is_completed and any later call).
-        issuing = self._comm.waking_later() if _called_from_cpp_backward() else contextlib.nullcontext()
+        issuing = self._comm.waking_later() if hold and _called_from_cpp_backward() else contextlib.nullcontext()
         with issuing:
             return torch_work(lambda: [call(True) for call in calls], outputs, finish)
 
