@@ -98,6 +98,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--plot", metavar="PNG", help="draw busbw against size per candidate (needs matplotlib)")
     p.add_argument("--peers", action="store_true", help="also time MPICH's MPI_Allreduce and gloo (allreduce)")
     p.add_argument("--kernels", action="store_true", help="tune the Triton kernels' launch configurations (CUDA)")
+    p.add_argument("--compression", action="store_true",
+                   help="also time the per-level int8 / 1-bit allreduce against fp32 from 4 KiB up, per level's link "
+                        "(what Options.compression=auto follows: ddl_triton/tuning/compression.py)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     unknown = [c for c in args.collectives if c not in schedules.COLLECTIVES]
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         validation = validate(args, world, comms[layout], table, rows)
         if rank == 0:
             table.model_info["validation"] = validation
+    if args.compression:
+        table.compression = _sweep_compression(args, comms[layout], sizes)  # the same on every rank
     if rank == 0:
         table.created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         written = []
@@ -212,6 +217,26 @@ def _print_summary(table, elapsed: float, stopped: bool, written: list[str]) -> 
               f"within 25%: {sum(e <= 0.25 for e in errs)}/{len(errs)}")
     for path in written:
         print(f"# wrote {path}")
+
+
+def _sweep_compression(args, comm, sizes: list[int]) -> dict:
+    """--compression: the table's ``compression`` section, printed on rank 0 (tuning/compression.py)."""
+    from ..runtime.per_level import Levels
+    from .compression import from_table, sweep_compression
+
+    levels = Levels(comm)
+    try:
+        section = sweep_compression(levels, [b for b in sizes if b >= 4096], rounds=max(3, args.rounds // 2))
+    finally:
+        levels.close()
+    if comm.rank == 0:
+        for name, link in section["levels"].items():
+            print(f"# {name} link ({link['ranks']} ranks): {link['bytes_per_s'] / 1e9:.3f} GB/s, "
+                  f"{link['latency_us']:.0f} us per step")
+        for e in section["entries"]:
+            print(f"# compression at {e['bytes']:>10} B: {from_table(section, e['bytes'], levels.hosts).method:>5}  "
+                  + ", ".join(f"{m} {t:.0f} us" for m, t in e["by_method"].items()))
+    return section
 
 
 def _flat_params(d: dict) -> dict:

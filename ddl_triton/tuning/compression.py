@@ -15,18 +15,19 @@ worth the time spent compressing. Two sources answer it, in this order:
    rank decides alike). For a shard of s = 4C bytes (C = ceil(N / L)) on H hosts:
 
        none:   2(H-1) * latency + 2(H-1)/H * s / bandwidth
-       int8:   2(H-1) * latency + wire_bytes("int8", C, H) / bandwidth + 2 * s / int8_speed
-       onebit: 2(H-1) * latency + wire_bytes("onebit", C, H) / bandwidth + 2 * s / onebit_speed
+       int8:   2(H-1) * latency + wire_bytes("int8", C, H) / bandwidth + 2 * (fixed + s / speed)
+       onebit: likewise with 1-bit's wire bytes, fixed cost and speed
 
-   (the intra-host phases are the same fp32 bytes either way, so they cancel; ``*_speed`` is fp32
-   bytes per second through one compress + decompress, and a call does about two of them: the
-   worker's, and the server's fused reduce-and-requantize with the final decompress).
+   (the intra-host phases are the same fp32 bytes either way, so they cancel; ``fixed`` and
+   ``speed`` are one compress + decompress on this CPU, its cost at 1 KiB and its fp32 bytes per
+   second at 1 MiB; a call does about two of them: the worker's, and the server's fused
+   reduce-and-requantize with the final decompress).
 
 ``auto`` picks among "none" and "int8" only: 1-bit's quality depends on the optimizer (it
 oscillates under momentum, docs/torch.md), which a rule measuring time cannot see; name
 ``onebit`` to use it. The table still records 1-bit's times, and ``Decision.estimates_us``
-shows them. Example (2 hosts x 1 rank, 1 Gbit/s: 0.114 GB/s, 150 us; int8 at 1 GB/s): a 2 MiB
-bucket -> none 18.7 ms, int8 8.9 ms: "int8"; a 4 KiB tensor -> none 336 us, int8 347 us: "none".
+shows them. Example (2 hosts x 1 rank, 1 Gbit/s: 0.114 GB/s, 150 us; int8: 1 GB/s, 40 us fixed):
+a 2 MiB bucket -> none 18.7 ms, int8 9.2 ms: "int8"; a 4 KiB tensor -> none 336 us, int8 397 us: "none".
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ __all__ = ["AUTO_METHODS", "CompressorSpeed", "Decision", "LinkSpeed", "decide",
            "probe", "sweep_compression"]
 
 AUTO_METHODS = ("int8",)  # what auto may choose besides "none" (see the module doc for 1-bit)
-_PROBE_SMALL, _PROBE_BIG = 8, 1 << 20
+_PROBE_SMALL, _PROBE_FIXED, _PROBE_BIG = 8, 1 << 10, 1 << 20
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,11 @@ class LinkSpeed:
 
 @dataclass(frozen=True)
 class CompressorSpeed:
-    """fp32 bytes per second through one compress + decompress on this CPU, per method."""
+    """One compress + decompress on this CPU, per method: fp32 bytes per second (at 1 MiB) and
+    the fixed cost per call (us, at 1 KiB)."""
 
     bytes_per_s: dict
+    fixed_us: dict
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ def predict_us(method: str, nbytes: int, hosts: int, local: int, link: LinkSpeed
     if method == "none":
         return steps + 2 * (hosts - 1) / hosts * 4 * c / link.bytes_per_s * 1e6
     wire = compressed.wire_bytes(method, c, hosts, block=block)
-    return steps + wire / link.bytes_per_s * 1e6 + 2 * 4 * c / speed.bytes_per_s[method] * 1e6
+    return steps + wire / link.bytes_per_s * 1e6 + 2 * (speed.fixed_us[method] + 4 * c / speed.bytes_per_s[method] * 1e6)
 
 
 def decide(nbytes: int, hosts: int, local: int, link: LinkSpeed | None, speed: CompressorSpeed | None, *,
@@ -123,15 +126,17 @@ def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
 
     comm, cross, hosts = levels.comm, levels.cross, levels.hosts
     mine = [_time_allreduce(cross, _PROBE_SMALL), _time_allreduce(cross, _PROBE_BIG)]
-    mine += [_time_compressor(m) for m in ("int8", "onebit")]
+    mine += [_time_compressor(m, n) for m in ("int8", "onebit") for n in (_PROBE_FIXED, _PROBE_BIG)]
     agreed = torch.tensor(mine, dtype=torch.float64)
     comm.allreduce(agreed, op="max")  # same figures everywhere: the same decisions everywhere
-    small, big, t_int8, t_onebit = agreed.tolist()
+    small, big, i8_fixed, i8_big, ob_fixed, ob_big = agreed.tolist()
     steps = 2 * (hosts - 1)
     latency = small / steps * 1e6
     bw = 2 * (hosts - 1) / hosts * _PROBE_BIG / max(big - small, 1e-9)
     link = LinkSpeed(latency, bw, f"probed at first use over the {hosts} hosts")
-    return link, CompressorSpeed({"int8": _PROBE_BIG / t_int8, "onebit": _PROBE_BIG / t_onebit})
+    return link, CompressorSpeed({"int8": _PROBE_BIG / max(i8_big - i8_fixed, 1e-9),
+                                  "onebit": _PROBE_BIG / max(ob_big - ob_fixed, 1e-9)},
+                                 {"int8": i8_fixed * 1e6, "onebit": ob_fixed * 1e6})
 
 
 def sweep_compression(levels, sizes: list[int], rounds: int = 5) -> dict:
@@ -182,13 +187,13 @@ def _time_allreduce(comm, nbytes: int, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def _time_compressor(method: str, reps: int = 3) -> float:
-    """Median seconds of one compress + decompress of 1 MiB of fp32 with ``method``'s kernels."""
+def _time_compressor(method: str, nbytes: int, reps: int = 5) -> float:
+    """Median seconds of one compress + decompress of ``nbytes`` of fp32 with ``method``'s kernels."""
     import torch
 
     from ..kernels import dequantize_int8, quantize_int8, sign_compress, sign_decompress
 
-    x = torch.linspace(-1, 1, _PROBE_BIG // 4, dtype=torch.float32)
+    x = torch.linspace(-1, 1, nbytes // 4, dtype=torch.float32)
     residual = torch.zeros_like(x)
     out = torch.empty_like(x)
 

@@ -30,6 +30,12 @@ a **key**, and the runtime uses it only when every field of the key matches:
       "model": {"parameters": {...CostModel.to_dict()...}, "fit": {"samples": 212, "median_abs_rel_error": 0.08,
                 "not_fitted": ["mpi_alpha", "mpi_beta"]}, "validation": [...]},
       "kernels": {"reduce": {"config": {"BLOCK": 4096, "num_warps": 8, "num_stages": 1}}},   # optional (CUDA)
+      "compression": {"levels": {"intra": {...}, "inter": {"latency_us": 150.0, "bytes_per_s": 1.1e8, ...}},
+                      "entries": [{"bytes": 2097152, "by_method": {"none": 18900.0, "int8": 6100.0, "onebit": 2900.0}}]},
+                                               # optional (ddl-tune --compression): each level's link and,
+                                               #   per size, the fp32 and per-level compressed allreduce's
+                                               #   median; what Options.compression="auto" follows
+                                               #   (ddl_triton/tuning/compression.py)
       "measurements": [...]                    # every timed candidate (for plots and refits)
     }
 
@@ -94,6 +100,7 @@ class TuningTable:
     kernels: dict = field(default_factory=dict)
     measurements: list = field(default_factory=list)
     peers: dict = field(default_factory=dict)
+    compression: dict = field(default_factory=dict)
     created: str = ""
     path: str = ""                      # where it was loaded from ("" when built in memory)
 
@@ -129,8 +136,8 @@ class TuningTable:
 
     def digest(self) -> str:
         """A short hash of what makes two tables choose alike (key, options, entries, model)."""
-        payload = json.dumps([self.key, self.options, self.entries, self.model.to_dict() if self.model else None],
-                             sort_keys=True)
+        payload = json.dumps([self.key, self.options, self.entries, self.model.to_dict() if self.model else None]
+                             + ([self.compression] if self.compression else []), sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     # -- (de)serialisation ---------------------------------------------------------------
@@ -138,7 +145,9 @@ class TuningTable:
         return {"format": FORMAT, "version": VERSION, "created": self.created, "key": self.key,
                 "options": self.options, "entries": self.entries,
                 "model": {"parameters": self.model.to_dict(), **self.model_info} if self.model else None,
-                "kernels": self.kernels, "peers": self.peers, "measurements": self.measurements}
+                "kernels": self.kernels, "peers": self.peers, **({"compression": self.compression}
+                                                                    if self.compression else {}),
+                "measurements": self.measurements}
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (a reader never sees half a table)."""
@@ -199,9 +208,17 @@ def from_json(data, path: str = "<memory>") -> TuningTable:
     for name in ("chunk_bytes", "pipeline_depth"):
         if not isinstance(opts.get(name), int) or opts[name] < 1:
             raise bad(f"options.{name} must be a positive integer, got {opts.get(name)!r}")
+    compression = data.get("compression") or {}
+    for row in compression.get("entries", []) if isinstance(compression, dict) else [None]:
+        times = row.get("by_method") if isinstance(row, dict) else None
+        if not isinstance(row, dict) or not isinstance(row.get("bytes"), int) or not isinstance(times, dict) \
+                or "none" not in times or not all(isinstance(v, (int, float)) and v > 0 for v in times.values()):
+            raise bad("compression.entries: each entry needs an integer 'bytes' and a 'by_method' of positive "
+                      "times including 'none'")
     return TuningTable(key=data["key"], options=opts, entries=entries, model=model, model_info=info,
                        kernels=data.get("kernels") or {}, measurements=data.get("measurements") or [],
-                       peers=data.get("peers") or {}, created=str(data.get("created", "")), path=path)
+                       peers=data.get("peers") or {}, compression=compression, created=str(data.get("created", "")),
+                       path=path)
 
 
 def _check_row(row, where: str, bad) -> None:

@@ -1,0 +1,124 @@
+"""Per-level compression without ranks: the option's parsing, the auto rule, the table section, the groups' arithmetic.
+
+- ``Options.compression`` / ``DDL_COMPRESSION``: "none" by default, the four settings accepted, anything
+  else refused with an error naming the variable; a bad setting handed to the torch side names the rank;
+- ``tuning.compression.decide``: never compresses on one host or on unequal hosts; on a slow link a
+  bucket compresses and a small tensor does not; on a fast link nothing does; the docstring's figures;
+- ``from_table``: the entry measured nearest in log size decides; a table's section round-trips through
+  JSON and a malformed one is refused;
+- ``per_level.Levels`` on a fake communicator: unequal hosts build no groups and ``allreduce`` refuses
+  with the rank and the counts; one rank per host sizes the residuals like ``compressed``.
+"""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ddl_triton.options import Options
+from ddl_triton.runtime import compressed, per_level
+from ddl_triton.tuning import table as tuning
+from ddl_triton.tuning.compression import CompressorSpeed, Decision, LinkSpeed, decide, from_table
+
+GBIT = LinkSpeed(150.0, 0.114e9, "test")           # 1 Gbit/s through tbf, as the testbed measures it
+FAST = LinkSpeed(5.0, 10e9, "test")                 # a link faster than the compressor
+SPEED = CompressorSpeed({"int8": 1e9, "onebit": 1e9}, {"int8": 40.0, "onebit": 40.0})
+
+
+def test_compression_option_parses_and_refuses():
+    assert Options().compression == "none"
+    for value in ("none", "int8", "onebit", "auto"):
+        assert Options.from_env({"DDL_COMPRESSION": value}).compression == value
+    with pytest.raises(ValueError, match="DDL_COMPRESSION.*none, int8, onebit, auto.*'int4'"):
+        Options.from_env({"DDL_COMPRESSION": "int4"})
+    with pytest.raises(ValueError, match="compression"):
+        Options(compression="fp16")
+
+
+def test_a_bad_setting_on_the_torch_side_names_the_rank():
+    from ddl_triton.torch.level_compression import LevelCompression
+
+    with pytest.raises(ValueError, match="rank 3: compression must be one of none, int8, onebit, auto"):
+        LevelCompression(SimpleNamespace(rank=3), "zstd")
+
+
+def test_auto_never_compresses_on_one_host_or_unequal_hosts():
+    for nbytes in (0, 8, 1 << 20, 1 << 30):
+        assert decide(nbytes, 1, 4, None, None).method == "none"
+        assert "one host" in decide(nbytes, 1, 4, None, None).reason
+        assert decide(nbytes, 2, 2, GBIT, SPEED, uniform=False).method == "none"
+
+
+def test_auto_compresses_a_bucket_on_a_slow_link_only():
+    big, small = decide(2 << 20, 2, 1, GBIT, SPEED), decide(4096, 2, 1, GBIT, SPEED)
+    assert (big.method, small.method) == ("int8", "none")
+    assert round(big.estimates_us["none"] / 1000, 1) == 18.7 and round(big.estimates_us["int8"] / 1000, 1) == 9.2
+    assert round(small.estimates_us["none"]) == 336 and round(small.estimates_us["int8"]) == 397
+    assert "0.114 GB/s" in big.reason and "int8" in big.reason
+    assert decide(64 << 20, 2, 2, FAST, SPEED).method == "none"
+    # 1-bit only when a caller allows it: it is never auto's pick by default
+    assert decide(64 << 20, 2, 1, GBIT, SPEED).method == "int8"
+    assert decide(64 << 20, 2, 1, GBIT, SPEED, methods=("int8", "onebit")).method == "onebit"
+
+
+def _section():
+    return {"levels": {"inter": {"what": "inter-host", "ranks": 2, "latency_us": 150.0, "bytes_per_s": 1.1e8}},
+            "entries": [{"bytes": 65536, "by_method": {"none": 900.0, "int8": 1400.0, "onebit": 1300.0}},
+                        {"bytes": 4 << 20, "by_method": {"none": 38000.0, "int8": 12000.0, "onebit": 6000.0}}]}
+
+
+def test_the_table_decides_by_the_nearest_measured_size():
+    s = _section()
+    assert from_table(s, 60000, 2).method == "none"
+    assert from_table(s, 3 << 20, 2).method == "int8"  # onebit is faster there, but auto does not pick it
+    assert "measured at 4194304 B" in from_table(s, 3 << 20, 2).reason
+    assert from_table(s, 3 << 20, 1).method == "none"
+    assert from_table({"entries": []}, 3 << 20, 2) is None
+
+
+def test_the_table_section_round_trips_and_is_checked():
+    t = tuning.TuningTable(key={"world_size": 2}, options={"chunk_bytes": 1 << 21, "pipeline_depth": 4}, entries={},
+                           compression=_section())
+    back = tuning.from_json(json.loads(json.dumps(t.to_json())))
+    assert back.compression == _section() and back.digest() == t.digest()
+    plain = tuning.TuningTable(key={"world_size": 2}, options=dict(t.options), entries={})
+    assert "compression" not in plain.to_json() and plain.digest() != t.digest()
+    bad = t.to_json()
+    bad["compression"]["entries"][0]["by_method"] = {"int8": 5.0}
+    with pytest.raises(tuning.TuningTableError, match="compression.entries"):
+        tuning.from_json(bad)
+
+
+def _fake(rank: int, node_of_rank: tuple[int, ...]):
+    on_node = tuple(r for r, n in enumerate(node_of_rank) if n == node_of_rank[rank])
+    return SimpleNamespace(rank=rank, size=len(node_of_rank),
+                           placement=SimpleNamespace(node_of_rank=node_of_rank, on_node=on_node))
+
+
+def test_unequal_hosts_build_no_groups_and_refuse():
+    lv = per_level.Levels(_fake(2, (0, 0, 1)))
+    assert (lv.uniform, lv.hosts, lv.node, lv.cross) == (False, 2, None, None)
+    with pytest.raises(ValueError, match=r"rank 2: .*same number of ranks on every host, got \[2, 1\]"):
+        per_level.allreduce(lv, torch.ones(8))
+    with pytest.raises(ValueError, match="rank 2: .*one of int8, onebit"):
+        per_level.allreduce(lv, torch.ones(8), method="zfp")
+
+
+def test_one_rank_per_host_sizes_residuals_like_compressed():
+    for rank in range(3):
+        lv = per_level.Levels(_fake(rank, (0, 1, 2)))
+        assert lv.cross is lv.comm and lv.cross_rank == rank
+        for n in (1, 31, 1000, 4099):
+            a, b = compressed.chunk_bounds(n, 3, 32)[rank]
+            assert per_level.residual_sizes(lv, "onebit", n) == (n, b - a)
+            assert per_level.residual_sizes(lv, "int8", n) == (n, None)
+            assert per_level.wire_bytes(lv, "int8", n) == {"intra": 0, "inter": compressed.wire_bytes("int8", n, 3)}
+    one = per_level.Levels(_fake(1, (0, 0)))
+    assert one.node is one.comm and per_level.residual_sizes(one, "int8", 1000) == (0, None)
+
+
+def test_the_decision_type_carries_its_reason():
+    d = Decision("none", "why")
+    assert (d.method, d.reason, d.estimates_us) == ("none", "why", {})
