@@ -4,6 +4,8 @@ Run (4 ranks; any launcher that starts MPI ranks works):
 
     ddlrun -n 4 -- python examples/train_cnn.py --hook int8
     mpiexec -n 4 python examples/train_cnn.py --hook onebit --epochs 25
+    ddlrun -n 4 --topology 2x2 -- python examples/train_cnn.py --hook auto --compression int8   # per level
+    DDL_COMPRESSION=auto ddlrun -n 4 --topology 2x2 -- python examples/train_cnn.py --hook none  # no hook
 
 What it does: every rank builds the same CNN (fixed seed), wraps it in
 ``DistributedDataParallel`` on the "ddl" backend when ``ddl_triton.torch`` registers it (else
@@ -45,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-HOOKS = ("none", "allreduce", "fp16", "bf16", "int8", "onebit")
+HOOKS = ("none", "allreduce", "fp16", "bf16", "int8", "onebit", "auto")
 
 
 def load_data(seed: int = 0, test_size: float = 0.25, mpi_comm=None):
@@ -134,16 +136,17 @@ def init_process_group(backend: str = "auto") -> str:
     return backend
 
 
-def make_hook(name: str, comm, error_feedback: bool = True):
-    """(hook function or None, HookState) for a ``--hook`` name."""
+def make_hook(name: str, comm, error_feedback: bool = True, compression: str = "auto"):
+    """(hook function or None, HookState) for a ``--hook`` name; ``compression``: what the
+    per-level hook ("auto") sends between hosts (HookState.compression)."""
     from ddl_triton.torch import hooks
 
     table = {"none": None, "allreduce": hooks.allreduce_hook, "fp16": hooks.fp16_compress_hook,
              "bf16": hooks.bf16_compress_hook, "int8": hooks.int8_compress_hook,
-             "onebit": hooks.onebit_compress_hook}
+             "onebit": hooks.onebit_compress_hook, "auto": hooks.auto_compress_hook}
     if name not in table:
         raise ValueError(f"unknown hook {name!r}; valid: {', '.join(HOOKS)}")
-    return table[name], hooks.HookState(comm, error_feedback=error_feedback)
+    return table[name], hooks.HookState(comm, error_feedback=error_feedback, compression=compression)
 
 
 def batches(n_train: int, global_batch: int, epochs: int, seed: int):
@@ -211,6 +214,8 @@ def main(argv=None) -> int:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0,
                    help="DDP's gradient bucket size; smaller buckets start allreducing earlier in backward")
     p.add_argument("--no-error-feedback", action="store_true", help="int8/onebit without error feedback")
+    p.add_argument("--compression", choices=("auto", "int8", "onebit", "none"), default="auto",
+                   help="--hook auto: what goes between hosts (fp32 over shm inside a host); auto: where it pays")
     p.add_argument("--log-steps", action="store_true", help="a line per step (loss, samples/s, bytes) instead of a bar")
     p.add_argument("--quiet", action="store_true", help="neither a progress bar nor per-step lines")
     args = p.parse_args(argv)
@@ -224,7 +229,7 @@ def main(argv=None) -> int:
     rank, size = comm.rank, comm.size
     data = load_data(args.seed, mpi_comm=MPI.COMM_WORLD)
     model = DDP(build_model(args.seed), bucket_cap_mb=args.bucket_cap_mb)
-    hook, state = make_hook(args.hook, comm, error_feedback=not args.no_error_feedback)
+    hook, state = make_hook(args.hook, comm, error_feedback=not args.no_error_feedback, compression=args.compression)
     if hook is not None:
         model.register_comm_hook(state, hook)
     global_batch = size * args.batch_size
@@ -266,12 +271,21 @@ def main(argv=None) -> int:
     mean = lambda xs: sum(MPI.COMM_WORLD.allgather(sum(xs) / max(1, len(xs)))) / size  # noqa: E731 - over steps, ranks
     mean_sent, mean_received = mean(step_sent), mean(step_received)
     rate = sorted(step_rates)[len(step_rates) // 2] if step_rates else 0.0
+    per_level = ""
+    if args.hook == "auto":  # what the bucket got between hosts, and why
+        per_level = state.explain(4 * sum(q.numel() for q in model.parameters()))
+    elif getattr(model.process_group, "compression", None) is not None:  # DDL_COMPRESSION on the "ddl" backend
+        per_level = "; ".join(model.process_group.compression.explain(b) for b in model.process_group.compression.decisions)
     if rank == 0:
+        if per_level:
+            print(f"# per-level compression: {per_level}")
         print(f"# {len(losses)} steps in {elapsed:.2f} s; median {rate:.0f} samples/s; test accuracy {acc:.4f}; "
               f"replicas bitwise identical: {'yes' if same else 'NO'}")
-        print(f"RESULT hook={args.hook} backend={backend} ranks={size} accuracy={acc:.4f} loss={losses[-1]:.4f} "
+        hook_name = args.hook + (f"/{args.compression}" if args.hook == "auto" else "")
+        print(f"RESULT hook={hook_name} backend={backend} ranks={size} accuracy={acc:.4f} loss={losses[-1]:.4f} "
               f"bytes_per_step={mean_sent:.0f} received_per_step={mean_received:.0f} samples_per_s={rate:.0f} "
               f"identical={int(same)}", flush=True)
+    state.close()
     dist.destroy_process_group()
     ddl.finalize()
     return 0 if same else 1

@@ -70,7 +70,8 @@ class HookState:
     ``payload_bytes`` (bytes the hooks' algorithms send from this rank, computed from their
     layouts; for allreduce_hook that of a bandwidth-optimal ring, 2(n-1)/n * bytes),
     ``residual_resets``; ``sent_bytes()`` and ``received_bytes()`` *measure* the bytes this rank's
-    communicator has moved since the state was made (all its traffic, from ``comm.transport_bytes``).
+    communicator has moved since the state was made (all its traffic, from ``comm.transport_bytes``,
+    and that of the per-level groups ``auto_compress_hook`` made).
     Example: state = HookState(); ... two steps of a 1000-element fp32 bucket, 4 ranks, int8_compress_hook
              -> state.calls == 2, state.grad_bytes == 8000, state.payload_bytes == 2 * 6 * 4 * (64 + 1)
     """
@@ -126,7 +127,8 @@ class HookState:
 
     # -- private -----------------------------------------------------------------------------
     def _moved(self, what: str) -> int:
-        return sum(t[what] for t in self.comm.transport_bytes.values())
+        # auto_compress_hook's bytes travel on the per-level groups' communicators: counted too
+        return sum(t[what] for c in (self.comm, *self._levels.groups) for t in c.transport_bytes.values())
 
     def _count(self, buf: torch.Tensor, payload: int) -> None:
         self.calls += 1

@@ -70,6 +70,12 @@ class LevelCompression:
                 and tensor.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and tensor.numel() * tensor.element_size() >= MIN_BYTES)
 
+    @property
+    def groups(self) -> list:
+        """The communicators the per-level groups added (none before first use, or where the groups
+        are ``comm`` itself): their ``transport_bytes`` count the bytes of per-level calls."""
+        return list(self._levels._owned) if self._levels is not None else []
+
     def decide(self, nbytes: int):
         """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason."""
         from ..tuning import compression as rule
