@@ -63,7 +63,8 @@ is shaped to), the table adds the link:
   link bytes per step, times the last bucket's share of the gradient bytes, over the rate.
 The header states the same bound for fp32 from DDP's bucket layout alone (its logged bucket
 sizes after the rebuild; the last bucket carries 2(H-1)/H * S_last through each of the H hosts'
-links): the figure no full-precision mode can pass.
+links): the figure no full-precision mode can pass, but for what the shaper lets through at
+once (the testbed's tbf burst: about 2 ms of traffic, when the link was idle before).
 ``--gradient-as-bucket-view`` passes DDP's option of that name to every DDP mode
 (gradients live in DDP's buckets: no copy into or out of them).
 """
