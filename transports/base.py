@@ -100,7 +100,7 @@ class PeerTimeout(Exception):
 
 def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
                spin: float = DEFAULT_SPIN_SECONDS, alive: Callable[[], bool] | None = None,
-               sleep: Callable[[float], None] | None = None) -> None:
+               sleep: Callable[[float], None] | None = None, prompt: bool = False) -> None:
     """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds, as
     soon as ``alive()`` (checked every quarter second) says the peer's process is gone, or
     half a second after the launcher's notice that a process of the job died.
@@ -110,6 +110,12 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     return early when woken (the shm transport sleeps on a futex its peer wakes). Every function in
     ``progress_hooks`` runs before each check (link emulation hands over due messages
     there, whatever transport the wait is on).
+
+    ``prompt``: a wait on a two-sided transport's message (MPI, gloo) on a thread that has nothing
+    else to do never naps, however busy the host: it yields between checks, so it answers the
+    peer's message at once. A nap there costs the protocol a round trip (MPI's rendezvous
+    handshake, a call check), where on shm it only delays reading data that is already there.
+    A background thread's wait (run_in_background) naps as usual: the application computes beside it.
     """
     if progress_hooks:
         ready = _with_progress(ready)
@@ -123,7 +129,8 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     now = time.monotonic()
     current_wait = (peer, what, time.time())
     try:
-        _wait_slowly(ready, now + timeout, now + _LIVENESS_PERIOD, peer, what, alive, sleep)
+        _wait_slowly(ready, now + timeout, now + _LIVENESS_PERIOD, peer, what, alive, sleep,
+                     prompt and not getattr(_background, "on", False))
     except PeerTimeout:
         last_stuck = current_wait
         raise
@@ -141,7 +148,8 @@ def _with_progress(ready: Callable[[], bool]) -> Callable[[], bool]:
     return check
 
 
-def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive, sleep) -> None:
+def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive, sleep,
+                 never_nap: bool = False) -> None:
     # A background wait naps at once only where the peer's publish wakes it (a futex): a wait on
     # MPI must keep calling into MPI for a large transfer to progress, so it yields first, and
     # naps only while no core is spare (a woken wait sleeps regardless: its wake-up is prompt).
@@ -162,7 +170,7 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
                 if ready():
                     return
         now = time.monotonic()
-        if now >= start_napping:
+        if now >= start_napping and not never_nap:
             if woken or not _host_has_a_spare_core():
                 nap = nap or _FIRST_NAP_SECONDS
             else:
@@ -226,6 +234,9 @@ def _usable_cpus() -> int:
 class Transport(Protocol):
     name: str
     spin: float  # seconds a wait spins before yielding (see wait_until)
+    # What the executor does for this transport (ddl_triton/runtime/executor.py), by capability:
+    completes_sends: bool  # its sends finish after publish: flush at the end of every collective
+    posts_receives_early: bool  # a receive posted ahead lets data land sooner: prefetch a window ahead
     bytes_sent: int
     bytes_received: int
 

@@ -46,6 +46,8 @@ class MpiTransport(StagedSends):
     """Messages to any rank of ``comm`` (a communicator private to ddl_triton)."""
 
     name = "mpi"
+    completes_sends = True  # two-sided: sends to complete, receives to post
+    posts_receives_early = True
 
     def __init__(self, comm, emulate=None):
         self.comm = comm
@@ -98,7 +100,7 @@ class MpiTransport(StagedSends):
         size = max(size, offset + count)
         self.prefetch(peer, msg_id, size, dtype)
         req, buf = self._posted[(peer, msg_id)]
-        wait_until(req.Test, timeout, peer, f"MPI message {msg_id}", spin=self.spin)
+        wait_until(req.Test, timeout, peer, f"MPI message {msg_id}", spin=self.spin, prompt=True)
         self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
         item = dtype.itemsize
         return buf[offset * item:(offset + count) * item].view(dtype)
@@ -106,7 +108,7 @@ class MpiTransport(StagedSends):
     def flush(self, timeout: float) -> None:
         """Complete every outstanding send (its receiver may be the last to arrive)."""
         for reqs, buf, dest in self._sending:
-            wait_until(lambda: _complete(reqs), timeout, dest, "MPI send completion", spin=self.spin)
+            wait_until(lambda: _complete(reqs), timeout, dest, "MPI send completion", spin=self.spin, prompt=True)
             self._give(buf)
         self._sending = []
 

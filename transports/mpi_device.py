@@ -64,6 +64,8 @@ class DeviceMpiTransport:
     transport (a Dup: its tags never meet the CPU path's); freed at close."""
 
     name = "mpi"
+    completes_sends = True  # host-staged MPI: sends to complete, receives to post
+    posts_receives_early = True
 
     def __init__(self, comm, device: torch.device, *, cuda_aware: bool = False, _stream_ops=_CudaStreamOps):
         self.comm = comm

@@ -134,6 +134,8 @@ class NvshmemTransport:
     PE ``i``; peers are named by communicator rank in every call (as ShmTransport does)."""
 
     name = "nvshmem"
+    completes_sends = True  # its stream is seen through in flush, under the deadline
+    posts_receives_early = False
 
     def __init__(self, node_comm, world_of_local: list[int], *, slot_bytes: int, depth: int,
                  device: torch.device, world_ranks: list[int]):

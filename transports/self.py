@@ -11,6 +11,8 @@ import torch
 
 class SelfTransport:
     name = "self"
+    completes_sends = False
+    posts_receives_early = False
     spin = 0.0  # nothing to wait for
 
     def __init__(self):

@@ -108,6 +108,8 @@ class ShmTransport:
     """
 
     name = "shm"
+    completes_sends = False  # one-sided: a publish is the whole send
+    posts_receives_early = False
     LANE_FLAG_WORD = _LANE_FLAG_WORD
     LANE_HEAD_WORDS = _LANE_HEAD_WORDS
 

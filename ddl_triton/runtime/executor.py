@@ -94,8 +94,8 @@ class Executor:
                 self._transports.append(t)
         # Two-sided transports have sends to complete; a GPU transport has its stream to see
         # through under the deadline (its waits are on the device, where no deadline reaches).
-        self._flushers = [t for t in self._transports if t.name in ("mpi", "nvshmem")]
-        self._has_lookahead = any(t.name == "mpi" for t in self._transports) and size > 1
+        self._flushers = [t for t in self._transports if t.completes_sends]
+        self._has_lookahead = any(t.posts_receives_early for t in self._transports) and size > 1
         # Compiled step lists by schedule identity (schedules are cached, so they recur).
         self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}
         self.record = None   # the flight recorder's record of the running call (its step label is kept up to date)
@@ -157,7 +157,7 @@ class Executor:
             base[q] += sends[q]
 
     def _prefetch(self, program: list[_Compiled], i: int, base: list[int], dtype: torch.dtype) -> None:
-        # Post receives one pipeline window ahead (only the MPI transport acts on this).
+        # Post receives one pipeline window ahead (two-sided transports act on this).
         first = 0 if i == 0 else i + self.depth - 1
         for j in range(first, min(len(program), i + self.depth)):
             c = program[j]

@@ -23,16 +23,16 @@ from ddl_triton.transports.base import PeerTimeout, run_in_background, wait_unti
 WAIT_S = 0.5
 
 
-def _wait_in_thread(background: bool, ready_after: float, sleep=None) -> tuple[float, float]:
+def _wait_in_thread(background: bool, ready_after: float, sleep=None, prompt: bool = False) -> tuple[float, float]:
     """(CPU seconds the waiting thread used, wall seconds it waited)."""
     out = {}
-    ready_at = time.monotonic() + ready_after
 
     def waiter():
         if background:
             run_in_background()
         cpu0, t0 = time.thread_time(), time.monotonic()
-        wait_until(lambda: time.monotonic() >= ready_at, 10.0, 1, "a test condition", sleep=sleep)
+        ready_at = t0 + ready_after  # from the wait's start: a loaded host may start the thread late
+        wait_until(lambda: time.monotonic() >= ready_at, 10.0, 1, "a test condition", sleep=sleep, prompt=prompt)
         out["cpu"], out["wall"] = time.thread_time() - cpu0, time.monotonic() - t0
 
     t = threading.Thread(target=waiter)
@@ -59,6 +59,21 @@ def test_a_timed_wait_keeps_yielding_while_a_core_is_spare(background, monkeypat
     cpu, wall = _wait_in_thread(background, 0.05)
     assert wall >= 0.05 * 0.9
     assert naps == [], f"a wait with a spare core napped {len(naps)} times"
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
+def test_a_prompt_wait_never_naps_on_the_application_thread(background, monkeypatch):
+    # A wait for a two-sided transport's message (MPI, gloo) answers at once however busy the
+    # host: a nap would cost the protocol a round trip. A background thread still naps.
+    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: False)  # every core is busy
+    naps = []
+    monkeypatch.setattr(base.time, "sleep", lambda s: naps.append(s))
+    _, wall = _wait_in_thread(background, 0.05, prompt=True)
+    assert wall >= 0.05 * 0.9
+    if background:
+        assert naps, "a background thread's prompt wait never napped on a busy host"
+    else:
+        assert naps == [], f"a prompt wait on the application thread napped {len(naps)} times"
 
 
 def test_a_host_whose_cores_are_all_busy_has_no_spare_core():
