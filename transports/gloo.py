@@ -10,13 +10,22 @@ per pair for the communicator's first billion messages. The process group is pri
 this transport (its own namespace of the store), so its tags never meet anyone else's.
 
 Completion: gloo's send/recv ``Work`` cannot be polled (``is_completed`` only turns true
-inside ``wait``, and a ``wait`` with a timeout fails the operation). So every posted
-operation is watched by a daemon thread blocked in ``wait()``, which releases the GIL;
-the transport's waits poll the flag that thread sets. The threads come from a pool that
-grows whenever every thread is busy, so one stuck operation never holds up another's
-completion (a fixed pool could deadlock: a receive that completed, unseen behind a send
-whose receiver waits for us). gloo moves the bytes on its own I/O thread: nothing here
-needs to make progress for a peer to receive.
+inside ``wait``; a ``wait`` with a timeout fails the operation, and closes the pair). gloo
+moves the bytes on its own I/O thread, so nothing here needs to make progress for a peer
+to receive, and a wait may simply block:
+- a receive the executor needs now is waited for in ``Work.wait`` on the executor's thread,
+  with the time left to the deadline (the GIL released): the message is answered as soon as
+  gloo has it, with no thread hand-off. Past the deadline gloo fails it and the wait raises
+  PeerTimeout, as a polled wait would; a dead peer fails it at once;
+- sends complete in ``flush``, at the end of every collective, the same way. A collective
+  that leaves more than ``_UNWATCHED_SENDS`` messages in flight hands the older ones to
+  watcher threads (``Watchers``: a daemon thread blocked in ``wait()`` per operation, from a
+  pool that grows whenever every thread is busy), so their buffers return to the pool while
+  the collective still runs. The executor never blocks on a send before its last step: a
+  send completes only once its receiver posts the receive, and blocking on it earlier could
+  deadlock (a receiver that first waits for our next message).
+So a small collective costs no thread hand-off; a large one pays one per message beyond
+the first few, next to a message's milliseconds on the wire.
 
 Failures: a peer process that dies closes its sockets, gloo fails the pending operations
 ("Connection closed by peer"), and the wait raises ``PeerTimeout(dead=True)`` at once.
@@ -31,16 +40,20 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 import weakref
 from datetime import timedelta
 
 import numpy as np
 import torch
 
+from . import base
 from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 from .staged_sends import StagedSends
 
 _TAG_RANGE = 1 << 30
+_LANE_TAG = _TAG_RANGE + (1 << 29)  # the call lane's messages (ddl_triton/runtime/call_lane.py); control tags sit below
+_UNWATCHED_SENDS = 4  # messages in flight before older sends are handed to watcher threads (module doc)
 
 # Live transports, closed at exit (see GlooTransport.close): a gloo send completes only once its
 # receiver has posted the receive, so a rank that leaves right after its last collective must
@@ -144,6 +157,8 @@ class GlooTransport(StagedSends):
     the bootstrap's store that nobody else uses). Collective: every rank constructs it."""
 
     name = "gloo"
+    completes_sends = True  # two-sided: sends to complete, receives to post
+    posts_receives_early = True
 
     def __init__(self, store, rank: int, size: int, timeout: float):
         import torch.distributed as dist
@@ -165,14 +180,24 @@ class GlooTransport(StagedSends):
             _exit_hook_installed = True
 
     def _sends_done(self, sends) -> bool:
-        return all(s.done for s in sends)
+        # A send nobody watches cannot be told done without blocking: it waits for flush.
+        return all(isinstance(s, _Pending) and s.done for s in sends)
+
+    def _progress(self) -> None:
+        """Hand all but the newest ``_UNWATCHED_SENDS`` messages' sends to watcher threads."""
+        sending = self._sending
+        if len(sending) > _UNWATCHED_SENDS:
+            for i in range(len(sending) - _UNWATCHED_SENDS):
+                sends, buf, dest = sending[i]
+                if sends and not isinstance(sends[0], _Pending):
+                    sending[i] = ([self._watchers.watch(w) for w in sends], buf, dest)
 
     # -- sender (acquire: staged_sends.py) ------------------------------------------------
     def publish(self, msg_id: int) -> None:
         peers, nbytes, buf = self._unstage(msg_id)
         self.bytes_sent += nbytes * len(peers)
         wire = buf[:max(nbytes, 1)]  # gloo moves no empty message: an empty one travels as one byte
-        sends = [self._watchers.watch(self.pg.send([wire], p, msg_id % _TAG_RANGE)) for p in peers]
+        sends = [self.pg.send([wire], p, msg_id % _TAG_RANGE) for p in peers]
         self._sending.append((sends, buf, peers[0]))
 
     # -- receiver ------------------------------------------------------------------------
@@ -183,32 +208,60 @@ class GlooTransport(StagedSends):
             return
         nbytes = size * dtype.itemsize
         buf = self._take(nbytes)
-        pending = self._watchers.watch(self.pg.recv([buf[:max(nbytes, 1)]], peer, msg_id % _TAG_RANGE))
-        self._posted[key] = (pending, buf)
+        self._posted[key] = (self.pg.recv([buf[:max(nbytes, 1)]], peer, msg_id % _TAG_RANGE), [buf, False])
 
     def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
              offset: int = 0, size: int = 0) -> torch.Tensor:
         size = max(size, offset + count)
         self.prefetch(peer, msg_id, size, dtype)
-        pending, buf = self._posted[(peer, msg_id)]
-        if not pending.done:
-            wait_until(lambda: pending.done, timeout, peer, f"gloo message {msg_id}", spin=self.spin)
-        if pending.error is not None:
-            raise _failed(peer, f"gloo message {msg_id}", pending.error)
-        self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
+        work, entry = self._posted[(peer, msg_id)]
+        buf, received = entry
+        if not received:  # a step may read one message in several parts
+            self.wait_work(work, timeout, peer, f"gloo message {msg_id}")
+            entry[1] = True
+            self.bytes_received += size * dtype.itemsize  # the whole message crossed the wire
         item = dtype.itemsize
         return buf[offset * item:(offset + count) * item].view(dtype)
+
+    def release(self, peer: int, msg_id: int) -> None:
+        _, (buf, _) = self._posted.pop((peer, msg_id))
+        self._give(buf)
 
     def flush(self, timeout: float) -> None:
         """Complete every outstanding send (its receiver may be the last to arrive)."""
         for sends, buf, dest in self._sending:
             for s in sends:
-                if not s.done:
-                    wait_until(lambda s=s: s.done, timeout, dest, "gloo send completion", spin=self.spin)
-                if s.error is not None:
-                    raise _failed(dest, "gloo send", s.error)
+                if isinstance(s, _Pending):
+                    if not s.done:
+                        wait_until(lambda s=s: s.done, timeout, dest, "gloo send completion", spin=self.spin)
+                    if s.error is not None:
+                        raise _failed(dest, "gloo send", s.error)
+                else:
+                    self.wait_work(s, timeout, dest, "gloo send completion")
             self._give(buf)
         self._sending = []
+
+    def wait_work(self, work, timeout: float, peer: int, what: str) -> None:
+        """Block in ``work.wait`` until gloo completes it (see the module doc); PeerTimeout
+        after ``timeout`` seconds, or at once (dead) when gloo fails it: a peer gone."""
+        base.current_wait = (peer, what, time.time())  # for the flight recorder, as wait_until sets it
+        start = time.monotonic()
+        try:
+            work.wait(timedelta(seconds=timeout))
+        except RuntimeError as e:
+            base.last_stuck = base.current_wait
+            if "Timed out" in str(e) or time.monotonic() - start >= timeout:
+                raise PeerTimeout(peer, what) from None  # gloo's deadline, which is ours
+            raise _failed(peer, what, e) from None
+        finally:
+            base.current_wait = None
+
+    # -- the call lane (ddl_triton/runtime/call_lane.py): one message per peer per call ------------
+    def lane_send(self, peer: int, buf: torch.Tensor):
+        return self.pg.send([buf], peer, _LANE_TAG)
+
+    def lane_recv(self, peer: int, buf: torch.Tensor):
+        return self.pg.recv([buf], peer, _LANE_TAG)
 
     # -- control calls (mpi4py's names: see the module doc) ------------------------------------
     def Get_rank(self) -> int:  # noqa: N802

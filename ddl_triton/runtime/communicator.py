@@ -35,6 +35,7 @@ from .observing import start_observing
 from .placement import place
 from .plan_cache import PlanCache
 from .small_allreduce import SmallAllreduce
+from .small_allreduce_two_sided import SmallAllreduceTwoSided
 from .table_agreement import agree_on_planner
 from .validation import check_output_input, check_root, check_tensor
 from .wiring import connect
@@ -76,8 +77,9 @@ class Communicator:
         # The control channel (fingerprint exchange, barrier, clock alignment): the private MPI
         # communicator, or, on a store bootstrap, the gloo transport.
         self._transports, route, shm, self._comm = wiring.transports, wiring.route, wiring.shm, wiring.control
+        self._lane = wiring.lane  # the call lane over MPI or gloo (call_lane.py), or None
         every_peer_on_shm = self.placement.every_peer_on_shm
-        self._calls = calls.CallChecker(self._comm, self.rank, self.size,
+        self._calls = calls.CallChecker(self._lane, self.rank, self.size,
                                         shm if every_peer_on_shm else None, options.timeout,
                                         describe=self.placement.describe) if options.check_calls else None
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
@@ -85,7 +87,8 @@ class Communicator:
         self._executor.describe = self.placement.describe  # errors name a lost peer's host
         self._gpu = gpu_path.GpuPath(self.placement, self.options, self._comm)  # built on the first CUDA collective
         self._small = SmallAllreduce(shm, self.rank, self.size, self.placement.on_node, options.timeout, self._calls) \
-            if every_peer_on_shm and shm is not None else None
+            if every_peer_on_shm and shm is not None else \
+            SmallAllreduceTwoSided(self._lane) if self._lane is not None and self._lane.limit else None
         self._plans = PlanCache(self._planner, self.rank, self.size, self.options.debug)
         if self._small is not None:
             self._planner.small_path = self._small.serves
@@ -155,8 +158,10 @@ class Communicator:
             raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(schedules.COLLECTIVES)}")
         plan = self._planner.plan(collective, nbytes, dtype)
         if collective == "allreduce" and self._plans.takes_small_path(self._small, nbytes // dtype.itemsize, dtype):
+            where = ("on shm", "small_allreduce.py") if isinstance(self._small, SmallAllreduce) else \
+                (f"on {self._lane.counter.name}", "small_allreduce_two_sided.py")
             return Plan(plan.schedule, plan.chunk_elems, plan.reason + f"; runs the small-message path (every peer "
-                        f"on shm and {nbytes} B <= {self._small.limit} B: ddl_triton/runtime/small_allreduce.py)",
+                        f"{where[0]} and {nbytes} B <= {self._small.limit} B: ddl_triton/runtime/{where[1]})",
                         estimates=plan.estimates)
         return plan
 
@@ -170,6 +175,8 @@ class Communicator:
         self._gpu.close()
         self._plans.forget()
         self._small = None  # its views of the segments go before the segments
+        if self._lane is not None:
+            self._lane.close()  # the MPI lane's communicator goes before the bootstrap's
         for t in self._transports:
             t.close()
         self._bootstrap.close()  # the private MPI communicator, if any
@@ -277,11 +284,13 @@ class Communicator:
         return tensor
 
     def _run_small(self, array, shape, seq: int) -> None:
-        """The one_shot allreduce of a small tensor on the shm lane (small_allreduce.py)."""
+        """The one_shot allreduce of a small tensor on the shm lane (small_allreduce.py) or the
+        call lane across a two-sided transport (small_allreduce_two_sided.py)."""
         try:
             self._small.run(array, shape, seq)  # type: ignore[union-attr]
         except PeerTimeout as e:
-            raise step_error(self.rank, "allreduce", seq, _SMALL_PATH, "reduce", e, self.options.timeout) from None
+            raise step_error(self.rank, "allreduce", seq, _SMALL_PATH, "reduce", e, self.options.timeout,
+                             self.placement.describe) from None
 
     def _staged(self, collective: str, output: torch.Tensor, input: torch.Tensor | None, op: str = "sum",
                 root: int = 0) -> torch.Tensor:

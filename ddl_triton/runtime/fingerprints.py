@@ -6,7 +6,8 @@ raise ``CollectiveMismatch`` listing each rank's call, instead of a hang or garb
 
 A fingerprint is 6 small integers. Within a node they travel through the shm
 segments' headers (a rank posts its own, then reads its peers'); when any peer is
-reached over MPI, through one ``Iallgather`` polled against the deadline.
+reached over MPI or gloo, in the call lane's message to every peer (call_lane.py), where a
+small allreduce's data rides with it.
 Measured cost (2 ranks, 2 cores): about 1.5 us per call over shm (see README,
 "Reliability"); ``Options.check_calls`` (``DDL_CHECK_CALLS=0``) turns the check off.
 Small allreduces on the shm lane check their calls in the flag word that publishes
@@ -14,13 +15,11 @@ their data instead, and post here only when they wait long (small_allreduce.py).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
-from mpi4py import MPI
 
 from ..errors import CollectiveMismatch, CollectiveTimeout
 from ..ops import DTYPES, OPS
-from ..transports.base import PeerTimeout, wait_until
+from ..transports.base import PeerTimeout
 
 CALLS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier")
 
@@ -57,21 +56,18 @@ class CallChecker:
     runs the collective, and compares every peer's fingerprint afterwards (a peer that
     took part has posted it long before). A mismatch that would make the collective
     hang is caught inside the transport's long waits, which look at the peers'
-    fingerprints every quarter second (``ShmTransport.wait_hook``). Over MPI the ranks
-    exchange fingerprints with one ``Iallgather`` before the collective starts; ``comm`` is
-    the MPI communicator, or on ranks bootstrapped from a store the gloo transport, which
-    has the same ``Iallgather`` (transports/gloo.py).
+    fingerprints every quarter second (``ShmTransport.wait_hook``). When any peer is
+    reached over MPI or gloo, the ranks exchange fingerprints in the call lane's messages
+    before the collective starts (``lane``: call_lane.py).
     """
 
-    def __init__(self, comm, rank: int, size: int, shm, timeout: float, describe=None):
-        self.comm = comm
+    def __init__(self, lane, rank: int, size: int, shm, timeout: float, describe=None):
+        self.lane = lane  # set when some peer is reached over a two-sided transport
         self.describe = describe  # peer -> how an error names it (Placement.describe), else "rank P"
         self.rank = rank
         self.size = size
         self.shm = shm  # set when every peer is reached over shm
         self.timeout = timeout
-        self._mine = np.zeros(6, dtype=np.int64)
-        self._all = np.zeros(6 * size, dtype=np.int64)
         self._current: tuple[int, tuple[int, ...]] | None = None
         self._peers = [p for p in range(size) if p != rank]
         self._fingerprints: dict[tuple, tuple[int, ...]] = {}  # call shape -> its fingerprint (bounded)
@@ -97,20 +93,14 @@ class CallChecker:
                                     f"{'lost' if e.dead else 'not heard from'} {who} ({e.what})") from None
 
     def begin(self, seq: int, fp: tuple[int, ...]) -> None:
-        """Before the collective: publish (shm) or exchange and compare (MPI)."""
+        """Before the collective: publish (shm) or exchange and compare (the call lane)."""
         if self.size == 1:
             return
         if self.shm is not None:
             self._current = (seq, fp)
             self.shm.post_fingerprint(seq, fp)
             return
-        self._mine[:] = fp
-        req = self.comm.Iallgather(self._mine, self._all)
-        wait_until(req.Test, self.timeout, -1, f"the other ranks' call #{seq}")
-        if self._all.tobytes() == self._mine.tobytes() * self.size:
-            return  # the common case, in one comparison: building every rank's tuple cost 4.4 us at 2 ranks, 33 us at 16
-        theirs = {p: tuple(int(v) for v in self._all[6 * p:6 * p + 6]) for p in range(self.size)}
-        self._compare(seq, fp, theirs)
+        self.lane.exchange(seq, fp)  # raises CollectiveMismatch listing every rank's call
 
     def end(self, seq: int, fp: tuple[int, ...]) -> None:
         """After the collective (shm): every peer must have posted the same call."""

@@ -6,7 +6,10 @@ the route (the transport per peer) and the control channel:
   ``Options.transport`` is "mpi";
 - between nodes, MPI on an MPI bootstrap and gloo on a store bootstrap (which then is the
   control channel too: the fingerprint exchange, the barrier, clock alignment);
-- a communicator of one rank talks to itself.
+- a communicator of one rank talks to itself;
+- where any peer is reached over MPI or gloo, the call lane (call_lane.py) over the control
+  channel: the call check's messages, which carry small allreduces' data where every peer is
+  reached over that one transport (small_allreduce_two_sided.py).
 It is collective over the bootstrap: every rank calls it at the same point. Where more
 ranks share a host than this process may use cores, the transports wait without spinning.
 """
@@ -21,8 +24,10 @@ from ..transports.gloo import GlooTransport
 from ..transports.mpi import MpiTransport
 from ..transports.self import SelfTransport
 from ..transports.shm import ShmTransport
+from .call_lane import CallLane
 from .placement import Placement
 from .small_allreduce import LANE_BYTES
+from .small_allreduce_two_sided import LIMIT_BYTES as TWO_SIDED_SMALL_BYTES
 
 
 @dataclass
@@ -34,6 +39,7 @@ class Wiring:
     shm: object         # the shm transport, or None where no peer is on shm
     control: object     # the control channel: the private MPI communicator, the gloo transport,
                         # or None (a store bootstrap of one rank: nobody to talk to)
+    lane: CallLane | None = None  # the call lane, where some peer is reached over MPI or gloo
 
 
 def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
@@ -66,4 +72,13 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
         for t in transports:
             t.spin = 0.0
     route = [None if p == rank else shm if placement.links[p] == "shm" else between for p in range(size)]
-    return Wiring(transports, route, shm, control)
+    lane = None
+    if not placement.every_peer_on_shm:
+        # Every rank takes this branch or none (the nodes partition the ranks): the lane is collective.
+        # Small allreduces ride in it only where no rank has a peer on shm: every rank must decide
+        # alike (a rank alone on its host, beside a host of several, would otherwise send data
+        # that its peers' receives have no room for).
+        nobody_on_shm = placement.transport != "auto" or len(set(placement.node_of_rank)) == size
+        limit = TWO_SIDED_SMALL_BYTES if nobody_on_shm else 0
+        lane = CallLane(control, rank, size, limit, options.timeout, between.spin, between)
+    return Wiring(transports, route, shm, control, lane)

@@ -1,0 +1,227 @@
+"""The call lane: one message per peer per collective over a two-sided transport (MPI, gloo),
+carrying the call's fingerprint and, for a small allreduce, its data.
+
+Semantics: at every collective the call checker runs (fingerprints.py), each rank sends each
+peer exactly one lane message and receives exactly one from each peer, in call order. A
+message is a 64-byte header, the call's fingerprint (``fingerprints.encode``: 6 integers) and
+the byte count of the data that follows, then that data (none for a call check alone, the
+tensor for a small allreduce: ``small_allreduce_two_sided.py``). A rank whose peer's header
+differs from its own raises ``CollectiveMismatch`` listing every rank's call, on every rank;
+a peer silent past the deadline is a ``PeerTimeout`` naming it.
+
+So the call check rides in the small allreduce's data message across hosts, the way it rides
+in the flag word on shm (small_allreduce.py): no round trip of its own. A general-path call
+sends the header alone, which is one message each way, as the ``Iallgather`` it replaces was,
+but one that a small-path call on a mismatched peer also receives, so a rank on the small path
+and a rank on the general path find each other's call and raise, instead of both waiting
+for a message the other will never send.
+
+Why no message waits in an unexpected queue: each peer's receive is posted ahead, into a
+buffer of its own, as soon as the previous lane message from that peer has been read.
+Why two send buffers suffice: a rank reuses the buffer of call k in call k + 2, after it
+received every peer's message of call k + 1, which each peer sent only after it had received
+our message of call k (it finished call k first). The old send is complete by then; the lane
+completes its request anyway, as MPI requires, which returns at once.
+
+Cost: n - 1 sends and receives per call at n ranks (the ``Iallgather`` took about log n
+rounds): this lane is for the few ranks a host-crossing communicator of this stack has, not for
+thousands.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ..errors import CollectiveMismatch
+from ..transports.base import wait_until
+from . import fingerprints
+
+HEADER_BYTES = 64
+_HEADER_USED = 56  # fingerprint (6 int64), then the data's byte count; the last word is unused
+_BOUND = 256       # cached headers and send requests before the caches start over
+
+
+class _MpiWire:
+    """Lane messages on a communicator of their own (a duplicate: no other message can match),
+    through persistent requests: a call restarts requests built once, which saves mpi4py's
+    per-call argument handling (microseconds, on a path whose whole budget is a few tens)."""
+
+    def __init__(self, comm, recv_bufs: dict, send_bufs: tuple):
+        self.comm = comm.Dup()
+        self._recvs = {p: self.comm.Recv_init([buf, MPI.BYTE], source=p, tag=0) for p, buf in recv_bufs.items()}
+        self._send_bufs = send_bufs
+        self._sends: dict[tuple[int, int], list] = {}  # (parity, message bytes) -> a request per peer
+
+    def start_recv(self, peer: int) -> None:
+        self._recvs[peer].Start()
+
+    def wait_recv(self, peer: int, timeout: float, what: str, spin: float) -> None:
+        req = self._recvs[peer]
+        if not req.Test():
+            wait_until(req.Test, timeout, peer, what, spin=spin, prompt=True)
+
+    def start_sends(self, parity: int, nbytes: int, peers: tuple[int, ...]):
+        reqs = self._sends.get((parity, nbytes))
+        if reqs is None:
+            if len(self._sends) > _BOUND:
+                self._free_sends()
+            mem = self._send_bufs[parity][:nbytes]
+            reqs = self._sends[(parity, nbytes)] = [self.comm.Send_init([mem, MPI.BYTE], dest=p, tag=0) for p in peers]
+        MPI.Prequest.Startall(reqs)
+        return reqs
+
+    def complete_sends(self, reqs, timeout: float, peers: tuple[int, ...]) -> None:
+        if not MPI.Request.Testall(reqs):
+            wait_until(lambda: MPI.Request.Testall(reqs), timeout, peers[0], "call lane send completion",
+                       spin=0.0, prompt=True)
+
+    def _free_sends(self) -> None:
+        for reqs in self._sends.values():
+            MPI.Request.Waitall(reqs)  # complete: the lane completes every send before reusing a buffer
+            for r in reqs:
+                r.Free()
+        self._sends.clear()
+
+    def close(self) -> None:
+        """Cancel the posted receives; let the last sends go (freeing an active send request is
+        allowed: MPI completes it on its own, and a dead peer's never completes)."""
+        for req in self._recvs.values():
+            try:
+                req.Cancel()
+                req.Wait()
+            except MPI.Exception:
+                pass  # inactive: its message arrived and was not re-posted (a failed call)
+            req.Free()
+        self._recvs = {}
+        for reqs in self._sends.values():
+            for r in reqs:
+                r.Free()
+        self._sends.clear()
+        self.comm.Free()
+
+
+class _GlooWire:
+    """Lane messages on the gloo transport's process group, under a tag nothing else uses.
+
+    gloo's point-to-point ``Work`` cannot be polled (transports/gloo.py), so a wait blocks in its
+    ``wait`` with the time left to the deadline, the GIL released. That answers the peer's message
+    as soon as gloo's I/O thread has it, with no thread hand-off."""
+
+    def __init__(self, transport, recv_bufs: dict, send_bufs: tuple):
+        self.transport = transport
+        self._recv_bufs = {p: torch.from_numpy(buf) for p, buf in recv_bufs.items()}
+        self._send_bufs = tuple(torch.from_numpy(buf) for buf in send_bufs)
+        self._recvs: dict = {}
+
+    def start_recv(self, peer: int) -> None:
+        self._recvs[peer] = self.transport.lane_recv(peer, self._recv_bufs[peer])
+
+    def wait_recv(self, peer: int, timeout: float, what: str, spin: float) -> None:
+        self.transport.wait_work(self._recvs.pop(peer), timeout, peer, what)
+
+    def start_sends(self, parity: int, nbytes: int, peers: tuple[int, ...]):
+        mem = self._send_bufs[parity][:nbytes]
+        return [(p, self.transport.lane_send(p, mem)) for p in peers]
+
+    def complete_sends(self, works, timeout: float, peers: tuple[int, ...]) -> None:
+        for peer, work in works:
+            self.transport.wait_work(work, timeout, peer, "call lane send completion")
+
+    def close(self) -> None:
+        """The transport's process group goes with the transport."""
+        self._recvs.clear()
+
+
+class CallLane:
+    """The lane between ``rank`` and every other rank of ``size`` (see the module doc), over
+    ``control``: an mpi4py communicator (duplicated: collective) or the gloo transport."""
+
+    def __init__(self, control, rank: int, size: int, limit: int, timeout: float, spin: float, counter):
+        self.rank = rank
+        self.size = size
+        self.limit = limit  # the most data bytes one message carries
+        self.timeout = timeout
+        self.spin = spin  # seconds a wait spins before yielding (the transport's: 0 on a crowded host)
+        self.counter = counter  # the transport whose bytes_sent / bytes_received count the data (not the headers)
+        self.peers = tuple(p for p in range(size) if p != rank)
+        self._recv_bufs = {p: np.zeros(HEADER_BYTES + limit, dtype=np.uint8) for p in self.peers}
+        self._send_bufs = tuple(np.zeros(HEADER_BYTES + limit, dtype=np.uint8) for _ in (0, 1))
+        self._recv_heads = {p: memoryview(buf)[:_HEADER_USED] for p, buf in self._recv_bufs.items()}
+        self._send_heads = tuple(memoryview(buf)[:_HEADER_USED] for buf in self._send_bufs)
+        wire = _MpiWire if isinstance(control, MPI.Comm) else _GlooWire
+        self.wire = wire(control, self._recv_bufs, self._send_bufs)
+        for p in self.peers:
+            self.wire.start_recv(p)
+        self._sends: list = [None, None]  # per buffer parity, the sends still to complete
+        self._headers: dict[tuple, bytes] = {}  # (fingerprint, data bytes) -> the header's bytes
+        self._calls = 0
+
+    def data_view(self, peer: int | None, parity: int, nbytes: int) -> np.ndarray:
+        """Where a message's data lies: ``peer``'s receive buffer, or (None) this rank's send
+        buffer of ``parity``; stable for the lane's life, so a caller may keep typed views."""
+        buf = self._send_bufs[parity] if peer is None else self._recv_bufs[peer]
+        return buf[HEADER_BYTES:HEADER_BYTES + nbytes]
+
+    def next_parity(self) -> int:
+        """The send buffer parity of the next ``exchange`` (its data goes in before the call)."""
+        return (self._calls + 1) & 1
+
+    def exchange(self, seq: int, fingerprint: tuple[int, ...], nbytes: int = 0) -> None:
+        """Send this call's message (``fingerprint``, then ``nbytes`` of data the caller put in
+        ``data_view(None, next_parity(), nbytes)``) to every peer and wait for each peer's;
+        raise CollectiveMismatch if any peer's call differs. The peers' data stays readable in
+        their ``data_view`` until ``done_reading``; a call without data needs no ``done_reading``."""
+        peers = self.peers
+        if not peers:
+            return
+        k = self._calls = self._calls + 1
+        parity = k & 1
+        wire = self.wire
+        old = self._sends[parity]
+        if old is not None:  # call k - 2's sends: complete (see the module doc)
+            wire.complete_sends(old, self.timeout, peers)
+        header = self._headers.get((fingerprint, nbytes))
+        if header is None:
+            if len(self._headers) > _BOUND:
+                self._headers.clear()
+            header = self._headers[(fingerprint, nbytes)] = np.array([*fingerprint, nbytes], dtype=np.int64).tobytes()
+        self._send_heads[parity][:] = header
+        self._sends[parity] = wire.start_sends(parity, HEADER_BYTES + nbytes, peers)
+        matched = True
+        what = f"call lane message of call #{seq}"
+        for peer in peers:
+            wire.wait_recv(peer, self.timeout, what, self.spin)
+            if self._recv_heads[peer] != header:
+                matched = False
+        if not matched:
+            self._mismatch(seq, header)
+        counter = self.counter
+        counter.bytes_sent += nbytes * len(peers)
+        counter.bytes_received += nbytes * len(peers)
+        if not nbytes:
+            self.done_reading()
+
+    def done_reading(self) -> None:
+        """Post the next receive from every peer (the last message's data may be overwritten)."""
+        for peer in self.peers:
+            self.wire.start_recv(peer)
+
+    def _mismatch(self, seq: int, header: bytes) -> None:
+        calls = {self.rank: _describe(header)}
+        for peer in self.peers:
+            calls[peer] = _describe(self._recv_heads[peer].tobytes())
+        self.done_reading()  # the lane stays in step: every peer's message of this call was read
+        listing = "; ".join(f"rank {r}: {calls[r]}" for r in range(self.size))
+        raise CollectiveMismatch(f"rank {self.rank}: ranks disagree on collective #{seq}: {listing}")
+
+    def close(self) -> None:
+        self.wire.close()
+
+
+def _describe(header: bytes) -> str:
+    words = np.frombuffer(header, dtype=np.int64)
+    call = fingerprints.describe(words[:6])
+    if words[6]:
+        call += " (small-message path)"
+    return call

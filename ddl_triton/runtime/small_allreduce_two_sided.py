@@ -1,0 +1,79 @@
+"""The small-message allreduce across a two-sided transport (MPI, gloo): one-shot, its data in the call lane.
+
+Semantics: exactly the ``one_shot`` schedule's allreduce (schedules/one_shot.py) for one chunk,
+as on shm (small_allreduce.py): every rank sends its tensor to every peer, then reduces every
+rank's copy *in rank order* (its own in its place) straight into the tensor, with the scale of
+"avg" applied once at the end; so the result is bitwise what one_shot computes, and identical on
+every rank. It serves the same calls as the shm lane (fp32, fp64, int32, int64; at most
+``LIMIT_BYTES``; the planner chose one_shot), on a communicator whose every peer is reached over
+one two-sided transport: ranks on different hosts, one per host (or ``Options.transport="mpi"``).
+
+The data travels in the call lane's message (call_lane.py), after the call's fingerprint: the
+call check costs no message of its own, and stays on whatever ``Options.check_calls`` says. A
+peer on the general path (a different call) sends its lane message too, so a mismatch is found
+on both sides at once.
+
+Why it exists: across hosts the general path costs a call-check round trip, then the executor's
+per-step Python (receive posting, staging, sends, flush): about 130 us at 8 B against MPICH's
+14 us on the testbed (bench/results/collectives_across_hosts.md). Here a call is one send and
+one receive per peer, and numpy's arithmetic on buffers posted once.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .call_lane import CallLane
+
+LIMIT_BYTES = 64 * 1024  # the planner's one_shot range across hosts ends about here (bench/results/)
+_NUMPY_OPS = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum}
+_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
+
+
+class _Shape:
+    """A call shape's fingerprint and its typed views of the lane's buffers, prepared once."""
+
+    __slots__ = ("fingerprint", "nbytes", "own", "operands", "combine", "scale")
+
+    def __init__(self, lane: CallLane, op: str, dtype: torch.dtype, numel: int, fingerprint):
+        self.fingerprint = fingerprint
+        self.nbytes = numel * dtype.itemsize
+        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self.own = tuple(lane.data_view(None, parity, self.nbytes).view(np_dtype) for parity in (0, 1))
+        peers = {p: lane.data_view(p, 0, self.nbytes).view(np_dtype) for p in lane.peers}
+        # every rank's copy in rank order, per send parity (this rank's copy is its send buffer)
+        self.operands = tuple(tuple(self.own[parity] if r == lane.rank else peers[r] for r in range(lane.size))
+                              for parity in (0, 1))
+        self.combine = _NUMPY_OPS[op]
+        self.scale = np_dtype.type(1.0 / lane.size) if op == "avg" else None
+
+
+class SmallAllreduceTwoSided:
+    """One-shot allreduce of small tensors through ``lane`` (every peer on a two-sided transport)."""
+
+    def __init__(self, lane: CallLane):
+        self.lane = lane
+        self.limit = min(LIMIT_BYTES, lane.limit)
+
+    def serves(self, nbytes: int, dtype: torch.dtype) -> bool:
+        """Whether an allreduce of ``nbytes`` of ``dtype`` takes this path (any op valid for the dtype)."""
+        return dtype in _DTYPES and 0 < nbytes <= self.limit
+
+    def shape(self, op: str, dtype: torch.dtype, numel: int, fingerprint) -> _Shape:
+        return _Shape(self.lane, op, dtype, numel, fingerprint)
+
+    def run(self, out: np.ndarray, shape: _Shape, seq: int) -> None:
+        """Allreduce ``out`` (1-D, contiguous) in place as collective number ``seq``. Raises
+        PeerTimeout like a transport, and CollectiveMismatch when a peer makes a different call."""
+        lane = self.lane
+        parity = lane.next_parity()
+        np.copyto(shape.own[parity], out)
+        lane.exchange(seq, shape.fingerprint, shape.nbytes)
+        operands = shape.operands[parity]
+        combine = shape.combine
+        combine(operands[0], operands[1], out=out)
+        for x in operands[2:]:
+            combine(out, x, out=out)
+        lane.done_reading()
+        if shape.scale is not None:
+            np.multiply(out, shape.scale, out=out)
