@@ -31,9 +31,9 @@ Failures: a peer process that dies closes its sockets, gloo fails the pending op
 ("Connection closed by peer"), and the wait raises ``PeerTimeout(dead=True)`` at once.
 
 ``GlooTransport`` also serves the communicator's control calls when there is no MPI
-communicator (``Iallgather``, ``Ibarrier``, ``Send``, ``Recv``, ``Barrier`` with mpi4py's
-names and buffer arguments, numpy arrays): the call checker's fingerprint exchange
-(ddl_triton/runtime/fingerprints.py), the barrier, and the tracer's clock alignment.
+communicator (``Ibarrier``, ``Send``, ``Recv``, ``Barrier`` with mpi4py's
+names and buffer arguments, numpy arrays): the barrier and the tracer's clock alignment; and
+the call lane's messages (``lane_send``, ``lane_recv``: ddl_triton/runtime/call_lane.py).
 """
 from __future__ import annotations
 
@@ -269,11 +269,6 @@ class GlooTransport(StagedSends):
 
     def Get_size(self) -> int:  # noqa: N802
         return self.size
-
-    def Iallgather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> _Request:  # noqa: N802
-        """Every rank's ``sendbuf`` into block r of ``recvbuf`` (numpy arrays), asynchronously."""
-        work = self.pg._allgather_base(torch.from_numpy(recvbuf), torch.from_numpy(sendbuf))
-        return _Request(work, "the call-fingerprint exchange")
 
     def Ibarrier(self) -> _Request:  # noqa: N802
         return _Request(self.pg.barrier(), "barrier")

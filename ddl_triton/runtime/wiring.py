@@ -5,7 +5,7 @@ the route (the transport per peer) and the control channel:
 - inside a (possibly emulated) node of several ranks, host shared memory (shm), unless
   ``Options.transport`` is "mpi";
 - between nodes, MPI on an MPI bootstrap and gloo on a store bootstrap (which then is the
-  control channel too: the fingerprint exchange, the barrier, clock alignment);
+  control channel too: the call lane, the barrier, clock alignment);
 - a communicator of one rank talks to itself;
 - where any peer is reached over MPI or gloo, the call lane (call_lane.py) over the control
   channel: the call check's messages, which carry small allreduces' data where every peer is
