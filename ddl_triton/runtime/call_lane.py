@@ -3,9 +3,11 @@ carrying the call's fingerprint and, for a small allreduce, its data.
 
 Semantics: at every collective the call checker runs (fingerprints.py), each rank sends each
 peer exactly one lane message and receives exactly one from each peer, in call order. A
-message is a 64-byte header, the call's fingerprint (``fingerprints.encode``: 6 integers) and
-the byte count of the data that follows, then that data (none for a call check alone, the
-tensor for a small allreduce: ``small_allreduce_two_sided.py``). A rank whose peer's header
+message is a 16-byte header, the call's fingerprint (``fingerprints.encode``: 6 integers) and
+the byte count of the data that follows, encoded exactly (``header``), then that data (none for
+a call check alone, the tensor for a small allreduce: ``small_allreduce_two_sided.py``). The
+header is short because the message is: MPICH sends a message of a few tens of bytes in one
+packet without its rendezvous, and an 8-byte allreduce's whole message is 24 bytes. A rank whose peer's header
 differs from its own raises ``CollectiveMismatch`` listing every rank's call, on every rank;
 a peer silent past the deadline is a ``PeerTimeout`` naming it.
 
@@ -37,9 +39,29 @@ from ..errors import CollectiveMismatch
 from ..transports.base import wait_until
 from . import fingerprints
 
-HEADER_BYTES = 64
-_HEADER_USED = 56  # fingerprint (6 int64), then the data's byte count; the last word is unused
-_BOUND = 256       # cached headers and send requests before the caches start over
+HEADER_BYTES = 16  # two int64 words: see header()
+_BOUND = 256       # cached send requests before the cache starts over
+_ROOT_BITS = 24    # word 0: collective (4 bits), op + 1 (4), dtype + 1 (5), on CUDA (1), root (24), data bytes (26)
+_DATA_SHIFT = 38
+
+
+def header(fingerprint: tuple[int, ...], nbytes: int) -> bytes:
+    """The 16 header bytes of a call's lane message: ``fingerprint`` (collective, op, dtype, element
+    count, root, on CUDA: fingerprints.encode) and the data's byte count, exactly (word 1 is the
+    element count)."""
+    coll, op, dtype, numel, root, on_gpu = fingerprint
+    if not (0 <= root < 1 << _ROOT_BITS and 0 <= nbytes < 1 << (63 - _DATA_SHIFT)):
+        raise ValueError(f"call lane: root {root} or {nbytes} data bytes out of the header's range")
+    word = coll | (op + 1) << 4 | (dtype + 1) << 8 | on_gpu << 13 | root << 14 | nbytes << _DATA_SHIFT
+    return np.array([word, numel], dtype=np.int64).tobytes()
+
+
+def _decode(raw: bytes) -> tuple[tuple[int, ...], int]:
+    """(fingerprint, data bytes) of a header."""
+    word, numel = (int(v) for v in np.frombuffer(raw, dtype=np.int64))
+    fingerprint = (word & 15, (word >> 4 & 15) - 1, (word >> 8 & 31) - 1, numel,
+                   word >> 14 & ((1 << _ROOT_BITS) - 1), word >> 13 & 1)
+    return fingerprint, word >> _DATA_SHIFT
 
 
 class _MpiWire:
@@ -147,14 +169,13 @@ class CallLane:
         self.peers = tuple(p for p in range(size) if p != rank)
         self._recv_bufs = {p: np.zeros(HEADER_BYTES + limit, dtype=np.uint8) for p in self.peers}
         self._send_bufs = tuple(np.zeros(HEADER_BYTES + limit, dtype=np.uint8) for _ in (0, 1))
-        self._recv_heads = {p: memoryview(buf)[:_HEADER_USED] for p, buf in self._recv_bufs.items()}
-        self._send_heads = tuple(memoryview(buf)[:_HEADER_USED] for buf in self._send_bufs)
+        self._recv_heads = {p: memoryview(buf)[:HEADER_BYTES] for p, buf in self._recv_bufs.items()}
+        self._send_heads = tuple(memoryview(buf)[:HEADER_BYTES] for buf in self._send_bufs)
         wire = _MpiWire if isinstance(control, MPI.Comm) else _GlooWire
         self.wire = wire(control, self._recv_bufs, self._send_bufs)
         for p in self.peers:
             self.wire.start_recv(p)
         self._sends: list = [None, None]  # per buffer parity, the sends still to complete
-        self._headers: dict[tuple, bytes] = {}  # (fingerprint, data bytes) -> the header's bytes
         self._calls = 0
 
     def data_view(self, peer: int | None, parity: int, nbytes: int) -> np.ndarray:
@@ -167,11 +188,12 @@ class CallLane:
         """The send buffer parity of the next ``exchange`` (its data goes in before the call)."""
         return (self._calls + 1) & 1
 
-    def exchange(self, seq: int, fingerprint: tuple[int, ...], nbytes: int = 0) -> None:
-        """Send this call's message (``fingerprint``, then ``nbytes`` of data the caller put in
-        ``data_view(None, next_parity(), nbytes)``) to every peer and wait for each peer's;
-        raise CollectiveMismatch if any peer's call differs. The peers' data stays readable in
-        their ``data_view`` until ``done_reading``; a call without data needs no ``done_reading``."""
+    def exchange(self, seq: int, head: bytes, nbytes: int = 0) -> None:
+        """Send this call's message (``head``: ``header(fingerprint, nbytes)``, then the ``nbytes``
+        of data the caller put in ``data_view(None, next_parity(), nbytes)``) to every peer and
+        wait for each peer's; raise CollectiveMismatch if any peer's call differs. The peers' data
+        stays readable in their ``data_view`` until ``done_reading``; a call without data needs no
+        ``done_reading``."""
         peers = self.peers
         if not peers:
             return
@@ -181,21 +203,16 @@ class CallLane:
         old = self._sends[parity]
         if old is not None:  # call k - 2's sends: complete (see the module doc)
             wire.complete_sends(old, self.timeout, peers)
-        header = self._headers.get((fingerprint, nbytes))
-        if header is None:
-            if len(self._headers) > _BOUND:
-                self._headers.clear()
-            header = self._headers[(fingerprint, nbytes)] = np.array([*fingerprint, nbytes], dtype=np.int64).tobytes()
-        self._send_heads[parity][:] = header
+        self._send_heads[parity][:] = head
         self._sends[parity] = wire.start_sends(parity, HEADER_BYTES + nbytes, peers)
         matched = True
         what = f"call lane message of call #{seq}"
         for peer in peers:
             wire.wait_recv(peer, self.timeout, what, self.spin)
-            if self._recv_heads[peer] != header:
+            if self._recv_heads[peer] != head:
                 matched = False
         if not matched:
-            self._mismatch(seq, header)
+            self._mismatch(seq, head)
         counter = self.counter
         counter.bytes_sent += nbytes * len(peers)
         counter.bytes_received += nbytes * len(peers)
@@ -219,9 +236,9 @@ class CallLane:
         self.wire.close()
 
 
-def _describe(header: bytes) -> str:
-    words = np.frombuffer(header, dtype=np.int64)
-    call = fingerprints.describe(words[:6])
-    if words[6]:
+def _describe(raw: bytes) -> str:
+    fingerprint, nbytes = _decode(raw)
+    call = fingerprints.describe(fingerprint)
+    if nbytes:
         call += " (small-message path)"
     return call

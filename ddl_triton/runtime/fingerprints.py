@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from . import call_lane
 from ..errors import CollectiveMismatch, CollectiveTimeout
 from ..ops import DTYPES, OPS
 from ..transports.base import PeerTimeout
@@ -70,7 +71,7 @@ class CallChecker:
         self.timeout = timeout
         self._current: tuple[int, tuple[int, ...]] | None = None
         self._peers = [p for p in range(size) if p != rank]
-        self._fingerprints: dict[tuple, tuple[int, ...]] = {}  # call shape -> its fingerprint (bounded)
+        self._fingerprints: dict[tuple, tuple] = {}  # call shape -> (its fingerprint, lane header) (bounded)
         if shm is not None:
             shm.wait_hook = self._look_for_mismatch
 
@@ -78,13 +79,15 @@ class CallChecker:
         """Run ``run()`` as call ``seq`` between ``begin`` and ``end``; a peer lost or silent past
         the deadline meanwhile is a CollectiveTimeout naming it."""
         key = (collective, op, dtype, numel, root, on_gpu)
-        fp = self._fingerprints.get(key)
-        if fp is None:
+        known = self._fingerprints.get(key)
+        if known is None:
             if len(self._fingerprints) > 256:
                 self._fingerprints.clear()
-            fp = self._fingerprints[key] = encode(collective, op, dtype, numel, root, on_gpu)
+            fp = encode(collective, op, dtype, numel, root, on_gpu)
+            known = self._fingerprints[key] = (fp, None if self.lane is None else call_lane.header(fp, 0))
+        fp, head = known
         try:
-            self.begin(seq, fp)
+            self.begin(seq, fp, head)
             run()
             self.end(seq, fp)
         except PeerTimeout as e:
@@ -92,15 +95,16 @@ class CallChecker:
             raise CollectiveTimeout(f"rank {self.rank}: {collective} #{seq} timed out: "
                                     f"{'lost' if e.dead else 'not heard from'} {who} ({e.what})") from None
 
-    def begin(self, seq: int, fp: tuple[int, ...]) -> None:
-        """Before the collective: publish (shm) or exchange and compare (the call lane)."""
+    def begin(self, seq: int, fp: tuple[int, ...], head: bytes | None = None) -> None:
+        """Before the collective: publish (shm) or exchange and compare (the call lane: ``head``
+        is ``call_lane.header(fp, 0)``)."""
         if self.size == 1:
             return
         if self.shm is not None:
             self._current = (seq, fp)
             self.shm.post_fingerprint(seq, fp)
             return
-        self.lane.exchange(seq, fp)  # raises CollectiveMismatch listing every rank's call
+        self.lane.exchange(seq, head, 0)  # raises CollectiveMismatch listing every rank's call
 
     def end(self, seq: int, fp: tuple[int, ...]) -> None:
         """After the collective (shm): every peer must have posted the same call."""

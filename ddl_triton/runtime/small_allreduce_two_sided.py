@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .call_lane import CallLane
+from .call_lane import CallLane, header
 
 LIMIT_BYTES = 64 * 1024  # the planner's one_shot range across hosts ends about here (bench/results/)
 _NUMPY_OPS = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum}
@@ -33,11 +33,11 @@ _DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
 class _Shape:
     """A call shape's fingerprint and its typed views of the lane's buffers, prepared once."""
 
-    __slots__ = ("fingerprint", "nbytes", "own", "operands", "combine", "scale")
+    __slots__ = ("head", "nbytes", "own", "operands", "combine", "scale")
 
     def __init__(self, lane: CallLane, op: str, dtype: torch.dtype, numel: int, fingerprint):
-        self.fingerprint = fingerprint
         self.nbytes = numel * dtype.itemsize
+        self.head = header(fingerprint, self.nbytes)
         np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         self.own = tuple(lane.data_view(None, parity, self.nbytes).view(np_dtype) for parity in (0, 1))
         peers = {p: lane.data_view(p, 0, self.nbytes).view(np_dtype) for p in lane.peers}
@@ -68,7 +68,7 @@ class SmallAllreduceTwoSided:
         lane = self.lane
         parity = lane.next_parity()
         np.copyto(shape.own[parity], out)
-        lane.exchange(seq, shape.fingerprint, shape.nbytes)
+        lane.exchange(seq, shape.head, shape.nbytes)
         operands = shape.operands[parity]
         combine = shape.combine
         combine(operands[0], operands[1], out=out)
