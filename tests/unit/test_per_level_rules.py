@@ -122,3 +122,22 @@ def test_one_rank_per_host_sizes_residuals_like_compressed():
 def test_the_decision_type_carries_its_reason():
     d = Decision("none", "why")
     assert (d.method, d.reason, d.estimates_us) == ("none", "why", {})
+
+
+def test_level_compression_follows_the_communicators_table_then_a_named_method():
+    from ddl_triton.torch.level_compression import LevelCompression
+
+    comm = _fake(0, (0, 1))
+    comm.planner = SimpleNamespace(table=SimpleNamespace(compression=_section()))
+    auto = LevelCompression(comm, "auto")
+    assert auto.decide(3 << 20).method == "int8" and "tuning table" in auto.explain(3 << 20)
+    assert auto.decide(70000).method == "none" and auto._speeds is None  # the table answered: no probe
+    named = LevelCompression(comm, "onebit")
+    assert named.decide(4096).method == "onebit"
+    one_host = _fake(0, (0, 0))
+    one_host.planner = comm.planner
+    assert LevelCompression(one_host, "int8").decide(64 << 20).method == "none"
+    lc = LevelCompression(comm, "int8")
+    a, _ = lc.residuals("k", "int8", 1000)
+    assert lc.residuals("k", "int8", 1000)[0] is a and lc.residual_resets == 0
+    assert lc.residuals("k", "int8", 999)[0] is not a and lc.residual_resets == 1
