@@ -39,14 +39,15 @@ Edge cases:
 Asynchrony: with ``async_op=True`` it returns a Work once phases 1 and 3 are issued on the host's
 communicator. Phase 2 runs (synchronously, on the cross communicator) in phase 1's done-callback,
 which the host communicator's queue runs before it starts phase 3, so phase 3 always gathers the
-reduced shards. Every call issued on the same Levels in the same order on every rank, as any
+reduced shards. Issue the calls on one Levels in the same order on every rank, as any
 collective. Phase 2 holds the host communicator's queue while it runs: a later call's phase 1
 waits for it (the slow link is the bottleneck either way).
 
-Example (2 hosts x 2 ranks, op "avg", int8, block 256, no residual): integer inputs whose host
-sums are at most 127 in absolute value per 256-element block, e.g. rank r holds
-``[r, -r, 2r, 0, ...]``: host sums [1, -1, 2, ...] and [5, -5, 10, ...] quantize exactly
-(scale = absmax/127), and every rank ends with the exact mean [1.5, -1.5, 3.0, ...].
+Example (2 hosts x 2 ranks: ranks 0, 1 on host 0; op "avg", int8, no residual): rank r holds
+[r, -r, 2r]. Phase 1: host sums [1, -1, 2] and [5, -5, 10]; rank (h, 0) holds shard [x0, x1],
+rank (h, 1) shard [x2, 0] (padded). Phase 2 averages each shard over the hosts in int8:
+[3, -3] and [6, 0], times 1/L = 1/2 -> [1.5, -1.5] and [3.0, 0]. Phase 3: every rank
+[1.5, -1.5, 3.0] (exact here; in general each element within compressed.py's int8 bound).
 """
 from __future__ import annotations
 
