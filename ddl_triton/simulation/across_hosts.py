@@ -65,10 +65,13 @@ def hosts_model(cluster: Cluster, per_host: int, hosts: int, *, probe: bool = Tr
 
 
 def hosts_allreduce(cluster: Cluster, model: CostModel, per_host: int, hosts: int, nbytes: int, schedule: str, *,
-                    chunk_bytes: int = 2 << 20, grid=None, algos=None, calls: int | None = None) -> Prediction:
+                    chunk_bytes: int = 2 << 20, grid=None, algos=None, calls: int | None = None,
+                    small: bool = False) -> Prediction:
     """One fp32 allreduce of ``nbytes`` on ``hosts`` x ``per_host`` ranks of ``cluster`` with ``model``
     (``hosts_model``), by ``schedule`` with ``grid``/``algos`` (default: the planner's for this model),
-    one of ``calls`` back-to-back calls after an idle spell (None: the steady state)."""
+    one of ``calls`` back-to-back calls after an idle spell (None: the steady state). ``small``: the
+    call takes the small-message path (``one_shot`` within its limit: the model's own fixed cost for
+    it, as the planner costs it)."""
     size = per_host * hosts
     planner = Planner(rank=0, size=size, topology=parse(f"{per_host}x{hosts}", size, 0),
                       link_of=lambda a, b: "shm" if a // per_host == b // per_host else "mpi", forced="",
@@ -78,7 +81,7 @@ def hosts_allreduce(cluster: Cluster, model: CostModel, per_host: int, hosts: in
     count, chunk = nbytes // elem, max(1, chunk_bytes // elem)
     if grid is None and algos is None:
         grid, algos = planner.grid_params(schedule, count, chunk, elem)
-    unshaped = planner.model_time(schedule, "allreduce", count, chunk, elem, grid, algos)
+    unshaped = planner.model_time(schedule, "allreduce", count, chunk, elem, grid, algos, small=small)
     if count == 0 or size == 1:
         return Prediction(unshaped, unshaped, 0.0, schedule, grid, algos)
     model_count = min(count, _MODEL_CHUNKS * chunk)
@@ -90,6 +93,6 @@ def hosts_allreduce(cluster: Cluster, model: CostModel, per_host: int, hosts: in
     if shaped is None:
         return Prediction(unshaped, unshaped, link_bytes, schedule, grid, algos)
     # As the planner: the fixed call cost once, the rest scaled from the schedule costed.
-    fixed = model.call_overhead("allreduce", False, round(count * elem))
-    walked = schedule_seconds(model, built, planner.link_of, host_of, elem, shaped, calls, scale)
+    fixed = model.call_overhead("allreduce", small, round(count * elem))
+    walked = schedule_seconds(model, built, planner.link_of, host_of, elem, shaped, calls, scale, small)
     return Prediction(fixed + (walked - fixed) * scale, unshaped, link_bytes, schedule, grid, algos)

@@ -32,7 +32,11 @@ have no spare core, communication adds to the computation instead); the optimize
 waits for the last allreduce. Concurrent allreduces are
 modelled as one FIFO: allreduces in flight at once share the same links, so running them
 one after another finishes the last at the same time and keeps the model simple (a
-communicator here runs its collectives in issue order anyway).
+communicator here runs its collectives in issue order anyway). Across hosts whose link is
+shaped (the testbed), each bucket's bytes also pass the link's token bucket in issue order
+(simulation/shaped_link.py): an allreduce is done when its costed time and its bytes are both
+through, and that wire time is not CPU time, so it runs beside the computing even where
+communication otherwise adds to it.
 """
 from __future__ import annotations
 

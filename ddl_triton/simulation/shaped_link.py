@@ -96,15 +96,15 @@ def host_link_bytes(schedule: Schedule, host_of: Callable[[int], int], elem: int
 
 def schedule_seconds(model: CostModel, schedule: Schedule, link_of: Callable[[int, int], str],
                      host_of: Callable[[int], int], elem: int, link: ShapedLink, calls: int | None = None,
-                     scale: float = 1.0) -> float:
+                     scale: float = 1.0, small: bool = False) -> float:
     """Seconds of one call of ``schedule`` (``CostModel.time``'s walk, the call overhead included)
     when every message between hosts passes ``link``'s buckets (see the module doc). ``scale``:
     ``schedule`` stands for a call that many times longer (its tensor bytes and cache footprint,
     as in ``CostModel.time``; the caller scales the time past the call overhead, as the planner
-    does)."""
+    does). ``small``: the call takes the small-message path (its own fixed cost)."""
     if schedule.nranks == 0 or not any(schedule.steps):
-        return model.time(schedule, link_of, elem, scale=scale)
-    call = model.call_overhead(schedule.collective, False, round(tensor_bytes(schedule, elem) * scale))
+        return model.time(schedule, link_of, elem, small=small, scale=scale)
+    call = model.call_overhead(schedule.collective, small, round(tensor_bytes(schedule, elem) * scale))
     mem = model.mem_beta * model.miss(schedule, link_of, elem, scale)
     links = {"shm": model.shm, "mpi": model.mpi}
     steps = list(walk(schedule))
