@@ -364,15 +364,40 @@ HOST_OVERHEAD_SIZES = [256 << 10, 2 << 20]  # about the CNN's two DDP buckets (1
 HOST_SCHEDULES = {1: ["", "ring", "one_shot", "rhd", "tree"], 2: ["", "ring", "one_shot", "hierarchical", "multidim"]}
 
 
-def _on_hosts(bed, per_host: int, *args: str) -> str:
-    """This script as a job of 2 x ``per_host`` ranks on ``bed``, under ddlrun inside h1; its stdout."""
+def _on_hosts(bed, per_host: int, *args: str, python: tuple[str, ...] = (__file__,)) -> str:
+    """``python args`` (default: this script) as a job of 2 x ``per_host`` ranks on ``bed``, under
+    ddlrun inside h1; its stdout."""
     from testbed_link import ENV
-    command = [*ENV, str(BIN / "ddlrun"), "-n", str(2 * per_host), "-H", f"h1:{per_host},h2:{per_host}", "--",
-               sys.executable, __file__, *args]
+    # A hang gives up in a minute, not the default five: the longest call here takes about 0.6 s.
+    command = [*ENV, "DDL_TIMEOUT=60", str(BIN / "ddlrun"), "-n", str(2 * per_host), "-H", f"h1:{per_host},h2:{per_host}",
+               "--", sys.executable, *python, *args]
     done = bed.run("h1", command, cwd=str(Path(__file__).resolve().parents[1]), timeout=1800)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return done.stdout
+
+
+def _probe_on_hosts(bed, per_host: int, rate: str):
+    """(the cost model a quick ddl-tune of allreduce fits across ``bed``'s hosts, 2 x ``per_host``
+    ranks, with the links' shaping off; where it came from). The shaping is what is predicted, so
+    the fit never sees it; the probe's table goes nowhere near the tuning cache."""
+    from ddl_triton.tuning import table as tuning
+    out = Path(__file__).resolve().parents[1] / "build" / f"validate-simulator-probe-2x{per_host}-{os.getpid()}.json"
+    out.parent.mkdir(exist_ok=True)
+    for host in bed.hosts:
+        bed.shape(host, "")
+    try:
+        print(f"# probing 2 hosts x {per_host} with the shaping off: a quick ddl-tune of allreduce", flush=True)
+        _on_hosts(bed, per_host, "--quick", "--max-bytes", "64M", "--collectives", "allreduce", "--quiet",
+                  "--no-validate", "--no-cache", "--out", str(out), python=("-m", "ddl_triton.tune"))
+        fitted = tuning.load(str(out)).model
+    finally:
+        for host in bed.hosts:
+            bed.shape(host, rate)
+        out.unlink(missing_ok=True)
+    if fitted is None:
+        raise SystemExit(f"validate_simulator.py: the probe across hosts (2 x {per_host}) fitted no model")
+    return fitted, f"fitted by ddl-tune across the testbed's 2 x {per_host}, its shaping off (probed afresh)"
 
 
 def _default_plan(per_host: int, nbytes: int) -> dict:
@@ -421,9 +446,11 @@ def hosts_main(args) -> int:
         results["link"] = link
         print(f"# measured today (not used by the prediction): {testbed_link.describe(link)}", flush=True)
         for per_host in layouts:
-            calibration = args.calibration == "fresh"
-            model, source = across_hosts.hosts_model(cluster, per_host, 2, refresh=calibration)
+            fitted = _probe_on_hosts(bed, per_host, args.rate) if args.calibration == "fresh" else None
+            model, source = across_hosts.hosts_model(cluster, per_host, 2, refresh=args.calibration == "emulated",
+                                                     fitted=fitted)
             print(f"\n# 2 hosts x {per_host}: model {source}", flush=True)
+            results.setdefault("models", {})[f"2x{per_host}"] = {"source": source, "model": model.to_dict()}
             if args.part in ("all", "allreduce"):
                 names = HOST_SCHEDULES[per_host]
                 out = _on_hosts(bed, per_host, "--worker", "hosts_allreduce", "--schedules", ",".join(names),
@@ -521,9 +548,11 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="fewer sizes and rounds")
     p.add_argument("--emulation", default=EMULATION)
     p.add_argument("--part", choices=("all", "allreduce", "training"), default="all")
-    p.add_argument("--calibration", choices=("fresh", "cached"), default="fresh",
+    p.add_argument("--calibration", choices=("fresh", "cached", "emulated"), default="fresh",
                    help="fresh: probe this host again (a quick ddl-tune) right before measuring each layout, "
-                   "since its memory speed drifts over minutes; cached: use the tables in the cache")
+                   "since its memory speed drifts over minutes (with --hosts: across the hosts, their shaping "
+                   "off); cached: use the tables in the cache; emulated (--hosts): this host's fit for the "
+                   "same grid of emulated nodes, its MPI link moved onto the testbed's")
     p.add_argument("--hosts", type=int, default=0, help="validate against the testbed's hosts (2) instead of this host")
     p.add_argument("--rate", default="1gbit", help="with --hosts: the testbed's tbf rate")
     p.add_argument("--per-host", default="1,2", help="with --hosts: ranks per host, a comma list")

@@ -2,8 +2,9 @@
 
 A calibrated cluster: ddl_triton's own costs are this machine's, the link is the cluster file's.
 
-- **The cost model** (``hosts_model``): the one ``ddl-tune`` fits on this machine for the same
-  ranks and grid with emulated nodes (``DDL_TOPOLOGY``: the "inter-node" messages go over MPI,
+- **The cost model** (``hosts_model``): the one ``ddl-tune`` fits across the same hosts with their
+  links' shaping off, where there are hosts to probe (bench/validate_simulator.py --hosts does);
+  else the one it fits on this machine for the same ranks and grid with emulated nodes (``DDL_TOPOLOGY``: the "inter-node" messages go over MPI,
   which MPICH carries through its shared memory), so the executor's steps, the call costs, the
   shm links, the reductions and ddl_triton's side of each MPI message are measured where they
   run. Its MPI link then trades MPICH's same-host latency and per-byte time (the file's
@@ -51,10 +52,16 @@ def with_rate(cluster: Cluster, rate: str) -> Cluster:
 
 
 def hosts_model(cluster: Cluster, per_host: int, hosts: int, *, probe: bool = True,
-                refresh: bool = False) -> tuple[CostModel, str]:
-    """(the cost model of ``hosts`` hosts x ``per_host`` ranks on ``cluster``, where it came from):
-    this machine's fitted model for the same grid of emulated nodes, its MPI link moved onto the
-    cluster's link (see the module doc)."""
+                refresh: bool = False, fitted: tuple[CostModel, str] | None = None) -> tuple[CostModel, str]:
+    """(the cost model of ``hosts`` hosts x ``per_host`` ranks on ``cluster``, where it came from).
+
+    ``fitted``: a model ddl-tune fitted across those very hosts with their shaping off (and where it
+    came from), taken as it is: ddl_triton's costs and the unshaped link as they are there; the
+    shaping is the cluster file's, added by ``hosts_allreduce``. Without it: this machine's fitted
+    model for the same grid of emulated nodes, its MPI link moved onto the cluster's (see the module
+    doc), which needs no hosts to probe but carries what emulated nodes do differently."""
+    if fitted is not None:
+        return fitted
     inter = cluster.links["inter"]
     model, source = local_model(per_host * hosts, f"{per_host}x{hosts}", probe=probe, refresh=refresh)
     alpha = max(0.0, model.mpi.alpha - inter.get("same_host_alpha_us", 0.0)) + inter["alpha"]

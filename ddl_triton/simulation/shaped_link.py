@@ -146,8 +146,9 @@ def schedule_seconds(model: CostModel, schedule: Schedule, link_of: Callable[[in
                         now[(r, s.msg, p)] = clock[r]
         new_end = max(clock)
         # What each bucket holds when the next call hands it its first message: what it held
-        # after its last, refilled until the call ended and again until that first hand-over.
-        new_level = min([link.burst] + [b.tokens + (new_end - b.at + first) * link.rate for b in buckets])
+        # after its last, refilled until the call ended, through the next call's fixed cost
+        # (outside the walk, but time the link idles too) and until that first hand-over.
+        new_level = min([link.burst] + [b.tokens + (new_end - b.at + call + first) * link.rate for b in buckets])
         moved_most = max((abs(t - handed.get(m, -1.0)) for m, t in now.items()), default=0.0)
         settled = now.keys() == handed.keys() and moved_most <= 1e-9 and abs(new_level - level) <= 1e-6 * link.burst
         handed, level, end = now, new_level, new_end

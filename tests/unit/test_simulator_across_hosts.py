@@ -103,6 +103,11 @@ def test_the_fitted_mpi_link_is_moved_onto_the_testbeds(testbed, fitted):
     assert "stand-in for 4 ranks on 2x2" in source
 
 
+def test_a_model_fitted_across_the_hosts_themselves_is_taken_as_it_is(testbed):
+    across = CostModel(mpi=Link(alpha=7e-6, beta=1 / 1e9))
+    assert across_hosts.hosts_model(testbed, 1, 2, fitted=(across, "probed")) == (across, "probed")
+
+
 @pytest.mark.parametrize("per_host", [1, 2])
 def test_allreduce_predictions_across_hosts_are_latency_then_the_link(testbed, fitted, per_host):
     model, _ = across_hosts.hosts_model(testbed, per_host, 2)
