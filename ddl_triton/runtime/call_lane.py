@@ -184,25 +184,28 @@ class CallLane:
         buf = self._send_bufs[parity] if peer is None else self._recv_bufs[peer]
         return buf[HEADER_BYTES:HEADER_BYTES + nbytes]
 
-    def next_parity(self) -> int:
-        """The send buffer parity of the next ``exchange`` (its data goes in before the call)."""
-        return (self._calls + 1) & 1
+    def claim_send_buffer(self) -> int:
+        """The parity of the send buffer the next ``exchange`` sends from, once the sends that last
+        used it (call k - 2's: complete, see the module doc) are finished, so its data may go in."""
+        parity = (self._calls + 1) & 1
+        old = self._sends[parity]
+        if old is not None:
+            self.wire.complete_sends(old, self.timeout, self.peers)
+            self._sends[parity] = None
+        return parity
 
     def exchange(self, seq: int, head: bytes, nbytes: int = 0) -> None:
         """Send this call's message (``head``: ``header(fingerprint, nbytes)``, then the ``nbytes``
-        of data the caller put in ``data_view(None, next_parity(), nbytes)``) to every peer and
-        wait for each peer's; raise CollectiveMismatch if any peer's call differs. The peers' data
+        of data the caller put in ``data_view(None, claim_send_buffer(), nbytes)``) to every peer
+        and wait for each peer's; raise CollectiveMismatch if any peer's call differs. The peers' data
         stays readable in their ``data_view`` until ``done_reading``; a call without data needs no
         ``done_reading``."""
         peers = self.peers
         if not peers:
             return
-        k = self._calls = self._calls + 1
-        parity = k & 1
+        parity = self.claim_send_buffer() if not nbytes else (self._calls + 1) & 1  # with data: claimed
+        self._calls += 1
         wire = self.wire
-        old = self._sends[parity]
-        if old is not None:  # call k - 2's sends: complete (see the module doc)
-            wire.complete_sends(old, self.timeout, peers)
         self._send_heads[parity][:] = head
         self._sends[parity] = wire.start_sends(parity, HEADER_BYTES + nbytes, peers)
         matched = True

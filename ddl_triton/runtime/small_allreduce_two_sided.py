@@ -66,7 +66,7 @@ class SmallAllreduceTwoSided:
         """Allreduce ``out`` (1-D, contiguous) in place as collective number ``seq``. Raises
         PeerTimeout like a transport, and CollectiveMismatch when a peer makes a different call."""
         lane = self.lane
-        parity = lane.next_parity()
+        parity = lane.claim_send_buffer()
         np.copyto(shape.own[parity], out)
         lane.exchange(seq, shape.head, shape.nbytes)
         operands = shape.operands[parity]
