@@ -64,6 +64,8 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
             shm = ShmTransport(node, list(placement.on_node), slot_bytes=options.chunk_bytes,
                                depth=options.pipeline_depth, lane_bytes=LANE_BYTES)
             transports.append(shm)
+            if isinstance(between, MpiTransport):
+                between.progress_during_other_waits()  # an MPI send must move while we wait on shm
     finally:
         node.close()
     host = placement.host_of_rank

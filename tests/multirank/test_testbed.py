@@ -149,6 +149,36 @@ def test_every_collective_op_and_dtype_exact_and_identical_across_two_hosts_unde
     assert m and int(m.group(1)) > 1000, done.stdout[-3000:]
 
 
+# A ring and a tree across the hosts mix shm and MPI hops in one cycle of waits: an MPI send
+# must keep moving while its sender waits on shm (MpiTransport.progress_during_other_waits),
+# or the first large allreduce deadlocks. 1 MB chunks make MPI's rendezvous certain.
+_MIXED_HOPS = """
+import torch
+from mpi4py import MPI
+import ddl_triton as ddl
+from support.report import print_line
+for schedule in ("ring", "tree"):
+    c = ddl.init(MPI.COMM_WORLD.Dup(), schedule=schedule, chunk_bytes=1 << 20)
+    for n in (262_147, 1_000_003):
+        t = (torch.arange(n) % 89 + c.rank).float()
+        c.allreduce(t)
+        exact = torch.equal(t, (torch.arange(n) % 89).float() * c.size + sum(range(c.size)))
+        print_line(f"RANK {c.rank} {schedule} n {n} exact {exact} links {','.join(c.placement.links)}")
+    c.close()
+ddl.finalize()
+"""
+
+
+@needs_hosts
+def test_ring_and_tree_across_hosts_mixing_shm_and_mpi_hops_finish_exact(bed):
+    done = _across(bed, "ddlrun", _MIXED_HOPS, 20)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("RANK")]
+    assert len(rows) == 4 * 2 * 2, done.stdout
+    assert all(w[6] == "True" for w in rows), done.stdout
+    assert all("shm" in w[8] and "mpi" in w[8] for w in rows), done.stdout  # both kinds of hop
+
+
 @needs_hosts
 def test_hierarchical_across_hosts_sends_1_over_x_of_the_bytes_over_mpi_and_none_over_shm(bed):
     """Under ddlrun, the grid is detected as 2x2; shm links only ranks of one host; and the
