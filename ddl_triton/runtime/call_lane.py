@@ -31,6 +31,9 @@ thousands.
 """
 from __future__ import annotations
 
+import atexit
+import weakref
+
 import numpy as np
 import torch
 from mpi4py import MPI
@@ -64,6 +67,18 @@ def _decode(raw: bytes) -> tuple[tuple[int, ...], int]:
     return fingerprint, word >> _DATA_SHIFT
 
 
+# MPI lanes still open, closed at exit before mpi4py finalizes MPI (atexit runs last-registered
+# first, and mpi4py registered its finalize when it was imported): a receive still posted at
+# MPI_Finalize makes UCX warn about every one, for a communicator its program never closed.
+_OPEN_MPI_WIRES: "weakref.WeakSet[_MpiWire]" = weakref.WeakSet()
+_exit_hook_installed = False
+
+
+def _close_at_exit() -> None:
+    for wire in list(_OPEN_MPI_WIRES):
+        wire.close()
+
+
 class _MpiWire:
     """Lane messages on a communicator of their own (a duplicate: no other message can match),
     through persistent requests: a call restarts requests built once, which saves mpi4py's
@@ -74,6 +89,11 @@ class _MpiWire:
         self._recvs = {p: self.comm.Recv_init([buf, MPI.BYTE], source=p, tag=0) for p, buf in recv_bufs.items()}
         self._send_bufs = send_bufs
         self._sends: dict[tuple[int, int], list] = {}  # (parity, message bytes) -> a request per peer
+        global _exit_hook_installed
+        _OPEN_MPI_WIRES.add(self)
+        if not _exit_hook_installed:
+            atexit.register(_close_at_exit)
+            _exit_hook_installed = True
 
     def start_recv(self, peer: int) -> None:
         self._recvs[peer].Start()
@@ -108,6 +128,9 @@ class _MpiWire:
     def close(self) -> None:
         """Cancel the posted receives; let the last sends go (freeing an active send request is
         allowed: MPI completes it on its own, and a dead peer's never completes)."""
+        _OPEN_MPI_WIRES.discard(self)
+        if self.comm is None or MPI.Is_finalized():
+            return
         for req in self._recvs.values():
             try:
                 req.Cancel()
@@ -121,6 +144,7 @@ class _MpiWire:
                 r.Free()
         self._sends.clear()
         self.comm.Free()
+        self.comm = None  # closed (by the communicator, or at exit: whichever comes first)
 
 
 class _GlooWire:
