@@ -9,9 +9,11 @@ the torch reference that sits beside each kernel.
 Launch configurations (block sizes, warps, stages) are plain data in :mod:`.launch_configs`
 (read, edit, extend, pin a tuned winner); :mod:`.sweep` times them on a GPU; :mod:`.bandwidth` is
 the one GB/s measurement the benchmarks share. Kernels know nothing of ranks or transports: the
-package imports torch and triton, and of ddl_triton only the options (the default backend).
+package imports torch, and of ddl_triton only the options (the default backend). Triton is
+imported when a Triton kernel is first needed (a CUDA tensor, ``DDL_KERNELS=triton``, the sweep),
+not with the package, which every rank imports: see _lazy_kernels.py.
 """
-from . import launch_configs, sweep
+from . import launch_configs
 from ._dispatch import get_backend, set_backend
 from .int8 import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_reference, reduce_int8,
                    reduce_int8_reference)
@@ -25,3 +27,13 @@ __all__ = [
     "reduce_reference", "set_backend", "sign_compress", "sign_compress_reference", "sign_decompress",
     "sign_decompress_reference", "sweep", "unpack", "unpack_reference",
 ]
+
+
+def __getattr__(name: str):
+    # PEP 562. sweep.py times the compiled kernels and imports triton at module level, so it is
+    # imported on first access (ddl_triton.kernels.sweep), not with the package: see _lazy_kernels.py.
+    if name == "sweep":
+        import importlib
+
+        return importlib.import_module(".sweep", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

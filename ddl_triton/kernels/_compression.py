@@ -6,6 +6,7 @@ import torch
 
 from . import launch_configs
 from ._dispatch import interpreting
+from ._lazy_kernels import LazyKernels
 
 QUANT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)                 # what a compressor takes
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)    # what a decompressor writes
@@ -16,13 +17,13 @@ def compiled(t: torch.Tensor) -> bool:
     return t.is_cuda and not interpreting()
 
 
-def tuned(autotune: dict, kernel: str):
+def tuned(jit_kernels: LazyKernels, autotune: dict, kernel: str):
     """The autotuned wrapper of ``kernel`` over its launch configurations as they are now.
 
-    ``autotune`` maps each kernel's name in launch_configs.py to its ``@triton.jit`` function
-    and its autotuning arguments (key, restore_value)."""
-    fn, autotune_args = autotune[kernel]
-    return launch_configs.autotuned(kernel, fn, **autotune_args)
+    ``autotune`` maps each kernel's name in launch_configs.py to the name of its ``@triton.jit``
+    function in ``jit_kernels`` and its autotuning arguments (key, restore_value)."""
+    jit_name, autotune_args = autotune[kernel]
+    return launch_configs.autotuned(kernel, jit_kernels[jit_name], **autotune_args)
 
 
 def check_contiguous(name: str, **tensors: torch.Tensor) -> None:

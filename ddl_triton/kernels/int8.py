@@ -58,13 +58,11 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 from . import launch_configs
 from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous, compiled, tuned
 from ._dispatch import interpreting, use_triton
-from ._rounding import round_to as _round_to
+from ._lazy_kernels import LazyKernels, cdiv
 
 _QMAX = 127.0  # symmetric range [-127, 127]: -128 is never produced, so negation is safe
 _MIN_NORMAL = 2.0 ** -126  # smallest normal fp32; smaller scales are flushed to 0
@@ -72,102 +70,19 @@ _MAX_QBLOCK = 1 << 16
 
 
 # --------------------------------------------------------------------------------------------
-# Triton building blocks
+# Triton kernels: in _int8_jit.py, loaded on first use (see _lazy_kernels.py)
 # --------------------------------------------------------------------------------------------
 
-@triton.jit
-def _round_half_even(v):
-    # No libdevice.rint under the interpreter: round |v| with floor and compares, then restore
-    # the sign. a - floor(a) is exact (Sterbenz for a >= 1, trivially for a < 1), so every
-    # decision below sees the true fraction; the int32 parity test is exact for |v| < 2**31.
-    a = tl.abs(v)
-    r = tl.floor(a)
-    frac = a - r
-    odd = (r.to(tl.int32) & 1) == 1
-    up = (frac > 0.5) | ((frac == 0.5) & odd)
-    r = tl.where(up, r + 1.0, r)
-    return tl.where(v < 0, -r, r)
-
-
-@triton.jit
-def _quantize_tile(x):
-    # x: [ROWS, QBLOCK] fp32, zero where masked; returns (q int8 [ROWS, QBLOCK], s fp32 [ROWS]).
-    absmax = tl.max(tl.abs(x), axis=1)
-    # div_rn: Triton's "/" is an approximate division on NVIDIA; torch's is IEEE-rounded.
-    s = tl.math.div_rn(absmax, tl.full(absmax.shape, 127.0, tl.float32))
-    s = tl.where(s >= 2.0 ** -126, s, 0.0)
-    # Divide by 1 in flushed blocks: |x| < 2**-119 there, so it rounds to 0 like the reference.
-    safe = tl.where(s > 0.0, s, 1.0)
-    v = tl.math.div_rn(x, tl.broadcast_to(safe[:, None], x.shape))
-    q = _round_half_even(v)
-    q = tl.minimum(tl.maximum(q, -127.0), 127.0)
-    return q.to(tl.int8), s
-
-
-@triton.jit
-def _block_tile(n_elements, n_blocks, QBLOCK: tl.constexpr, TILE: tl.constexpr):
-    """This program's tile of whole blocks: ROWS = ceil(TILE / QBLOCK) blocks of QBLOCK elements.
-    Returns (rows, offsets, mask, rmask): the block indices [ROWS], the element offsets
-    [ROWS, QBLOCK], and which of them exist."""
-    ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
-    # int64 offsets: a > 2**31-element bucket must not wrap.
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offsets = rows[:, None] * QBLOCK + tl.arange(0, QBLOCK)[None, :]
-    return rows, offsets, offsets < n_elements, rows < n_blocks
-
-
-@triton.jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, n_elements, n_blocks,
-                     QBLOCK: tl.constexpr, TILE: tl.constexpr):
-    # One program quantizes ROWS whole blocks (a [ROWS, QBLOCK] tile of about TILE elements).
-    rows, offsets, mask, rmask = _block_tile(n_elements, n_blocks, QBLOCK, TILE)
-    # other=0: padding of the short last block must not raise its absmax.
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    q, s = _quantize_tile(x)
-    tl.store(q_ptr + offsets, q, mask=mask)
-    tl.store(s_ptr + rows, s, mask=rmask)
-
-
-@triton.jit
-def _dequantize_kernel(q_ptr, s_ptr, out_ptr, n_elements, n_blocks,
-                       QBLOCK: tl.constexpr, TILE: tl.constexpr):
-    rows, offsets, mask, rmask = _block_tile(n_elements, n_blocks, QBLOCK, TILE)
-    q = tl.load(q_ptr + offsets, mask=mask, other=0).to(tl.float32)
-    s = tl.load(s_ptr + rows, mask=rmask, other=0.0)
-    # fp32 product first, then one rounding to the out dtype: the reference does the same.
-    d = q * s[:, None]
-    tl.store(out_ptr + offsets, _round_to(d, out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _reduce_int8_kernel(q_table, s_table, num_inputs, q_out, s_out, n_elements, n_blocks, scale_ptr,
-                        HAS_SCALE: tl.constexpr, QBLOCK: tl.constexpr, TILE: tl.constexpr):
-    # The inputs arrive as tables of data_ptr() values (int64), cast back to typed pointers:
-    # any number of inputs in one launch, read once each. Works under TRITON_INTERPRET=1 for
-    # CPU tensors (the interpreter dereferences raw host addresses).
-    ROWS: tl.constexpr = (TILE + QBLOCK - 1) // QBLOCK
-    rows, offsets, mask, rmask = _block_tile(n_elements, n_blocks, QBLOCK, TILE)
-    acc = tl.zeros([ROWS, QBLOCK], dtype=tl.float32)  # 0 + d0 == d0 exactly
-    for i in range(num_inputs):  # list order: the same order on every rank
-        qp = tl.load(q_table + i).to(tl.pointer_type(tl.int8))
-        sp = tl.load(s_table + i).to(tl.pointer_type(tl.float32))
-        q = tl.load(qp + offsets, mask=mask, other=0).to(tl.float32)
-        s = tl.load(sp + rows, mask=rmask, other=0.0)
-        acc = acc + q * s[:, None]  # launched with fma contraction off: two roundings, as torch
-    if HAS_SCALE:
-        acc = acc * tl.load(scale_ptr)
-    q, s = _quantize_tile(acc)
-    tl.store(q_out + offsets, q, mask=mask)
-    tl.store(s_out + rows, s, mask=rmask)
-
+_KERNELS = LazyKernels(__name__, "._int8_jit", ["_quantize_kernel", "_dequantize_kernel", "_reduce_int8_kernel"])
+__getattr__ = _KERNELS.module_getattr  # int8._quantize_kernel etc.: the @triton.jit kernels, loaded on first use
 
 # Launch configurations (TILE, num_warps, num_stages) are data: launch_configs.py. Here: each
-# kernel's name there, and its autotuning arguments. reset_to_zero is not needed: every output
-# element is written by exactly one program.
+# kernel's name there, its @triton.jit kernel's name in _KERNELS, and its autotuning arguments.
+# reset_to_zero is not needed: every output element is written by exactly one program.
 _AUTOTUNE = {
-    "quantize_int8": (_quantize_kernel, dict(key=["n_elements", "QBLOCK"])),
-    "dequantize_int8": (_dequantize_kernel, dict(key=["n_elements", "QBLOCK"])),
-    "reduce_int8": (_reduce_int8_kernel, dict(key=["n_elements", "QBLOCK"])),
+    "quantize_int8": ("_quantize_kernel", dict(key=["n_elements", "QBLOCK"])),
+    "dequantize_int8": ("_dequantize_kernel", dict(key=["n_elements", "QBLOCK"])),
+    "reduce_int8": ("_reduce_int8_kernel", dict(key=["n_elements", "QBLOCK"])),
 }
 # The interpreter's fixed size, unless the kernel is pinned (launch_configs.interpreter_meta).
 _INTERPRETER_TILE = 4096
@@ -175,21 +90,22 @@ _INTERPRETER_TILE = 4096
 
 def _tuned(kernel: str):
     """The autotuned wrapper of ``kernel`` over its launch configurations as they are now."""
-    return tuned(_AUTOTUNE, kernel)
+    return tuned(_KERNELS, _AUTOTUNE, kernel)
 
 
-def _launch(kernel: str, jitted, like: torch.Tensor, n_blocks: int, block: int, args: tuple, *,
+def _launch(kernel: str, like: torch.Tensor, n_blocks: int, block: int, args: tuple, *,
             compile_options: dict | None = None, **meta) -> None:
-    """Run ``kernel`` (named as in launch_configs; ``jitted`` is its ``@triton.jit`` function) over
-    ``n_blocks`` blocks of ``block`` elements, each program a tile of whole blocks: autotuned over
-    its launch configurations when compiled (``compile_options`` go to the compiler), else at the
-    interpreter's tile (pinned, or ``_INTERPRETER_TILE``)."""
+    """Run ``kernel`` (named as in launch_configs) over ``n_blocks`` blocks of ``block`` elements,
+    each program a tile of whole blocks: autotuned over its launch configurations when compiled
+    (``compile_options`` go to the compiler), else at the interpreter's tile (pinned, or
+    ``_INTERPRETER_TILE``)."""
     if compiled(like):
-        grid = lambda m: (triton.cdiv(n_blocks, max(1, m["TILE"] // block)),)  # noqa: E731
+        grid = lambda m: (cdiv(n_blocks, max(1, m["TILE"] // block)),)  # noqa: E731
         _tuned(kernel)[grid](*args, QBLOCK=block, **meta, **(compile_options or {}))
         return
     tile = launch_configs.interpreter_meta(kernel, TILE=_INTERPRETER_TILE)["TILE"]
-    jitted[(triton.cdiv(n_blocks, max(1, tile // block)),)](*args, QBLOCK=block, TILE=tile, **meta)
+    jitted = _KERNELS[_AUTOTUNE[kernel][0]]
+    jitted[(cdiv(n_blocks, max(1, tile // block)),)](*args, QBLOCK=block, TILE=tile, **meta)
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,7 +189,7 @@ def quantize_int8(x: torch.Tensor, *, block: int = 256) -> tuple[torch.Tensor, t
     s = torch.empty(nb, dtype=torch.float32, device=x.device)
     if n == 0:
         return q, s
-    _launch("quantize_int8", _quantize_kernel, x, nb, block, (x, q, s, n, nb))
+    _launch("quantize_int8", x, nb, block, (x, q, s, n, nb))
     return q, s
 
 
@@ -302,7 +218,7 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor 
     if n == 0:
         return out
     nb = scales.numel()
-    _launch("dequantize_int8", _dequantize_kernel, q, nb, block, (q, scales, out, n, nb))
+    _launch("dequantize_int8", q, nb, block, (q, scales, out, n, nb))
     return out
 
 
@@ -343,7 +259,7 @@ def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor],
     scale_value = torch.full((1,), 1.0 if scale is None else float(scale), dtype=torch.float32, device=device)
     args = (q_table, s_table, len(qs), q_out, s_out, n, nb, scale_value)
     # enable_fp_fusion=False: an fma of acc + q*s would round once where torch rounds twice.
-    _launch("reduce_int8", _reduce_int8_kernel, qs[0], nb, block, args, HAS_SCALE=scale is not None,
+    _launch("reduce_int8", qs[0], nb, block, args, HAS_SCALE=scale is not None,
             compile_options={"enable_fp_fusion": False})
     return q_out, s_out
 

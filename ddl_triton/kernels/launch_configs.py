@@ -57,8 +57,10 @@ from __future__ import annotations
 import copy
 import numbers
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-import triton
+if TYPE_CHECKING:
+    import triton  # imported where a triton.Config or autotuner is built: see _lazy_kernels.py
 
 DEFAULT_NUM_WARPS = 4   # triton.Config's defaults, written out so a config shows what it launches
 DEFAULT_NUM_STAGES = 3
@@ -154,6 +156,8 @@ def triton_configs(kernel: str) -> list[triton.Config]:
     Raises ValueError, naming the kernel and the config, when a direct edit of LAUNCH_CONFIGS left
     an invalid entry.
     """
+    import triton  # on first use, not with this module: see _lazy_kernels.py
+
     meta = META_PARAMETERS[_check_kernel(kernel)]
     return [triton.Config({k: c[k] for k in meta}, num_warps=c["num_warps"], num_stages=c["num_stages"])
             for c in _in_force(kernel)]
@@ -243,6 +247,8 @@ def autotuned(kernel: str, fn: Callable, *, key: Sequence[str], restore_value: S
     except (AttributeError, TypeError):  # a malformed direct edit: triton_configs below names it
         cache_key, wrapper = None, None
     if wrapper is None:
+        import triton  # on first use, not with this module: see _lazy_kernels.py
+
         configs = triton_configs(kernel)
         wrapper = triton.autotune(configs=configs, key=list(key),
                                   restore_value=None if restore_value is None else list(restore_value))(fn)

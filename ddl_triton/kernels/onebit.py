@@ -34,67 +34,29 @@ Payload per n fp32 elements: ceil(n/8) + 4 bytes (~32x smaller). The int8 compre
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from . import launch_configs
 from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous, compiled, tuned
 from ._dispatch import use_triton
-from ._rounding import round_to as _round_to
+from ._lazy_kernels import LazyKernels, cdiv
 
 
 # --------------------------------------------------------------------------------------------
-# Triton kernels
+# Triton kernels: in _onebit_jit.py, loaded on first use (see _lazy_kernels.py)
 # --------------------------------------------------------------------------------------------
 
-@triton.jit
-def _add_into_kernel(x_ptr, r_ptr, n_elements, BLOCK: tl.constexpr):
-    # r = fp32(x) + r, in place: the 1-bit compressor's v, needed whole before its scale exists.
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
-    r = tl.load(r_ptr + offsets, mask=mask)
-    tl.store(r_ptr + offsets, r + x, mask=mask)
-
-
-@triton.jit
-def _sign_pack_kernel(v_ptr, bits_ptr, scale_ptr, n_elements, n_bytes, BYTES: tl.constexpr):
-    # One program packs BYTES bytes: a [BYTES, 8] tile of v, one row per output byte.
-    byte_idx = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-    lane = tl.arange(0, 8)
-    offsets = byte_idx[:, None] * 8 + lane[None, :]
-    mask = offsets < n_elements
-    v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
-    s = tl.load(scale_ptr)
-    pos = v >= 0.0
-    d = tl.where(pos, s, -s)
-    tl.store(v_ptr + offsets, v - d, mask=mask)  # the new residual, in place over v
-    # Masked lanes must be 0 bits, or the padding of the last byte would depend on memory.
-    bit = (pos & mask).to(tl.int32) << lane[None, :]
-    byte = tl.sum(bit, axis=1)  # distinct powers of two: the sum is the bitwise or
-    tl.store(bits_ptr + byte_idx, byte.to(tl.uint8), mask=byte_idx < n_bytes)
-
-
-@triton.jit
-def _sign_unpack_kernel(bits_ptr, scale_ptr, out_ptr, n_elements, n_bytes, BYTES: tl.constexpr):
-    byte_idx = tl.program_id(0).to(tl.int64) * BYTES + tl.arange(0, BYTES)
-    lane = tl.arange(0, 8)
-    offsets = byte_idx[:, None] * 8 + lane[None, :]
-    byte = tl.load(bits_ptr + byte_idx, mask=byte_idx < n_bytes, other=0).to(tl.int32)
-    bit = (byte[:, None] >> lane[None, :]) & 1
-    s = tl.load(scale_ptr)
-    d = tl.where(bit != 0, s, -s)
-    tl.store(out_ptr + offsets, _round_to(d, out_ptr.dtype.element_ty), mask=offsets < n_elements)
-
+_KERNELS = LazyKernels(__name__, "._onebit_jit", ["_add_into_kernel", "_sign_pack_kernel", "_sign_unpack_kernel"])
+__getattr__ = _KERNELS.module_getattr  # onebit._add_into_kernel etc.: the @triton.jit kernels, loaded on first use
 
 # Launch configurations (BLOCK / BYTES, num_warps, num_stages) are data: launch_configs.py. Here:
-# each kernel's name there, and its autotuning arguments. reset_to_zero is not needed: every
-# output element is written by exactly one program. The add_into and sign_pack kernels rewrite an
-# input in place, so autotuning must restore it between trials.
+# each kernel's name there, its @triton.jit kernel's name in _KERNELS, and its autotuning
+# arguments. reset_to_zero is not needed: every output element is written by exactly one program.
+# The add_into and sign_pack kernels rewrite an input in place, so autotuning must restore it
+# between trials.
 _AUTOTUNE = {
-    "add_into": (_add_into_kernel, dict(key=["n_elements"], restore_value=["r_ptr"])),
-    "sign_pack": (_sign_pack_kernel, dict(key=["n_elements"], restore_value=["v_ptr"])),
-    "sign_unpack": (_sign_unpack_kernel, dict(key=["n_elements"])),
+    "add_into": ("_add_into_kernel", dict(key=["n_elements"], restore_value=["r_ptr"])),
+    "sign_pack": ("_sign_pack_kernel", dict(key=["n_elements"], restore_value=["v_ptr"])),
+    "sign_unpack": ("_sign_unpack_kernel", dict(key=["n_elements"])),
 }
 # The interpreter's fixed sizes, unless the kernel is pinned (launch_configs.interpreter_meta).
 _INTERPRETER_BYTES = 512
@@ -103,7 +65,7 @@ _INTERPRETER_BLOCK = 4096
 
 def _tuned(kernel: str):
     """The autotuned wrapper of ``kernel`` over its launch configurations as they are now."""
-    return tuned(_AUTOTUNE, kernel)
+    return tuned(_KERNELS, _AUTOTUNE, kernel)
 
 
 def _interpreted_bytes(kernel: str) -> int:
@@ -239,15 +201,15 @@ def sign_compress(x: torch.Tensor, residual: torch.Tensor, *,
         return out, torch.zeros(1, dtype=torch.float32, device=x.device)
     n_bytes = out.numel()
     if compiled(x):
-        _tuned("add_into")[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, residual, n)
+        _tuned("add_into")[lambda meta: (cdiv(n, meta["BLOCK"]),)](x, residual, n)
         scale = _mean_abs(residual)
-        _tuned("sign_pack")[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](residual, out, scale, n, n_bytes)
+        _tuned("sign_pack")[lambda meta: (cdiv(n_bytes, meta["BYTES"]),)](residual, out, scale, n, n_bytes)
     else:
         block = launch_configs.interpreter_meta("add_into", BLOCK=_INTERPRETER_BLOCK)["BLOCK"]
-        _add_into_kernel[(triton.cdiv(n, block),)](x, residual, n, BLOCK=block)
+        _KERNELS["_add_into_kernel"][(cdiv(n, block),)](x, residual, n, BLOCK=block)
         scale = _mean_abs(residual)
         bytes_per_program = _interpreted_bytes("sign_pack")
-        _sign_pack_kernel[(triton.cdiv(n_bytes, bytes_per_program),)](
+        _KERNELS["_sign_pack_kernel"][(cdiv(n_bytes, bytes_per_program),)](
             residual, out, scale, n, n_bytes, BYTES=bytes_per_program)
     return out, scale
 
@@ -283,9 +245,9 @@ def sign_decompress(bits: torch.Tensor, scale: torch.Tensor | float, n: int, *,
         return out
     n_bytes = bits.numel()
     if compiled(bits):
-        _tuned("sign_unpack")[lambda meta: (triton.cdiv(n_bytes, meta["BYTES"]),)](bits, scale, out, n, n_bytes)
+        _tuned("sign_unpack")[lambda meta: (cdiv(n_bytes, meta["BYTES"]),)](bits, scale, out, n, n_bytes)
     else:
         bytes_per_program = _interpreted_bytes("sign_unpack")
-        _sign_unpack_kernel[(triton.cdiv(n_bytes, bytes_per_program),)](
+        _KERNELS["_sign_unpack_kernel"][(cdiv(n_bytes, bytes_per_program),)](
             bits, scale, out, n, n_bytes, BYTES=bytes_per_program)
     return out

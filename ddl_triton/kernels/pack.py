@@ -33,10 +33,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
-import triton
-import triton.language as tl
 
 from ._dispatch import interpreting, use_triton
+from ._lazy_kernels import LazyKernels
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
            torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
@@ -46,22 +45,8 @@ _TABLE_CACHE: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 _TABLE_CACHE_SIZE = 64
 
 
-@triton.jit
-def _pack_kernel(flat_ptr, meta_ptr, num_tensors, num_programs, UNPACK: tl.constexpr, BLOCK: tl.constexpr):
-    # meta (int64) = [ptrs(T) | starts(T) | sizes(T) | program's tensor(P) | program's block(P)].
-    pid = tl.program_id(0)
-    t = tl.load(meta_ptr + 3 * num_tensors + pid)
-    b = tl.load(meta_ptr + 3 * num_tensors + num_programs + pid)
-    base = tl.load(meta_ptr + t).to(tl.pointer_type(flat_ptr.dtype.element_ty))
-    start = tl.load(meta_ptr + num_tensors + t)
-    size = tl.load(meta_ptr + 2 * num_tensors + t)
-    # int64 offsets (b and start are int64): a > 2**31-element bucket must not wrap.
-    offsets = b * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < size
-    if UNPACK:
-        tl.store(base + offsets, tl.load(flat_ptr + start + offsets, mask=mask), mask=mask)
-    else:
-        tl.store(flat_ptr + start + offsets, tl.load(base + offsets, mask=mask), mask=mask)
+_KERNELS = LazyKernels(__name__, "._pack_jit", ["_pack_kernel"])
+__getattr__ = _KERNELS.module_getattr  # pack._pack_kernel: the @triton.jit kernel, loaded on first use
 
 
 def pack_reference(tensors: Sequence[torch.Tensor], *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -170,7 +155,8 @@ def _launch(flat: torch.Tensor, tensors: Sequence[torch.Tensor], *, unpack: bool
     block = _GPU_BLOCK if compiled else _INTERPRETER_BLOCK
     meta, num_programs = _meta_table(tensors, flat.device, block)
     kwargs = dict(num_warps=_GPU_WARPS) if compiled else {}
-    _pack_kernel[(num_programs,)](flat, meta, len(tensors), num_programs, UNPACK=unpack, BLOCK=block, **kwargs)
+    kernel = _KERNELS["_pack_kernel"]
+    kernel[(num_programs,)](flat, meta, len(tensors), num_programs, UNPACK=unpack, BLOCK=block, **kwargs)
 
 
 def _meta_table(tensors: Sequence[torch.Tensor], device: torch.device, block: int) -> tuple[torch.Tensor, int]:

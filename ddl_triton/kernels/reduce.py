@@ -26,12 +26,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import triton
-import triton.language as tl
 
 from . import launch_configs
 from ._dispatch import accumulator_dtype, get_backend, interpreting, use_triton
-from ._rounding import round_to
+from ._lazy_kernels import LazyKernels, cdiv
 
 REDUCE_OPS = ("sum", "min", "max")
 _OP_CODE = {"sum": 0, "min": 1, "max": 2}
@@ -41,52 +39,8 @@ _DTYPES = _FLOATS + (torch.int32, torch.int64)
 _SAME_DTYPE_ACC = (torch.float32, torch.float64, torch.int32, torch.int64)  # accumulate in their own dtype
 
 
-@triton.jit
-def _combine(acc, x, OP: tl.constexpr):
-    if OP == 0:
-        return acc + x
-    elif OP == 1:
-        return tl.minimum(acc, x)
-    else:
-        return tl.maximum(acc, x)
-
-
-@triton.jit
-def _reduce_kernel(out_ptr, in0, in1, in2, in3, in4, in5, in6, in7, n_elements, scale_ptr,
-                   NUM_INPUTS: tl.constexpr, OP: tl.constexpr, HAS_SCALE: tl.constexpr,
-                   ACC_FP32: tl.constexpr, BLOCK: tl.constexpr):
-    # int64 offsets: a > 2**31-element bucket must not wrap.
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n_elements
-    acc = tl.load(in0 + offsets, mask=mask)
-    if ACC_FP32:
-        acc = acc.to(tl.float32)
-    # static_range unrolls: unused pointer slots are never touched.
-    for i in tl.static_range(1, NUM_INPUTS):
-        if i == 1:
-            ptr = in1
-        elif i == 2:
-            ptr = in2
-        elif i == 3:
-            ptr = in3
-        elif i == 4:
-            ptr = in4
-        elif i == 5:
-            ptr = in5
-        elif i == 6:
-            ptr = in6
-        else:
-            ptr = in7
-        x = tl.load(ptr + offsets, mask=mask)
-        if ACC_FP32:
-            x = x.to(tl.float32)
-        acc = _combine(acc, x, OP)
-    if HAS_SCALE:
-        # Loaded from memory in the accumulator dtype: a Python float argument would be
-        # truncated to fp32, which would differ from the torch path for fp64.
-        acc = acc * tl.load(scale_ptr)
-    tl.store(out_ptr + offsets, round_to(acc, out_ptr.dtype.element_ty), mask=mask)
-
+_KERNELS = LazyKernels(__name__, "._reduce_jit", ["_reduce_kernel"])
+__getattr__ = _KERNELS.module_getattr  # reduce._reduce_kernel: the @triton.jit kernel, loaded on first use
 
 # Launch configurations (BLOCK, num_warps, num_stages) are data: launch_configs.py, kernel "reduce".
 _AUTOTUNE_KEY = ["n_elements", "NUM_INPUTS"]
@@ -218,10 +172,11 @@ def _launch(out: torch.Tensor, inputs: list[torch.Tensor], op: str, scale: float
     args = dict(NUM_INPUTS=len(inputs), OP=_OP_CODE[op], HAS_SCALE=scale is not None, ACC_FP32=acc_fp32)
     acc_dtype = torch.float32 if acc_fp32 else out.dtype
     scale_value = torch.full((1,), 1.0 if scale is None else float(scale), dtype=acc_dtype, device=out.device)
+    kernel = _KERNELS["_reduce_kernel"]
     if out.is_cuda and not interpreting():
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
-        tuned = launch_configs.autotuned("reduce", _reduce_kernel, key=_AUTOTUNE_KEY)
+        grid = lambda meta: (cdiv(n, meta["BLOCK"]),)  # noqa: E731
+        tuned = launch_configs.autotuned("reduce", kernel, key=_AUTOTUNE_KEY)
         tuned[grid](out, *ptrs, n, scale_value, **args)
     else:
         block = launch_configs.interpreter_meta("reduce", BLOCK=_INTERPRETER_BLOCK)["BLOCK"]
-        _reduce_kernel[(triton.cdiv(n, block),)](out, *ptrs, n, scale_value, BLOCK=block, **args)
+        kernel[(cdiv(n, block),)](out, *ptrs, n, scale_value, BLOCK=block, **args)

@@ -52,9 +52,11 @@ from triton.runtime.errors import OutOfResources, PTXASError
 
 from . import launch_configs
 from ._dispatch import interpreting
-from .int8 import _dequantize_kernel, _quantize_kernel, _reduce_int8_kernel, quantize_int8_reference
-from .onebit import _add_into_kernel, _sign_pack_kernel, _sign_unpack_kernel
-from .reduce import _MAX_ARITY, _OP_CODE, _reduce_kernel
+from ._int8_jit import _dequantize_kernel, _quantize_kernel, _reduce_int8_kernel
+from ._onebit_jit import _add_into_kernel, _sign_pack_kernel, _sign_unpack_kernel
+from ._reduce_jit import _reduce_kernel
+from .int8 import quantize_int8_reference
+from .reduce import _MAX_ARITY, _OP_CODE
 
 DEFAULT_SIZES = (1 << 20, 16 << 20, 64 << 20)
 QBLOCK = 256  # the int8 block timed: quantize_int8's default

@@ -1,0 +1,64 @@
+"""Where Triton is imported: the ``@triton.jit`` kernels load on first use, not with their launchers.
+
+Every rank process imports the launchers (the communicator reduces with reduce.py, the compressed
+collectives call int8.py and onebit.py), but on a CPU they run torch ops and never launch a Triton
+kernel; importing triton costs ~0.3 s of a rank's ~2.8 s start. So each launcher module keeps its
+``@triton.jit`` kernels in a private module beside it (reduce.py: _reduce_jit.py; int8.py:
+_int8_jit.py; onebit.py: _onebit_jit.py; pack.py: _pack_jit.py), and that module, with triton, is
+imported the first time a kernel is asked for: a launch on a CUDA tensor, or under
+``DDL_KERNELS=triton`` (``Options.kernels="triton"``) with ``TRITON_INTERPRET=1``, or a reading of
+the attribute (``reduce._reduce_kernel``). launch_configs.py imports triton inside the functions
+that build a ``triton.Config`` or an autotuner; sweep.py, which times the compiled kernels, imports
+triton and the private modules itself, and is loaded on first access (``ddl_triton.kernels.sweep``).
+No other module of the package imports triton.
+
+A launcher module declares its kernels once, and launches them through the declaration::
+
+    _KERNELS = LazyKernels(__name__, "._reduce_jit", ["_reduce_kernel"])
+    __getattr__ = _KERNELS.module_getattr     # PEP 562: reduce._reduce_kernel loads on first access
+    ...
+    _KERNELS["_reduce_kernel"][grid](...)     # the module's attribute, loading it if need be
+
+A kernel is looked up as an attribute of the launcher module at every launch, so what is launched
+is what ``reduce._reduce_kernel`` is now: the jit function once loaded, or whatever replaced it
+there (a test's spy, set with monkeypatch).
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterable
+
+
+class LazyKernels:
+    """The ``@triton.jit`` kernels ``names`` of launcher module ``module``, defined in ``source``
+    (a module name relative to the launcher's package) and imported from there on first use."""
+
+    def __init__(self, module: str, source: str, names: Iterable[str]):
+        self._module = module
+        self._source = source
+        self._names = frozenset(names)
+
+    def module_getattr(self, name: str):
+        """The launcher module's ``__getattr__``: Python calls it only for a name the module lacks,
+        so for a kernel only until the first load. Loading sets every kernel of ``source`` that the
+        module does not have yet as a module attribute; other names raise AttributeError."""
+        if name not in self._names:
+            raise AttributeError(f"module {self._module!r} has no attribute {name!r}")
+        module = sys.modules[self._module]
+        jit = importlib.import_module(self._source, module.__package__)
+        for kernel in self._names:
+            if kernel not in vars(module):  # keep one set on the module already (a spy)
+                setattr(module, kernel, getattr(jit, kernel))
+        return vars(module)[name]
+
+    def __getitem__(self, name: str):
+        """The kernel ``name`` as the launcher module holds it now, loaded if need be."""
+        if name not in self._names:
+            raise KeyError(f"{self._module}: {name!r} is not one of its Triton kernels {sorted(self._names)}")
+        return getattr(sys.modules[self._module], name)
+
+
+def cdiv(n: int, d: int) -> int:
+    """``ceil(n / d)`` for positive ints: ``triton.cdiv``, for launch grids, without importing triton."""
+    return (n + d - 1) // d

@@ -1,0 +1,57 @@
+"""Triton is imported when a Triton kernel is first needed, not with the launchers every rank imports
+(ddl_triton/kernels/_lazy_kernels.py). Each check runs in a fresh interpreter, where sys.modules
+shows what an import or a call loaded."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code: str, **env: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_a_rank_on_the_cpu_fast_path_never_imports_triton():
+    out = _run("""
+import sys
+import torch
+import ddl_triton.runtime.communicator
+import ddl_triton.kernels as K
+print("import:", "triton" in sys.modules)
+a, b, c = (torch.arange(7, dtype=torch.float32) * k for k in (1, 2, 3))
+out = torch.empty(7)
+K.reduce(out, [a, b, c])
+assert out.tolist() == [6.0 * i for i in range(7)]
+q, s = K.quantize_int8(a, block=4)
+K.dequantize_int8(q, s, block=4)
+bits, scale = K.sign_compress(a, torch.zeros(7))
+K.sign_decompress(bits, scale, 7)
+K.unpack(K.pack([a, b]), [a, b])
+K.launch_configs.pin("reduce", {"BLOCK": 256})
+print("torch ops:", "triton" in sys.modules)
+""", DDL_KERNELS="auto", TRITON_INTERPRET="0")
+    assert out.split("\n")[:2] == ["import: False", "torch ops: False"], out
+
+
+def test_the_first_triton_launch_or_the_sweep_imports_it():
+    out = _run("""
+import importlib, sys
+import torch
+import ddl_triton.kernels as K
+from ddl_triton.kernels import _reduce_jit
+reduce_module = importlib.import_module("ddl_triton.kernels.reduce")  # K.reduce is the function
+a, b, c = (torch.arange(7, dtype=torch.float32) * k for k in (1, 2, 3))
+out = torch.empty(7)
+K.reduce(out, [a, b, c])
+print("interpreted launch:", "triton" in sys.modules, out.tolist() == [6.0 * i for i in range(7)])
+print("same kernel:", reduce_module._reduce_kernel is _reduce_jit._reduce_kernel)
+print("sweep:", callable(K.sweep.sweep), K.sweep.NoGpu.__name__)
+""", DDL_KERNELS="triton", TRITON_INTERPRET="1")
+    assert out.split("\n")[:3] == ["interpreted launch: True True", "same kernel: True", "sweep: True NoGpu"], out
