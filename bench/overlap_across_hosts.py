@@ -51,6 +51,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _host_jobs import wait_for_every_host  # bench/ is on the path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WARMUP_STEPS = 3  # DDP rebuilds its buckets after the first step; the next two settle caches and pools
@@ -171,23 +173,7 @@ def _torchrun(bed, env: dict, flags: list[str], timeout: float, port: int) -> in
     outs = [tempfile.TemporaryFile("w+") for _ in bed.hosts]  # files, not pipes: a full pipe stalls a host
     procs = [bed.popen(h, command, cwd=str(ROOT), env=env, stdout=o, stderr=subprocess.STDOUT)
              for h, o in zip(bed.hosts, outs)]
-    try:
-        deadline = time.monotonic() + timeout
-        while any(q.poll() is None for q in procs) and time.monotonic() < deadline:
-            if any(q.returncode not in (None, 0) for q in procs):
-                deadline = min(deadline, time.monotonic() + 10)
-            time.sleep(0.2)
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                q.terminate()
-        for q in procs:
-            try:
-                q.wait(20)
-            except subprocess.TimeoutExpired:
-                q.kill()
-                q.wait(10)
-    codes = [q.returncode for q in procs]
+    codes = wait_for_every_host(procs, timeout)
     for host, o, code in zip(bed.hosts, outs, codes):
         o.seek(0)
         text = o.read()

@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _host_jobs import wait_for_every_host  # bench/ is on the path when run as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SCRIPT = "bench/train_scaling.py"
@@ -153,23 +155,7 @@ def _torchrun(args, hosts: list[str], per_host: int, flags: list[str], port: int
         remote = f"cd {shlex.quote(str(ROOT))} && exec env {env} {shlex.join(torchrun)}"
         procs.append(subprocess.Popen([args.ssh, host, remote], stdout=out, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL))
-    try:
-        deadline = time.monotonic() + args.timeout
-        while any(q.poll() is None for q in procs) and time.monotonic() < deadline:
-            if any(q.returncode not in (None, 0) for q in procs):
-                deadline = min(deadline, time.monotonic() + 10)
-            time.sleep(0.2)
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                q.terminate()
-        for q in procs:
-            try:
-                q.wait(20)
-            except subprocess.TimeoutExpired:
-                q.kill()
-                q.wait(10)
-    codes = [q.returncode for q in procs]
+    codes = wait_for_every_host(procs, args.timeout)
     for i, (host, out) in enumerate(zip(hosts, outs)):
         out.seek(0)
         text = out.read()
