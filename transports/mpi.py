@@ -80,19 +80,19 @@ class MpiTransport(StagedSends):
     def _sends_done(self, reqs) -> bool:
         return _complete(reqs)
 
-    def progress_during_other_waits(self) -> None:
-        """Keep this transport's sends moving while the rank waits on another transport.
+    def push_sends(self) -> None:
+        """Test the oldest send in flight: what a wait on another transport calls to keep this
+        transport's sends moving (ShmTransport.keep_moving, set by ddl_triton/runtime/wiring.py).
 
         MPI moves a large message only inside MPI calls on both sides (a rendezvous: the
         sender must answer the receiver's request). A rank that sent a chunk over MPI and then
         waits for a shm message makes no MPI call, so its send stands still; and if the shm
         message it waits for depends on the receiver of that send (a ring across hosts: 3 waits
         on 2 over shm, 2 on 1 over MPI, 1 on 0 over shm, 0 on 3's stalled send), every rank
-        waits for ever. So, where a communicator mixes shm and MPI, every wait also tests the
-        oldest send in flight (about half a microsecond, and nothing once every send is done)."""
-        base.progress_hooks.append(self._push_sends)
-
-    def _push_sends(self) -> None:
+        waits for ever. So, where a communicator mixes shm and MPI, its shm waits also test the
+        oldest send in flight (about half a microsecond, and nothing once every send is done). Only
+        that communicator's waits do: they run on the one thread that runs its collectives, so no
+        other thread ever completes these requests meanwhile."""
         if self._sending:
             _complete(self._sending[0][0])
 
@@ -148,8 +148,6 @@ class MpiTransport(StagedSends):
     def close(self) -> None:
         if self._pacer is not None and self._pacer.pump in base.progress_hooks:
             base.progress_hooks.remove(self._pacer.pump)
-        if self._push_sends in base.progress_hooks:
-            base.progress_hooks.remove(self._push_sends)
         for req, _ in self._posted.values():
             req.Cancel()
         self._posted.clear()

@@ -171,6 +171,9 @@ class ShmTransport:
         # slot -> (message id, local addressees) of the message that used it last
         self._slot_user: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * depth
         self.wait_hook = None  # called during long waits; may raise (see ddl_triton/runtime/fingerprints.py)
+        # Called at every check of a wait for a peer's message or slot: the same communicator's MPI
+        # sends, which must progress meanwhile (MpiTransport.push_sends; set by runtime/wiring.py).
+        self.keep_moving = None
         self._pending: tuple[int, int, tuple[int, ...]] | None = None
         self._readers: dict[tuple[int, ...], tuple[int, ...]] = {}  # peers -> their local ranks
 
@@ -280,7 +283,7 @@ class ShmTransport:
         me = self.local_rank
         for reader in old_readers:
             if self._consumed(reader, me) < old_id:
-                wait_until(lambda: self._consumed(reader, me) >= old_id, timeout, self._world_of(reader),
+                wait_until(self._moving(lambda: self._consumed(reader, me) >= old_id), timeout, self._world_of(reader),
                            f"to release shm slot {slot} (message {old_id})", spin=self.spin,
                            alive=self.liveness_check(reader))
         readers = self._readers.get(peers)
@@ -323,9 +326,21 @@ class ShmTransport:
         local = self._local_of_world[peer]
         flags = self._flags[local]
         if flags[0] < msg_id:
-            wait_until(lambda: flags[0] >= msg_id, timeout, peer, f"shm message {msg_id}", spin=self.spin,
+            wait_until(self._moving(lambda: flags[0] >= msg_id), timeout, peer, f"shm message {msg_id}",
+                       spin=self.spin,
                        alive=self.liveness_check(local), sleep=self._sleeper(local, msg_id) if futex.AVAILABLE else None)
         return local
+
+    def _moving(self, ready):
+        """``ready``, with ``keep_moving`` called before each check when it is set."""
+        push = self.keep_moving
+        if push is None:
+            return ready
+
+        def check() -> bool:
+            push()
+            return ready()
+        return check
 
     def _sleeper(self, local: int, msg_id: int):
         """A nap that ends as soon as ``local`` publishes: it sleeps on the peer's ``published``

@@ -65,7 +65,7 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
                                depth=options.pipeline_depth, lane_bytes=LANE_BYTES)
             transports.append(shm)
             if isinstance(between, MpiTransport):
-                between.progress_during_other_waits()  # an MPI send must move while we wait on shm
+                shm.keep_moving = between.push_sends  # an MPI send must move while we wait on shm
     finally:
         node.close()
     host = placement.host_of_rank
