@@ -1,4 +1,4 @@
-"""Waiting for one job's processes on several hosts (a torchrun per host), bounded.
+"""Running one timed job on several hosts: its processes waited for, bounded, and a lock held.
 
 ``wait_for_every_host(procs, timeout)`` returns once every process has ended, or ``timeout``
 seconds have passed, or 10 s after one of them failed (the others then wait on a rendezvous
@@ -7,6 +7,8 @@ Returns each process's exit status.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
 import time
 
@@ -34,3 +36,17 @@ def wait_for_every_host(procs: list[subprocess.Popen], timeout: float) -> list[i
                 q.kill()
                 q.wait(10)
     return [q.returncode for q in procs]
+
+
+@contextlib.contextmanager
+def locked(path: str):
+    """Hold an exclusive flock on ``path`` (nothing when ""): one timed job at a time on a shared machine."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

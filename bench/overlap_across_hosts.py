@@ -38,8 +38,6 @@ Inside a job this script is also the rank (``--worker``) and the link sampler (`
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -51,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _host_jobs import wait_for_every_host  # bench/ is on the path when run as a script
+from _host_jobs import locked as _locked, wait_for_every_host  # bench/ is on the path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -132,20 +130,6 @@ def _run_jobs(args, launchers: list[str], out: Path, results: dict) -> int:
             if code == 0:
                 results[launcher] = analyse(folder)
     return worst
-
-
-@contextlib.contextmanager
-def _locked(path: str):
-    """An exclusive flock on ``path`` for one timed job (nothing when "")."""
-    if not path:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _ddlrun(bed, env: dict, flags: list[str], timeout: float, port: int) -> int:

@@ -28,8 +28,6 @@ shared machine), so other timed runs can go between the jobs.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import json
 import os
 import shlex
@@ -40,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _host_jobs import wait_for_every_host  # bench/ is on the path when run as a script
+from _host_jobs import locked as _locked, wait_for_every_host  # bench/ is on the path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -108,20 +106,6 @@ def _on_testbed(args, argv: list[str]) -> int:
     finally:
         if lock_fd is not None:
             os.close(lock_fd)
-
-
-@contextlib.contextmanager
-def _locked(path: str):
-    """Hold an exclusive flock on ``path`` (nothing when ""): one timed job at a time on a shared machine."""
-    if not path:
-        yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _env(iface: str, ssh: str) -> dict[str, str]:
