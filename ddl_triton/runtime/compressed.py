@@ -60,14 +60,16 @@ issuing both collectives (all_to_all, then all_gather) on ``comm``'s ordered que
 reduction runs in the all_to_all's done-callback, which the queue runs before it starts the next
 collective, so the all_gather always reads the reduced chunk (``ddl_triton.work``: callbacks run
 inside the job's completion, before the queue moves on). Issue these calls in the same order on
-every rank, as any collective. Should the server step raise on one rank (a bug, memory), that
+every rank, as any collective. Until the call completes, the tensor's contents are undefined (the int8 path keeps
+scratch values in it). The four message buffers of a call come from ``scratch_pool`` and go back to
+it when the call succeeds, so a training loop's calls reuse the same pages. Should the server step raise on one rank (a bug, memory), that
 rank's Work reports the error; its peers are not told and receive that chunk unreduced (zeros).
 """
 from __future__ import annotations
 
 import torch
 
-from . import gpu_path
+from . import gpu_path, scratch_pool
 from ..kernels import dequantize_int8, quantize_int8, reduce_int8, sign_compress, sign_decompress
 from .work import Work
 
@@ -126,21 +128,21 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
     words = _slot_words("int8", c, block)
     sq = c // 4  # where a slot's scales start, in words
     bounds = chunk_bounds(n, size, block)
+    buffers, send, recv, gin, gout = _message_buffers(size, words, torch.int32, flat.device)
+    sb, sf = send.view(torch.int8), send.view(torch.float32)
     if residual is not None:
         residual.add_(flat)  # v = x + residual: x upcast exactly
-        q, s = quantize_int8(residual, block=block)
-        residual.sub_(dequantize_int8(q, s, block=block))  # what this call lost, sent next call
-    else:
-        q, s = quantize_int8(flat, block=block)
-    send = torch.zeros(size * words, dtype=torch.int32, device=flat.device)
-    sb, sf = send.view(torch.int8), send.view(torch.float32)
-    for p, (a, b) in enumerate(bounds):
+        # The dequantized values only feed the residual, and flat's own values are spent (they are in
+        # v now): an fp32 flat holds them, and is overwritten by the result at the end.
+        lost = flat if flat.dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=flat.device)
+    for p, (a, b) in enumerate(bounds):  # chunk p straight into slot p: values, then scales
         nb = -(-(b - a) // block)
-        sb[p * words * 4: p * words * 4 + b - a].copy_(q[a:b])
-        sf[p * words + sq: p * words + sq + nb].copy_(s[a // block: a // block + nb])
-    recv = torch.empty_like(send)
-    gin = torch.zeros(words, dtype=torch.int32, device=flat.device)
-    gout = torch.empty(size * words, dtype=torch.int32, device=flat.device)
+        qp, sp = sb[p * words * 4: p * words * 4 + b - a], sf[p * words + sq: p * words + sq + nb]
+        if residual is not None:
+            quantize_int8(residual[a:b], block=block, out=(qp, sp))
+            residual[a:b].sub_(dequantize_int8(qp, sp, out=lost[a:b], block=block))  # lost now, sent next call
+        else:
+            quantize_int8(flat[a:b], block=block, out=(qp, sp))
     a, b = bounds[comm.rank]
     mine, nbm = b - a, -(-(b - a) // block)
     scale = 1.0 / size if op == "avg" else None
@@ -149,9 +151,8 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
         rb, rf = recv.view(torch.int8), recv.view(torch.float32)
         qs = [rb[p * words * 4: p * words * 4 + mine] for p in range(size)]
         ss = [rf[p * words + sq: p * words + sq + nbm] for p in range(size)]
-        qr, sr = reduce_int8(qs, ss, block=block, scale=scale)
-        gin.view(torch.int8)[:mine].copy_(qr)
-        gin.view(torch.float32)[sq: sq + nbm].copy_(sr)
+        reduce_int8(qs, ss, block=block, scale=scale,
+                    out=(gin.view(torch.int8)[:mine], gin.view(torch.float32)[sq: sq + nbm]))
 
     def finish() -> None:
         ob, of = gout.view(torch.int8), gout.view(torch.float32)
@@ -160,7 +161,7 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
             dequantize_int8(ob[p * words * 4: p * words * 4 + b - a], of[p * words + sq: p * words + sq + nb],
                             out=flat[a:b], block=block)
 
-    return _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish,
+    return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
                      f"allreduce_int8({op}, {n} x {tensor.dtype}, block {block})", async_op)
 
 
@@ -195,16 +196,13 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
     words = _slot_words("onebit", c, 0, max(len(g) for g in segs))
     ss = c // 32  # the word holding a slot's first scale
     worker = residual if residual is not None else torch.zeros(n, dtype=torch.float32, device=flat.device)
-    send = torch.zeros(size * words, dtype=torch.int32, device=flat.device)
+    buffers, send, recv, gin, gout = _message_buffers(size, words, torch.int32, flat.device)
     su, sf = send.view(torch.uint8), send.view(torch.float32)
     for p, (a, _) in enumerate(bounds):
         for j, (s, e) in enumerate(segs[p]):
             bits = p * words * 4 + (s - a) // 8
             _, sc = sign_compress(flat[s:e], worker[s:e], out=su[bits: bits + _nbytes(e - s)])
             sf[p * words + ss + j].copy_(sc[0])
-    recv = torch.empty_like(send)
-    gin = torch.zeros(words, dtype=torch.int32, device=flat.device)
-    gout = torch.empty(size * words, dtype=torch.int32, device=flat.device)
     inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None
     a0, mysegs = bounds[comm.rank][0], segs[comm.rank]
 
@@ -234,7 +232,7 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
                 sign_decompress(ou[bits: bits + _nbytes(e - s)], of[p * words + ss + j: p * words + ss + j + 1],
                                 e - s, out=flat[s:e])
 
-    return _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish,
+    return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
                      f"allreduce_onebit({op}, {n} x {tensor.dtype})", async_op)
 
 
@@ -255,11 +253,8 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
     if n == 0:
         return _done(tensor, async_op)
     c = _chunk_elems(n, size, 1)
-    send = torch.zeros(size * c, dtype=wire_dtype, device=flat.device)
+    buffers, send, recv, gin, gout = _message_buffers(size, c, wire_dtype, flat.device)
     send[:n].copy_(flat)  # the one rounding of the inputs
-    recv = torch.empty_like(send)
-    gin = torch.zeros(c, dtype=wire_dtype, device=flat.device)
-    gout = torch.empty_like(send)
     a, b = chunk_bounds(n, size, 1)[comm.rank]
     mine = b - a
     inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None
@@ -275,7 +270,7 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
     def finish() -> None:
         flat.copy_(gout[:n])  # chunks are laid end to end: the padding is all at the end
 
-    return _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish,
+    return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
                      f"allreduce_16bit({op}, {n} x {tensor.dtype} as {wire_dtype})", async_op)
 
 
@@ -355,12 +350,31 @@ def _done(tensor: torch.Tensor, async_op: bool):
     return work
 
 
-def _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish, description: str, async_op: bool):
+def _message_buffers(size: int, words: int, dtype: torch.dtype, device: torch.device):
+    """(buffers, send, recv, gin, gout): one call's message buffers, taken from the scratch pool.
+
+    send, recv and gout hold ``size`` slots of ``words`` elements, gin one slot; ``buffers`` lists
+    the four, to give back. send and gin are zeroed: the padding of a slot goes on the wire, and
+    must not carry an earlier call's bytes. (Four tensors, not views of one: a collective refuses
+    an output that shares storage with its input.)
+    """
+    take = scratch_pool.pool.take
+    send, recv, gout = (take(size * words, dtype, device) for _ in range(3))
+    gin = take(words, dtype, device)
+    send.zero_()
+    gin.zero_()
+    return (send, recv, gin, gout), send, recv, gin, gout
+
+
+def _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish, description: str,
+              async_op: bool):
     """all_to_all(recv <- send); server() fills gin; all_gather(gout <- gin); finish() decompresses.
 
     Both collectives are issued now, in this order, on comm's queue. server() runs in the
     all_to_all's done-callback: on the queue's thread before the queue starts the all_gather, or
-    here, before the all_gather is issued, if the all_to_all is already complete.
+    here, before the all_gather is issued, if the all_to_all is already complete. ``buffers`` (the
+    four) go back to the scratch pool once the call has succeeded; after an error a receive may
+    still land in one, so they are dropped.
     """
     result = Work(description)
     failed: list[BaseException] = []
@@ -383,6 +397,8 @@ def _two_shot(comm, tensor, flat, send, recv, gin, gout, server, finish, descrip
         except BaseException as e:  # noqa: BLE001
             result.set_exception(e)
         else:
+            for buffer in buffers:
+                scratch_pool.pool.give(buffer)
             result.set_result(tensor)
 
     comm.all_to_all(recv, send, async_op=True).add_done_callback(after_exchange)

@@ -190,3 +190,37 @@ def test_int8_payload_ratio():
     assert 4 * n / int8_bytes >= 3.9
     q, s = K.quantize_int8_reference(torch.zeros(n))
     assert q.numel() * q.element_size() + s.numel() * s.element_size() == int8_bytes
+
+
+@pytest.mark.parametrize("n", [0, 1, 257, 1031])
+def test_quantize_and_reduce_int8_write_into_out(backend, n):
+    """out=(q, scales) receives exactly what the returned tensors would hold, and is returned."""
+    x = make(n, torch.float32, 7)
+    nb = (n + 255) // 256
+    q_new, s_new = K.quantize_int8(x)
+    q_out, s_out = poisoned(n, torch.int8), poisoned(nb, torch.float32)
+    q, s = K.quantize_int8(x, out=(q_out, s_out))
+    assert q is q_out and s is s_out
+    assert_bitwise(q_out, q_new, "quantize out= q")
+    assert_bitwise(s_out, s_new, "quantize out= scales")
+    qs, ss = [q_new, q_new], [s_new, s_new]
+    r_new = K.reduce_int8(qs, ss, scale=0.5)
+    r_out = (poisoned(n, torch.int8), poisoned(nb, torch.float32))
+    assert K.reduce_int8(qs, ss, scale=0.5, out=r_out)[0] is r_out[0]
+    assert_bitwise(r_out[0], r_new[0], "reduce out= q")
+    assert_bitwise(r_out[1], r_new[1], "reduce out= scales")
+
+
+def test_int8_out_is_checked(backend):
+    x = torch.ones(300)
+    with pytest.raises(TypeError, match=r"out must be \(int8, fp32\)"):
+        K.quantize_int8(x, out=(torch.empty(300), torch.empty(2)))
+    with pytest.raises(ValueError, match="300 values and 2 scales, got 300 and 1"):
+        K.quantize_int8(x, out=(torch.empty(300, dtype=torch.int8), torch.empty(1)))
+    with pytest.raises(TypeError, match="tuple"):
+        K.quantize_int8(x, out=torch.empty(300, dtype=torch.int8))
+    with pytest.raises(ValueError, match="contiguous"):
+        K.quantize_int8(x, out=(torch.empty(600, dtype=torch.int8)[::2], torch.empty(2)))
+    q, s = K.quantize_int8_reference(x)
+    with pytest.raises(ValueError, match="300 values and 2 scales"):
+        K.reduce_int8([q], [s], out=(torch.empty(299, dtype=torch.int8), torch.empty(2)))
