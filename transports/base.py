@@ -39,6 +39,13 @@ _CHECKS_PER_CLOCK = 16
 # wait answers late, and a two-sided protocol (MPI's handshakes, a call check) pays that
 # lateness once per round trip, several times per collective.
 _YIELD_SECONDS = 1e-3
+# A background thread's wait (a communicator's, overlapping the application) yields at most this
+# long, spare core or not, then naps. A thread that yields for a whole transfer slows the
+# application's compute even where a core looks spare: a hyperthread sibling, or, on the testbed's
+# hosts, the peer rank's core. Measured there (2 hosts x 1 rank on 2 cores, the int8 hook): the
+# rank waiting in the background for its peer's last bucket yielded for 67-83 ms, and the peer's
+# backward ran about 40% slower all that while; napping waits brought the step from 291 to 255 ms.
+_BACKGROUND_YIELD_SECONDS = 100e-6
 # Naps start at the first length and double up to the last: a wait that is already long is
 # probably waiting for a peer still computing, and every wake-up costs the core a context
 # switch and the GIL. A background thread (a communicator's, overlapping the application) naps
@@ -150,15 +157,22 @@ def _with_progress(ready: Callable[[], bool]) -> Callable[[], bool]:
 
 def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: str, alive, sleep,
                  never_nap: bool = False) -> None:
-    # A background wait (the application computes beside it) decides at once whether to nap: it
-    # naps where the peer's publish wakes it (a futex), and on a two-sided transport while no core
-    # is spare. A yielding thread keeps a fair share of a busy core, which it takes from the
-    # application's compute for as long as the transfer lasts (across hosts: milliseconds per
-    # bucket); a nap of at most 100 us still calls into MPI often enough for a transfer to progress
-    # (1 Gbit/s moves 12.5 KB in that time, well within a socket's buffer). With a spare core it
-    # keeps yielding. An application-thread wait yields for its first millisecond.
+    # A background wait (the application computes beside it) naps at once where the peer's publish
+    # wakes it (a futex) or no core is spare, else after at most 100 us of yielding, spare core or
+    # not (_BACKGROUND_YIELD_SECONDS). A yielding thread keeps a share of a core, which it takes
+    # from the application's compute for as long as the transfer lasts (across hosts: milliseconds
+    # per bucket); a nap of at most 100 us still calls into MPI often enough for a transfer to
+    # progress (1 Gbit/s moves 12.5 KB in that time, well within a socket's buffer). An
+    # application-thread wait yields for its first millisecond, then naps only while no core is spare.
     woken = sleep is not None
-    start_napping = time.monotonic() + (0.0 if getattr(_background, "on", False) else _YIELD_SECONDS)
+    background = getattr(_background, "on", False)
+    now = time.monotonic()
+    if not background:
+        start_napping = now + _YIELD_SECONDS
+    elif woken or not _host_has_a_spare_core():
+        start_napping = now
+    else:
+        start_napping = now + _BACKGROUND_YIELD_SECONDS
     longest = _LONGEST_WOKEN_NAP_SECONDS if woken else _LONGEST_NAP_SECONDS
     sleep = sleep or time.sleep
     nap = 0.0
@@ -175,7 +189,7 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
                     return
         now = time.monotonic()
         if now >= start_napping and not never_nap:
-            if woken or not _host_has_a_spare_core():
+            if woken or background or not _host_has_a_spare_core():
                 nap = nap or _FIRST_NAP_SECONDS
             else:
                 nap = 0.0  # back to yielding: nobody needs this core, and the peer's answer is near
