@@ -20,6 +20,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from .compile_boundary import eager_methods
+
 
 class Promise:
     """A torch Future to complete from Python with a result or a real (C++-visible) error.
@@ -52,6 +54,7 @@ class Promise:
         return FutureWork(self.future, self)
 
 
+@eager_methods  # like the group's methods, never traced by torch.compile (compile_boundary.py)
 class FutureWork(dist.Work):
     """The torch Work of one call: ``wait()`` blocks until ``future`` resolves and re-raises its
     error as raised (a Work from ``_create_work_from_future`` would swallow it; the future itself

@@ -32,6 +32,7 @@ from torch.distributed import ReduceOp
 
 from .arguments import (async_opts, chain, check_device, check_same, one_list, one_tensor, pairs, plain_opts,
                         reduce_opts, root_rank, split_rows)
+from .compile_boundary import eager_methods
 from .futures import completed_work, join_torch_works, then, torch_work
 from .level_compression import LevelCompression, buffer_key
 from .staging import copy_stage, reduce_stage, shares, unflatten_into
@@ -47,6 +48,7 @@ _FOLDS = {_RED.PRODUCT: ("product", torch.mul), _RED.BAND: ("band", torch.bitwis
 _FOLD_NAMES = {name: fn for name, fn in _FOLDS.values()}
 
 
+@eager_methods  # torch.compile runs the group as it would a C++ one: never traced (compile_boundary.py)
 class DdlProcessGroup(dist.ProcessGroup):
     """torch.distributed ProcessGroup over a ddl_triton Communicator, and a point-to-point
     (point_to_point.py) for send, recv and uneven all-to-all. Created by torch's
