@@ -30,6 +30,7 @@ Two ways in on the CPU:
 from __future__ import annotations
 
 import inspect
+import os
 
 __all__ = ["TESTED_VERSIONS", "use_ddl_on_cpu"]
 
@@ -41,13 +42,24 @@ _SIGNATURE = ["self", "cpu", "sagemaker_dp", "backend"]
 _MARK = "_ddl_triton_wraps"
 
 
+def _launched() -> bool:
+    """Accelerate's own test for a distributed launch on the CPU (state.py:803-806)."""
+    from accelerate.utils import get_int_from_env
+
+    return int(os.environ.get("LOCAL_RANK", -1)) != -1 or get_int_from_env(
+        ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "WORLD_SIZE"], 1) > 1
+
+
 def use_ddl_on_cpu() -> None:
     """Let ``Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(backend="ddl")])`` run on "ddl".
 
     Call it once, before the first ``Accelerator`` or ``PartialState`` of the process.
     Afterwards, a multi-CPU launch that asks for backend "ddl" keeps it (Accelerate would
     otherwise pick "gloo" and then refuse the request); every other request is decided by
-    Accelerate unchanged. Idempotent. Registers the backend too (``import ddl_triton.torch``).
+    Accelerate unchanged, but one: "ddl" asked for under a distributed launch on a host with no
+    accelerator and without ``cpu=True``, which Accelerate would initialise and then train without
+    DDP (each rank alone, silently), raises ValueError naming the rank. Idempotent. Registers the
+    backend too (``import ddl_triton.torch``).
 
     Raises RuntimeError, naming the installed version or what differs, if Accelerate is not a
     tested release or its ``PartialState._prepare_backend`` no longer has the signature the
@@ -83,6 +95,13 @@ def use_ddl_on_cpu() -> None:
         # (RANK/WORLD_SIZE from the launcher, MASTER_PORT, init_process_group) runs unchanged.
         if backend == "ddl" and distributed_type == DistributedType.MULTI_CPU:
             return "ddl", distributed_type
+        if backend == "ddl" and distributed_type == DistributedType.NO and _launched():
+            # No accelerator and no cpu=True: Accelerate would still initialise "ddl" (state.py:244)
+            # but never wrap the model in DDP (multi_device is False), so every rank would train alone.
+            raise ValueError(
+                f"rank {os.environ.get('RANK', '?')}: Accelerate found no accelerator and cpu=True was not given, so it "
+                f"would start the 'ddl' group but not wrap the model in DistributedDataParallel (DistributedType.NO): "
+                f"the replicas would diverge. Pass Accelerator(cpu=True, ...) (or set ACCELERATE_USE_CPU=1)")
         return chosen, distributed_type
 
     setattr(_prepare_backend, _MARK, original)

@@ -91,7 +91,10 @@ def test_accelerate_turns_ddl_into_gloo_on_the_cpu_unless_asked_not_to(prepare_b
     assert prepare_backend._prepare_backend(None, True, False, "ddl") == ("ddl", multi_cpu)
     assert prepare_backend._prepare_backend(None, True, False, "gloo") == ("gloo", multi_cpu)
     assert prepare_backend._prepare_backend(None, True, False, None)[1] == multi_cpu  # mpi or gloo: Accelerate's call
-    assert prepare_backend._prepare_backend(None, False, False, "ddl") == ("ddl", DistributedType.NO)  # not cpu: unchanged
+    # No accelerator and no cpu=True: Accelerate would start "ddl" and then train without DDP (DistributedType.NO)
+    with pytest.raises(ValueError, match=r"rank 0: .*not wrap the model in DistributedDataParallel.*cpu=True"):
+        prepare_backend._prepare_backend(None, False, False, "ddl")
+    assert prepare_backend._prepare_backend(None, False, False, "gloo") == ("gloo", DistributedType.NO)  # not ours
 
 
 def test_use_ddl_on_cpu_refuses_an_untested_accelerate_or_a_changed_method(prepare_backend, monkeypatch):
