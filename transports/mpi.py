@@ -81,8 +81,8 @@ class MpiTransport(StagedSends):
         return _complete(reqs)
 
     def push_sends(self) -> None:
-        """Test the oldest send in flight: what a wait on another transport calls to keep this
-        transport's sends moving (ShmTransport.keep_moving, set by ddl_triton/runtime/wiring.py).
+        """Test the oldest send still in flight: what a wait on another transport calls to keep
+        this transport's sends moving (ShmTransport.keep_moving, set by ddl_triton/runtime/wiring.py).
 
         MPI moves a large message only inside MPI calls on both sides (a rendezvous: the
         sender must answer the receiver's request). A rank that sent a chunk over MPI and then
@@ -90,11 +90,16 @@ class MpiTransport(StagedSends):
         message it waits for depends on the receiver of that send (a ring across hosts: 3 waits
         on 2 over shm, 2 on 1 over MPI, 1 on 0 over shm, 0 on 3's stalled send), every rank
         waits for ever. So, where a communicator mixes shm and MPI, its shm waits also test the
-        oldest send in flight (about half a microsecond, and nothing once every send is done). Only
-        that communicator's waits do: they run on the one thread that runs its collectives, so no
-        other thread ever completes these requests meanwhile."""
-        if self._sending:
-            _complete(self._sending[0][0])
+        oldest send not yet complete (about half a microsecond, and nothing once every send is
+        done). Testing any incomplete request runs MPI's progress engine, which moves every
+        transfer; testing a complete one does not (MPICH returns at once for a request already
+        done), so the sends already done, which stay listed until they are reaped, are passed
+        over: testing only the first listed let a ring of 2 x 2 ranks hang on its later chunks.
+        Only that communicator's waits do this: they run on the one thread that runs its
+        collectives, so no other thread ever completes these requests meanwhile."""
+        for reqs, _, _ in self._sending:
+            if not _complete(reqs):
+                return
 
     def _progress(self) -> None:
         if self._pacer is not None:
