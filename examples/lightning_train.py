@@ -29,12 +29,15 @@ def _module(steps: int):
     import lightning.pytorch as pl
 
     class Regression(pl.LightningModule):
-        """y = sum(x) from integer x in [-3, 3], by a 12-24-1 MLP; keeps every step's loss."""
+        """y = sum(x) from integer x in [-3, 3], by a 12-24-1 MLP; keeps every step's loss and DDP's backend."""
 
         def __init__(self):
             super().__init__()
             self.net = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.ReLU(), torch.nn.Linear(24, 1))
             self.losses: list[torch.Tensor] = []
+
+        def on_train_start(self):  # the DDP wrapper exists now: where its gradients go
+            self.ddp_backend = dist.get_backend(self.trainer.strategy.model.process_group)
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -50,34 +53,35 @@ def _module(steps: int):
     return Regression(), torch.utils.data.DataLoader(data, batch_size=16, shuffle=False)
 
 
-def _strategy(backend: str, hook: str | None, strategy: str):
+def _strategy(backend: str, hook: str | None, strategy: str, ddp_kwargs: dict):
     if backend == "ddl":
         import ddl_triton.torch  # noqa: F401  (registers the backend "ddl")
     from lightning.pytorch.strategies import DDPStrategy
 
     if hook is None:
-        return DDPStrategy(process_group_backend=backend), None
+        return DDPStrategy(process_group_backend=backend, **ddp_kwargs), None
     from ddl_triton.torch import hooks
     from ddl_triton.torch.lightning import DDLStrategy
 
     state = hooks.HookState()  # the hooks' communicator: ddl_triton.init(), the world
     fn = getattr(hooks, f"{hook}_hook" if hook == "allreduce" else f"{hook}_compress_hook")
     cls = DDLStrategy if strategy == "ddl" else DDPStrategy
-    return cls(process_group_backend=backend, ddp_comm_state=state, ddp_comm_hook=fn), state
+    return cls(process_group_backend=backend, ddp_comm_state=state, ddp_comm_hook=fn, **ddp_kwargs), state
 
 
-def fit(backend: str, hook: str | None, strategy: str, steps: int) -> bool:
+def fit(backend: str, hook: str | None, strategy: str, steps: int, ddp_group=None) -> bool:
     """One ``Trainer.fit`` on every rank under torchrun; True if the replicas end bitwise identical.
 
     The first fit of a process initialises the group (Lightning's DDPStrategy does, on ``backend``);
-    a later one reuses it, as Lightning does whenever a group already exists."""
+    a later one reuses it, as Lightning does whenever a group already exists. ``ddp_group``: a
+    process group for DDP's gradients instead of the default one (DDPStrategy passes it to DDP)."""
     import lightning.pytorch as pl
 
     rank = int(os.environ["RANK"])
     local = int(os.environ["LOCAL_WORLD_SIZE"])
     torch.manual_seed(1234 + rank)  # every rank starts different: DDP's broadcast must align them
     module, loader = _module(steps)
-    strat, state = _strategy(backend, hook, strategy)
+    strat, state = _strategy(backend, hook, strategy, {} if ddp_group is None else {"process_group": ddp_group})
     trainer = pl.Trainer(accelerator="cpu", devices=local, num_nodes=int(os.environ["WORLD_SIZE"]) // local,
                          strategy=strat, max_steps=steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -91,7 +95,7 @@ def fit(backend: str, hook: str | None, strategy: str, steps: int) -> bool:
     identical = all(torch.equal(r, replicas[0]) for r in replicas)
     if rank == 0:
         calls = "" if state is None else f", hook {hook} calls on rank 0: {state.calls}"
-        print(f"lightning_train: {size} ranks, {steps} steps, backend {dist.get_backend()}, "
+        print(f"lightning_train: {size} ranks, {steps} steps, backend {module.ddp_backend}, "
               f"{type(strat).__name__}{calls}", flush=True)
         print(f"lightning_train: losses {losses.tolist()!r}", flush=True)
         print(f"lightning_train: replicas bitwise identical: {identical}", flush=True)
