@@ -5,8 +5,8 @@ name to ``torch.distributed.init_process_group`` and keeps no list of backends. 
 does not: DDPStrategy's ``ddp_comm_hook`` (and ``ddp_comm_state``, ``ddp_comm_wrapper``) is
 registered only on CUDA. Lightning 2.6's ``DDPStrategy._register_ddp_hooks``
 (``lightning/pytorch/strategies/ddp.py:224``, ``if self.root_device.type == "cuda":``) skips it
-on any other device without a word, after a comment that hooks "only work with NCCL", which has
-not been true since torch 1.9; DDP on gloo or "ddl" runs hooks on CPU tensors.
+on any other device without a word, after a comment that hooks "only work with NCCL"; with
+torch 2.13, DDP on gloo or "ddl" runs hooks on CPU tensors (tests/multirank/test_frameworks.py).
 
 ``DDLStrategy`` is DDPStrategy with ``process_group_backend="ddl"`` by default and the hook
 registered on every device. It overrides only the public ``configure_ddp`` and calls torch's
