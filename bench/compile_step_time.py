@@ -20,23 +20,19 @@ same bits, so eager gloo == eager ddl, and compiled gloo == compiled ddl).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "bench"))
-BATCH = 32
 
 
 class _Net(nn.Module):
@@ -52,34 +48,22 @@ class _Net(nn.Module):
         return self.body(x)
 
 
-class _Replica:
-    def __init__(self, backend: str, group, compiled: bool, compiler: str):
-        torch.manual_seed(0)
-        self.name = f"{backend} {'compiled' if compiled else 'eager'}"
-        self.backend, self.compiled = backend, compiled
-        self.net = _Net()
-        self.ddp = nn.parallel.DistributedDataParallel(self.net, process_group=group)
-        self.run = torch.compile(self.ddp, backend=compiler) if compiled else self.ddp
-        self.opt = torch.optim.SGD(self.ddp.parameters(), lr=0.01, momentum=0.9)
-        self.dynamo: dict = {}
+def _replica(backend: str, group, compiled: bool, compiler: str):
+    """train_scaling.py's trainer of one mode (the same weights, batches and optimizer in every
+    mode), its DDP model compiled for a compiled mode."""
+    from train_scaling import _Trainer
 
-    def step(self, x, y) -> float:
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(self.run(x), y)
-        self.opt.zero_grad(set_to_none=False)
-        loss.backward()
-        self.opt.step()
-        return time.perf_counter() - t0
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        for p in self.net.parameters():
-            h.update(p.detach().contiguous().numpy().tobytes())
-        return h.hexdigest()[:16]
+    trainer = _Trainer(f"{backend} {'compiled' if compiled else 'eager'}", _Net, group, None, dist.get_rank(),
+                       None, False)
+    trainer.backend, trainer.compiled, trainer.dynamo = backend, compiled, {}
+    if compiled:
+        trainer.model = torch.compile(trainer.model, backend=compiler)  # parameters() are the DDP model's
+    return trainer
 
 
-def _ddp_pieces() -> list[int]:
-    """How many pieces the DDPOptimizer splits each graph it compiles into, appended as it does."""
+def count_ddp_pieces() -> list[int]:
+    """How many pieces the DDPOptimizer splits each graph it compiles into, appended as it does
+    (tests/multirank/compile_worker.py counts with it too)."""
     from torch._dynamo.backends.distributed import DDPOptimizer
 
     seen: list[int] = []
@@ -97,14 +81,11 @@ def _ddp_pieces() -> list[int]:
 def run(args) -> dict:
     from torch._dynamo.utils import counters
 
-    rank, size = dist.get_rank(), dist.get_world_size()
+    size = dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
     control = dist.new_group(backend="gloo")
-    pieces = _ddp_pieces()
-    g = torch.Generator().manual_seed(100 + rank)
-    batches = [(torch.randn(BATCH, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH,), generator=g))
-               for _ in range(4)]
-    replicas = [_Replica(b, gloo if b == "gloo" else None, c, args.compiler)
+    pieces = count_ddp_pieces()
+    replicas = [_replica(b, gloo if b == "gloo" else dist.group.WORLD, c, args.compiler)
                 for c in (False, True) for b in ("gloo", "ddl")]
     first_step = {}
     for r in replicas:  # one untimed step each; a compiled one compiles here, from a clean cache
@@ -115,22 +96,19 @@ def run(args) -> dict:
             torch._dynamo.reset()
         counters.clear()
         del pieces[:]
-        first_step[r.name] = r.step(*batches[0])
+        first_step[r.name] = r.step()
         r.dynamo = {"graph_breaks": sum(counters["graph_break"].values()),
                     "graphs": counters["stats"]["unique_graphs"], "ddp_pieces": list(pieces)}
     for r in replicas:  # and one more, untimed: a replica whose graphs the reset dropped gets them back
         dist.barrier(group=control)
-        r.step(*batches[1])
-    i = 2
+        r.step()
     times = {r.name: [] for r in replicas}
     for rnd in range(args.rounds):
         order = replicas[rnd % len(replicas):] + replicas[:rnd % len(replicas)]
         for r in order:
             dist.barrier(group=control)
-            ts = [r.step(*batches[(i + k) % 4]) for k in range(args.steps)]
-            times[r.name].append(statistics.median(ts))
-        i += args.steps
-    digests = {r.name: r.digest() for r in replicas}
+            times[r.name].append(statistics.median(r.step() for _ in range(args.steps)))
+    digests = {r.name: r.digest()[:16] for r in replicas}
     every = [None] * size
     dist.all_gather_object(every, digests, group=control)
     rows = []
@@ -148,7 +126,7 @@ def run(args) -> dict:
 
 def _print(result: dict) -> None:
     print(f"# compile_step_time: {result['ranks']} ranks, torch {result['torch']}, compiler {result['compiler']}, "
-          f"median of {result['rounds']} rounds x {result['steps']} steps (CNN, batch {BATCH} per rank)")
+          f"median of {result['rounds']} rounds x {result['steps']} steps (train_scaling.py's CNN and batches)")
     print("| mode | step ms | ddl / gloo | first step s | graph breaks | graphs | DDP pieces | replicas identical "
           "| same weights as the other backend |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -23,10 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from compile_step_time import count_ddp_pieces  # noqa: E402 - the benchmark's own counter of the DDPOptimizer's pieces
 
 STEPS = 4
 BUCKET_CAP_MB = 1  # one of the MLP's four 1 MiB layers per bucket (the DDPOptimizer needs caps >= 1 MiB)
@@ -64,22 +68,6 @@ def _same_on_every_rank(blob: bytes) -> bool:
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return all(torch.equal(every[0], other) for other in every[1:])
-
-
-def _ddp_buckets() -> list[int]:
-    """Record how many buckets the DDPOptimizer splits each compiled graph into."""
-    from torch._dynamo.backends.distributed import DDPOptimizer
-
-    seen: list[int] = []
-    original = DDPOptimizer.compile_fn
-
-    def compile_fn(self, gm, example_inputs):
-        result = original(self, gm, example_inputs)
-        seen.append(len(self.buckets))
-        return result
-
-    DDPOptimizer.compile_fn = compile_fn
-    return seen
 
 
 def train(mode: str, buckets_seen: list[int]) -> dict:
@@ -131,7 +119,7 @@ def main() -> int:
     if backend == "ddl":
         import ddl_triton.torch  # noqa: F401 - registers "ddl"
     dist.init_process_group(backend)
-    buckets_seen = _ddp_buckets()
+    buckets_seen = count_ddp_pieces()
     for mode in modes:
         result = train(mode, buckets_seen)
         if dist.get_rank() == 0:
