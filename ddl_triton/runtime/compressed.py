@@ -60,10 +60,11 @@ issuing both collectives (all_to_all, then all_gather) on ``comm``'s ordered que
 reduction runs in the all_to_all's done-callback, which the queue runs before it starts the next
 collective, so the all_gather always reads the reduced chunk (``ddl_triton.work``: callbacks run
 inside the job's completion, before the queue moves on). Issue these calls in the same order on
-every rank, as any collective. Until the call completes, the tensor's contents are undefined (the int8 path keeps
-scratch values in it). The four message buffers of a call come from ``scratch_pool`` and go back to
-it when the call succeeds, so a training loop's calls reuse the same pages. Should the server step raise on one rank (a bug, memory), that
-rank's Work reports the error; its peers are not told and receive that chunk unreduced (zeros).
+every rank, as any collective. Until the call completes, the tensor's contents are undefined
+(the int8 path keeps scratch values in it). The four message buffers of a call come from
+``scratch_pool`` and go back to it when the call succeeds, so a training loop's calls reuse the
+same pages. Should the server step raise on one rank (a bug, memory), that rank's Work reports
+the error; its peers are not told and receive that chunk unreduced (zeros).
 """
 from __future__ import annotations
 
