@@ -57,7 +57,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from . import launch_configs
 from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous, compiled, tuned
@@ -114,12 +113,6 @@ def _launch(kernel: str, like: torch.Tensor, n_blocks: int, block: int, args: tu
 
 def _n_blocks(n: int, block: int) -> int:
     return (n + block - 1) // block
-
-
-def _as_blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
-    """[n] -> [ceil(n/block), block], zero-padded (a view when n is a multiple of block)."""
-    pad = _n_blocks(flat.numel(), block) * block - flat.numel()
-    return (F.pad(flat, (0, pad)) if pad else flat).view(-1, block)
 
 
 def quantize_int8_reference(x: torch.Tensor, *, block: int = 256,
