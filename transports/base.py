@@ -125,7 +125,7 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     A background thread's wait (run_in_background) naps as usual: the application computes beside it.
     """
     if progress_hooks:
-        ready = _with_progress(ready)
+        ready = with_calls_first(progress_hooks, ready)
     if ready():
         return
     start = time.perf_counter()
@@ -145,12 +145,14 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
         current_wait = None
 
 
-def _with_progress(ready: Callable[[], bool]) -> Callable[[], bool]:
-    hooks = tuple(progress_hooks)
+def with_calls_first(calls, ready: Callable[[], bool]) -> Callable[[], bool]:
+    """``ready``, with each of ``calls`` (callables, run in order) run before every check: what a
+    wait must keep moving meanwhile (progress hooks, another transport's sends)."""
+    calls = tuple(calls)
 
     def check() -> bool:
-        for hook in hooks:
-            hook()
+        for call in calls:
+            call()
         return ready()
     return check
 

@@ -34,7 +34,7 @@ import torch
 
 from . import futex
 from ..runtime.bootstrap import as_bootstrap as _as_bootstrap
-from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
+from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until, with_calls_first
 
 _SHM_DIR = "/dev/shm"
 _HEADER_BYTES = 4096
@@ -333,14 +333,7 @@ class ShmTransport:
 
     def _moving(self, ready):
         """``ready``, with ``keep_moving`` called before each check when it is set."""
-        push = self.keep_moving
-        if push is None:
-            return ready
-
-        def check() -> bool:
-            push()
-            return ready()
-        return check
+        return ready if self.keep_moving is None else with_calls_first((self.keep_moving,), ready)
 
     def _sleeper(self, local: int, msg_id: int):
         """A nap that ends as soon as ``local`` publishes: it sleeps on the peer's ``published``
