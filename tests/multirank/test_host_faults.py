@@ -95,7 +95,12 @@ def test_a_fault_across_hosts_ends_every_rank_clearly_at_the_deadline(runs, laun
         assert end.after_s < TIMEOUT_S + SLACK_S, story
         assert _named(end.error), story  # names a rank and its host
     if fault == "kill-rank":  # some rank names the one killed (alone, or among its host's), with its host
-        assert any((run.victim, "h2") in _named(e.error) for e in run.ranks.values() if e.recorded), story
+        lost = {(run.victim, "h2")}
+        if launcher == "torchrun":
+            # torchrun's agent on h2 ends the victim's host mates at once (SIGTERM), so the far side may
+            # see a mate's connection close first and truthfully name that rank, lost as well.
+            lost = {(r, "h2") for r, e in run.ranks.items() if e.host == "h2"}
+        assert any(lost & _named(e.error) for e in run.ranks.values() if e.recorded), story
     else:  # each side names a rank of the other host (a rank may also name a peer of its own host
         # that gave up first: the wait it was in when that peer exited)
         for host, other in (("h1", "h2"), ("h2", "h1")):
