@@ -158,10 +158,10 @@ class Communicator:
             raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(schedules.COLLECTIVES)}")
         plan = self._planner.plan(collective, nbytes, dtype)
         if collective == "allreduce" and self._plans.takes_small_path(self._small, nbytes // dtype.itemsize, dtype):
-            where = ("on shm", "small_allreduce.py") if isinstance(self._small, SmallAllreduce) else \
-                (f"on {self._lane.counter.name}", "small_allreduce_two_sided.py")
-            return Plan(plan.schedule, plan.chunk_elems, plan.reason + f"; runs the small-message path (every peer "
-                        f"{where[0]} and {nbytes} B <= {self._small.limit} B: ddl_triton/runtime/{where[1]})",
+            where = ("every peer on shm", "small_allreduce.py") if isinstance(self._small, SmallAllreduce) else \
+                (f"every peer through the call lane on {self._lane.counter.name}", "small_allreduce_two_sided.py")
+            return Plan(plan.schedule, plan.chunk_elems, plan.reason + f"; runs the small-message path "
+                        f"({where[0]} and {nbytes} B <= {self._small.limit} B: ddl_triton/runtime/{where[1]})",
                         estimates=plan.estimates)
         return plan
 

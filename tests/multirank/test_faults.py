@@ -23,21 +23,27 @@ def _faults(stdout: str) -> list[tuple[str, int, str, float, str]]:
     return [(c, int(r), e, float(s), m) for c, r, e, s, m in _LINE.findall(stdout)]
 
 
-@pytest.mark.parametrize("transport", ["auto", "mpi"])
-def test_mismatched_calls_raise_on_every_rank_with_each_ranks_call(transport):
+# auto: every peer on shm; mpi: every peer over MPI; 2x2: emulated hosts of 2 ranks, where the call
+# lane (small allreduces included) reaches shm peers over MPI too.
+MISMATCH_LAYOUTS = {"auto": (3, {}), "mpi": (3, {"DDL_TRANSPORT": "mpi"}), "2x2": (4, {"DDL_TOPOLOGY": "2x2"})}
+
+
+@pytest.mark.parametrize("layout", list(MISMATCH_LAYOUTS))
+def test_mismatched_calls_raise_on_every_rank_with_each_ranks_call(layout):
     before = ddl_segments()
-    proc = run_ranks(3, "multirank/faults_worker.py", "mismatch", env={"DDL_TRANSPORT": transport, "DDL_TIMEOUT": "20"})
+    n, env = MISMATCH_LAYOUTS[layout]
+    proc = run_ranks(n, "multirank/faults_worker.py", "mismatch", env={**env, "DDL_TIMEOUT": "20"})
     assert_clean_run(proc, before)
     rows = _faults(proc.stdout)
     cases = {"collective", "numel", "dtype", "op", "barrier", "root", "small_vs_large", "fast_entry"}
     assert {c for c, *_ in rows} == cases
     for case in cases:
         mine = [row for row in rows if row[0] == case]
-        assert sorted(r for _, r, *_ in mine) == [0, 1, 2], f"{case}: not every rank reported"
+        assert sorted(r for _, r, *_ in mine) == list(range(n)), f"{case}: not every rank reported"
         for _, rank, error, seconds, msg in mine:
             assert error == "CollectiveMismatch", f"{case} rank {rank}: {error} {msg}"
             assert seconds < 5, f"{case} rank {rank}: took {seconds} s (the deadline is 20 s)"
-            assert f"rank {rank}:" in msg and all(f"rank {q}: " in msg for q in range(3)), msg
+            assert f"rank {rank}:" in msg and all(f"rank {q}: " in msg for q in range(n)), msg
 
 
 def test_a_rank_that_never_calls_times_out_the_others_naming_it():
