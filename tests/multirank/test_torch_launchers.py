@@ -114,7 +114,8 @@ def test_lost_peer_across_emulated_hosts_is_noticed_at_once():
     assert codes[3] == -9, outs[3]
     for r in range(3):
         assert codes[r] == 1, outs[r]
-        m = re.search(r"noticed after ([0-9.]+) s: CollectiveTimeout: .*lost", outs[r])
+        # "lost rank 3" from the call check, "rank 3 died" from a step (the small path's, say)
+        m = re.search(r"noticed after ([0-9.]+) s: CollectiveTimeout: .*(lost rank 3|rank 3 died)", outs[r])
         assert m and float(m.group(1)) < 5.0, outs[r]
 
 
