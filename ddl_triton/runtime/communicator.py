@@ -88,7 +88,7 @@ class Communicator:
         self._gpu = gpu_path.GpuPath(self.placement, self.options, self._comm)  # built on the first CUDA collective
         self._small = SmallAllreduce(shm, self.rank, self.size, self.placement.on_node, options.timeout, self._calls) \
             if every_peer_on_shm and shm is not None else \
-            SmallAllreduceTwoSided(self._lane) if self._lane is not None and self._lane.limit else None
+            SmallAllreduceTwoSided(self._lane) if self._lane is not None else None
         self._plans = PlanCache(self._planner, self.rank, self.size, self.options.debug)
         if self._small is not None:
             self._planner.small_path = self._small.serves

@@ -82,6 +82,5 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
         # two-sided transport too (MPI's own shared memory within a host), because one message per
         # peer beats the general path's shm and MPI phases by about 10x where ranks share a host's
         # cores (2 emulated hosts x 2 ranks on 2 cores: 8 B in 69 us against 812 us).
-        limit = TWO_SIDED_SMALL_BYTES
-        lane = CallLane(control, rank, size, limit, options.timeout, between.spin, between)
+        lane = CallLane(control, rank, size, TWO_SIDED_SMALL_BYTES, options.timeout, between.spin, between)
     return Wiring(transports, route, shm, control, lane)
