@@ -136,20 +136,21 @@ def run_random_floats(ck: Checker, comm, tag: str) -> None:
                     f"max error {err.max().item():.3g} over bound")
 
 
-def run_small_path_is_one_shot(ck: Checker, world, tag: str) -> None:
-    """The small-message path (ddl_triton/runtime/small_allreduce.py) gives the one_shot schedule's bits
-    on random (non-integer) data, for every dtype and op it serves, up to its size limit."""
-    from ddl_triton.runtime.small_allreduce import LIMIT_BYTES
-    fast = ddl.init(world.Dup())
-    general = ddl.init(world.Dup(), schedule="one_shot")
+def run_small_path_is_one_shot(ck: Checker, world, tag: str, topology: str = "") -> None:
+    """The small-message path (the shm lane: ddl_triton/runtime/small_allreduce.py; or the call lane,
+    where the ranks span hosts: small_allreduce_two_sided.py) gives the one_shot schedule's bits on
+    random (non-integer) data, for every dtype and op it serves, up to its size limit."""
+    placed = {"topology": topology} if topology else {}
+    fast = ddl.init(world.Dup(), **placed)
+    general = ddl.init(world.Dup(), schedule="one_shot", **placed)
     general._small = None  # the same schedule through the executor
-    if fast._small is None:  # not every peer on shm: nothing to compare
+    if fast._small is None:  # no small path here (one rank): nothing to compare
         fast.close()
         general.close()
         return
     r = fast.rank
     for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
-        limit = LIMIT_BYTES // dtype.itemsize
+        limit = fast._small.limit // dtype.itemsize
         for count in (1, 2, 3, 255, limit):
             g = torch.Generator().manual_seed(7000 + 31 * r + count)
             x = torch.randn(count, generator=g, dtype=torch.float64) * 1e3
@@ -290,6 +291,8 @@ def run_matrix(ck: Checker, world) -> None:
             comm.close()
     if n == 4:
         check_hierarchical_bytes(ck, world)
+        # Emulated hosts of 2 ranks: the call lane carries small allreduces to host mates too.
+        run_small_path_is_one_shot(ck, world, "2x2", topology="2x2")
 
 
 def run_fuzz(ck: Checker, world, seed: int, cases: int) -> None:
