@@ -80,7 +80,7 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
         # and so is its data limit, which sizes every peer's receive buffer. Small allreduces ride in
         # it on every such communicator, peers on shm included: their lane messages go over the
         # two-sided transport too (MPI's own shared memory within a host), because one message per
-        # peer beats the general path's shm and MPI phases by about 10x where ranks share a host's
-        # cores (2 emulated hosts x 2 ranks on 2 cores: 8 B in 69 us against 812 us).
+        # peer beats the general path's shm and MPI phases by about 6x where ranks share a host's
+        # cores (2 emulated hosts x 2 ranks on 2 cores: 8 B in 137 us against 812 us).
         lane = CallLane(control, rank, size, TWO_SIDED_SMALL_BYTES, options.timeout, between.spin, between)
     return Wiring(transports, route, shm, control, lane)
