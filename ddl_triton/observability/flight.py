@@ -16,8 +16,9 @@ by every communicator of the process; the oldest records fall off). A record hol
 rank is lost, and passes on a SIGUSR2 it receives). ``python -m ddl_triton.trace why DIR``
 reads the dumps (ddl_triton/observability/diagnose.py).
 
-Cost: one small object, one deque append and one walk up the Python stack per call (about
-1 us; bench/results/observability.md), and an attribute store per executed step.
+Cost: one small object, one deque append and one jump up the Python stack per call (about
+1 us; bench/results/observability.md), and an attribute store per executed step. The call
+site's line is looked up only when a record is shown.
 """
 from __future__ import annotations
 
@@ -63,12 +64,26 @@ class Record:
 
     def to_json(self) -> dict:
         collective, _, numel, dtype, _ = self.call
-        site = f"{os.path.basename(self.site[0])}:{self.site[1]}" if self.site else "?"
+        where = site_of(self.site)
+        site = f"{os.path.basename(where[0])}:{where[1]}" if where else "?"
         return {"comm": self.comm, "seq": self.seq, "collective": collective, "call": describe(self.call),
                 "bytes": numel * dtype.itemsize if dtype is not None else 0,
                 "dtype": str(dtype).replace("torch.", "") if dtype is not None else "", "schedule": self.schedule,
                 "state": self.state, "step": self.step, "t_issue": self.t_issue, "t_start": self.t_start,
                 "t_end": self.t_end, "site": site, "error": self.error, "waiting": self.waiting}
+
+
+def site_of(site) -> tuple[str, int] | None:
+    """(file, line) of a record's call site, kept as (code object, instruction offset): the line
+    is looked up only here, when a record is shown, because finding it costs a scan of the code's
+    line table on every call (about 3 us for a script's top level, the cost of the whole call)."""
+    if site is None:
+        return None
+    code, offset = site
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return code.co_filename, line
+    return code.co_filename, code.co_firstlineno
 
 
 def describe(call: tuple) -> str:
@@ -81,6 +96,12 @@ def describe(call: tuple) -> str:
         args.append(f"root {root}")
     args.append(f"{numel} x {str(dtype).replace('torch.', '')}")
     return f"{collective}({', '.join(args)})"
+
+
+# How far above FlightRecorder._call_site the public entry's caller is: _call_site (0), issue (1),
+# the IssuePath method that records the call (2), the Communicator method the user called (3).
+# The walk goes on upwards past frames of ddl_triton and torch (the torch backend's wrappers).
+_ENTRY_CALLER_DEPTH = 4
 
 
 class FlightRecorder:
@@ -105,14 +126,20 @@ class FlightRecorder:
 
     def issue(self, comm: int, seq: int, call: tuple) -> Record:
         """A new record for a collective being issued now (``call``: see ``Record``)."""
-        record = Record(comm, seq, call, self._call_site())
+        record = Record(comm, seq, call, self._call_site(_ENTRY_CALLER_DEPTH))
         self.records.append(record)
         return record
 
-    def _call_site(self):
-        """(file, line) of the first caller outside ddl_triton and torch, formatted only when
-        dumped; whether a code object is ours is remembered (this runs on every call)."""
-        frame = sys._getframe(2)
+    def _call_site(self, depth: int):
+        """The first caller outside ddl_triton and torch, at or above the frame ``depth`` levels up
+        from here, as (code object, instruction offset): ``site_of`` turns it into (file, line) when
+        a record is shown. Whether a code object is ours is remembered (this runs on every call)."""
+        try:
+            # sys._getframe(depth) jumps there without building a frame object for each frame
+            # between; each f_back below builds one (about 0.45 us each, measured).
+            frame = sys._getframe(depth)
+        except ValueError:  # no Python frame that deep (a call from C with nothing above it)
+            return None
         ours = self._ours
         while frame is not None:
             code = frame.f_code
@@ -123,7 +150,7 @@ class FlightRecorder:
             if known is None or known[0] is not code:
                 known = ours[id(code)] = (code, code.co_filename.startswith(self._skip))
             if not known[1]:
-                return code.co_filename, frame.f_lineno
+                return code, frame.f_lasti
             frame = frame.f_back
         return None
 

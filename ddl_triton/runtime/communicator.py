@@ -108,7 +108,13 @@ class Communicator:
                 runner = issuer.runner
                 if not (runner._queue or runner._running or issuer.poison is not None or issuer.closed
                         or _PROFILER.profiler._is_profiler_enabled):
-                    return self._fast_allreduce(tensor, fast)
+                    # Recorded and validated like every call, without the issue machinery; the
+                    # same protocol as the general entry's small path, so ranks may mix the two.
+                    shape, call = fast
+                    seq = self._seq = self._seq + 1
+                    issuer.run_inline(call, _SMALL_PATH, self._run_small, self._plans.fast_view(tensor, shape),
+                                      shape, seq)
+                    return tensor
         given_op, op = op, normalize_op(op, self.rank)
         self._issuer.check_usable()
         check_tensor(self.rank, tensor, "tensor", writable=True)
@@ -234,16 +240,6 @@ class Communicator:
     def _attach(self, record) -> None:
         """Tell the executor in use (tests swap ``_executor``) which call's record it runs."""
         self._executor.record = record
-
-    def _fast_allreduce(self, tensor: torch.Tensor, fast: tuple) -> torch.Tensor:
-        """A synchronous small allreduce with nothing queued before it, validated and recorded
-        like every call but without the issue machinery (the latency path: see allreduce).
-        Same protocol as the general entry's small path, so ranks may mix the two entries."""
-        shape, call = fast
-        array = self._plans.fast_view(tensor, shape)
-        seq = self._seq = self._seq + 1
-        self._issuer.run_inline(call, _SMALL_PATH, self._run_small, array, shape, seq)
-        return tensor
 
     def _checked(self, collective: str, op, dtype, numel: int, root: int, run, on_gpu: bool = False) -> None:
         """Run ``run()`` between the call checker's begin and end (see fingerprints.py)."""

@@ -100,11 +100,21 @@ def test_the_recorder_is_bounded_and_sigusr2_dumps_it(tmp_path):
     assert proc.stderr.count("ddl_triton[rank 0]: allreduce of 8 x float32:") == 1, proc.stderr
 
 
+def test_every_entry_records_its_callers_line_on_shm_and_over_mpi():
+    """The recorder jumps straight to the public entry's caller (flight._ENTRY_CALLER_DEPTH), then
+    walks up past ddl_triton's and torch's frames: a depth one too deep, or an entry that reaches
+    the recorder through one more frame than the constant says, names the worker's caller instead."""
+    proc = _ddlrun(2, "sites", {})
+    assert proc.returncode == 0, proc.stderr
+    got = sorted(re.findall(r"SITES rank=(\d) checked=(\d+) wrong=(.*)", proc.stdout))
+    assert got == [("0", "16", "[]"), ("1", "16", "[]")], proc.stdout + proc.stderr
+
+
 def test_the_call_site_is_the_first_frame_outside_ddl_triton_and_torch_even_for_equal_code():
     """Code objects compiled from the same text compare (and hash) equal whatever their file; the
     recorder must still tell a ddl_triton frame from the user's by the frame's own file."""
     import ddl_triton
-    from ddl_triton.observability.flight import FlightRecorder
+    from ddl_triton.observability.flight import FlightRecorder, site_of
 
     recorder = FlightRecorder()
     source = "def relay(fn):\n    return fn()\n"
@@ -115,7 +125,7 @@ def test_the_call_site_is_the_first_frame_outside_ddl_triton_and_torch_even_for_
     assert inside["relay"].__code__ == outside["relay"].__code__  # equal, though not the same file
 
     def site():
-        return recorder._call_site()  # _call_site skips itself and its caller, as FlightRecorder.issue calls it
+        return site_of(recorder._call_site(2))  # from site's caller (relay) upwards
 
     def through(relay):
         return relay(site)
