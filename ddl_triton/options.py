@@ -17,6 +17,11 @@ class Options:
     timeout (DDL_TIMEOUT)                 seconds any single wait may last before CollectiveTimeout (default 300)
     chunk_bytes (DDL_CHUNK_BYTES)         bytes per pipelined chunk, which is also one shm slot (default 2 MiB)
     pipeline_depth (DDL_PIPELINE_DEPTH)   chunks in flight per rank = shm slots per rank (>= 2, default 4)
+    wire_chunk_bytes (DDL_WIRE_CHUNK_BYTES)  the most bytes per chunk on a communicator with a peer reached
+                                          over MPI or gloo (other hosts, or transport "mpi"): at most
+                                          chunk_bytes, default 512 KiB. A smaller chunk lets the link carry
+                                          one chunk while this rank reduces the previous: 2 MiB chunks left a
+                                          1 Gbit/s link 3-7 points below its ceiling (docs/schedules.md)
     schedule (DDL_SCHEDULE)               force a schedule by registry name ("" = the cost model chooses)
     topology (DDL_TOPOLOGY)               "XxY[xZ]" grid overriding the detected one (emulates nodes)
     transport (DDL_TRANSPORT)             "auto": within a node shm (CPU tensors) or NVSHMEM (CUDA tensors,
@@ -53,6 +58,7 @@ class Options:
     timeout: float = 300.0
     chunk_bytes: int = 2048 * _KIB
     pipeline_depth: int = 4
+    wire_chunk_bytes: int = 512 * _KIB
     schedule: str = ""
     topology: str = ""
     transport: str = "auto"
@@ -74,6 +80,8 @@ class Options:
             raise ValueError(f"Options.timeout must be > 0 seconds, got {self.timeout}")
         if self.chunk_bytes < 64 or self.chunk_bytes % 64:
             raise ValueError(f"Options.chunk_bytes must be a positive multiple of 64, got {self.chunk_bytes}")
+        if self.wire_chunk_bytes < 64 or self.wire_chunk_bytes % 64:
+            raise ValueError(f"Options.wire_chunk_bytes must be a positive multiple of 64, got {self.wire_chunk_bytes}")
         if self.pipeline_depth < 2:
             # depth 1 would make a step wait for its own slot's reader while holding its input.
             raise ValueError(f"Options.pipeline_depth must be >= 2, got {self.pipeline_depth}")

@@ -60,11 +60,17 @@ class Planner:
     """Plans collectives for one communicator (see the module doc for the order of sources)."""
 
     def __init__(self, *, rank: int, size: int, topology: Topology, link_of: Callable[[int, int], str],
-                 forced: str, slot_bytes: int, table: TuningTable | None = None, table_source: str = ""):
+                 forced: str, slot_bytes: int, table: TuningTable | None = None, table_source: str = "",
+                 wire_chunk_bytes: int = 0):
         self.rank, self.size, self.topology = rank, size, topology
         self.link_of = link_of
         self.forced = forced
         self.slot_bytes = slot_bytes      # the most bytes one chunk may hold (one shm slot)
+        # The chunk of an untuned plan: a slot, or at most wire_chunk_bytes (Options) where a peer
+        # is reached over MPI or gloo. Every rank of a communicator that spans nodes has a peer on
+        # another node, so every rank picks the same chunk.
+        crosses = any(link_of(rank, p) != "shm" for p in range(size) if p != rank)
+        self.default_chunk_bytes = min(slot_bytes, wire_chunk_bytes) if crosses and wire_chunk_bytes else slot_bytes
         self.table = table
         self.table_source = table_source
         if table is not None and table.model is not None:
@@ -81,7 +87,7 @@ class Planner:
         elem = dtype.itemsize
         if self._override is not None:
             return self._override
-        default_chunk = max(1, self.slot_bytes // elem)
+        default_chunk = max(1, self.default_chunk_bytes // elem)
         note = ""
         count = schedules.count_for(collective, nbytes // elem, self.size)
         if self.forced:

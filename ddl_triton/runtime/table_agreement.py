@@ -55,5 +55,6 @@ def agree_on_planner(bootstrap, placement: Placement, options: Options) -> tuple
         from ..kernels import launch_configs
         launch_configs.apply(table.kernels)  # tuned Triton launch configurations (GPU path)
     planner = Planner(rank=rank, size=size, topology=placement.topology, link_of=placement.link,
-                      forced=options.schedule, slot_bytes=options.chunk_bytes, table=table, table_source=source)
+                      forced=options.schedule, slot_bytes=options.chunk_bytes, table=table, table_source=source,
+                      wire_chunk_bytes=options.wire_chunk_bytes)
     return planner, options

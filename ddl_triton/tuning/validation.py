@@ -22,7 +22,8 @@ def validate(args, world, comm, table, rows: list[dict]) -> list[dict]:
     from ..planning.planner import Planner
 
     planner = Planner(rank=comm.rank, size=comm.size, topology=comm.topology, link_of=comm.placement.link,
-                      forced="", slot_bytes=comm.options.chunk_bytes, table=table, table_source="this sweep")
+                      forced="", slot_bytes=comm.options.chunk_bytes, table=table, table_source="this sweep",
+                      wire_chunk_bytes=comm.options.wire_chunk_bytes)
     planner.small_path = comm.planner.small_path
     race = Race(world, args.target_ms / 1e3, args.rounds, 1)
     out = []

@@ -144,6 +144,23 @@ def _planner(table=None, forced="", slot=2 << 20):
                    slot_bytes=slot, table=table, table_source="t.json" if table else "")
 
 
+@pytest.mark.parametrize("links,wire,expected", [
+    ("mpi", 512 << 10, 512 << 10),      # a peer over MPI or gloo: the wire chunk
+    ("shm", 512 << 10, 2 << 20),        # every peer on shm: the slot
+    ("mpi", 4 << 20, 2 << 20),          # never more than a slot
+    ("mpi", 0, 2 << 20),                # no cap given (the simulator's own planners)
+])
+def test_an_untuned_plan_across_a_wire_takes_the_wire_chunk(links, wire, expected):
+    link = (lambda a, b: "shm") if links == "shm" else (lambda a, b: "shm" if a // 2 == b // 2 else "mpi")
+    for rank in range(4):  # every rank of the communicator picks the same chunk
+        planner = Planner(rank=rank, size=4, topology=Topology((2, 2), "test"), link_of=link, forced="",
+                          slot_bytes=2 << 20, wire_chunk_bytes=wire)
+        assert planner.plan("allreduce", 64 << 20, torch.float32).chunk_elems * 4 == expected
+        forced = Planner(rank=rank, size=4, topology=Topology((2, 2), "test"), link_of=link, forced="ring",
+                         slot_bytes=2 << 20, wire_chunk_bytes=wire)
+        assert forced.plan("allreduce", 64 << 20, torch.float32).chunk_elems * 4 == expected
+
+
 def test_planner_order_is_forced_then_table_then_model():
     table = tuning.from_json(_table_json())
     assert _planner(table, forced="tree").plan("allreduce", 4096, torch.float32).reason.startswith("forced")
