@@ -130,6 +130,7 @@ def test_ddlrun_reports_the_killed_rank_and_survivors_own_statuses(tmp_path, sur
         "        c.allreduce(torch.ones(100))\n"
         "    except ddl.CollectiveTimeout:\n"
         f"        {survivor_exit}\n")
+    mpich_before = _mpich_segments()
     proc = _run([str(DDLRUN), "-n", "3", "--timeout", "20", "--", sys.executable, str(script)])
     assert proc.returncode == 137, proc.stderr
     assert f"ddlrun: exit status per rank: 0: {status}, 1: 137, 2: {status}" in proc.stderr, proc.stderr
@@ -139,3 +140,11 @@ def test_ddlrun_reports_the_killed_rank_and_survivors_own_statuses(tmp_path, sur
     assert "nobody recorded" not in proc.stderr, proc.stderr
     skipped = "without running its exit handlers" in proc.stderr
     assert skipped == (survivor_exit == "os._exit(3)"), proc.stderr
+    if not skipped:
+        # The survivors left without MPI_Finalize, which unlinks MPICH's segments: the exit guard
+        # unlinked them instead (a survivor that skips the exit handlers cannot).
+        assert not (_mpich_segments() - mpich_before), sorted(_mpich_segments() - mpich_before)
+
+
+def _mpich_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
