@@ -112,6 +112,8 @@ def _env(iface: str, ssh: str) -> dict[str, str]:
     env = {"UCX_NET_DEVICES": iface, "GLOO_SOCKET_IFNAME": iface, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "DDL_TUNING_FILE": os.environ.get("DDL_TUNING_FILE", "off"),
            "HYDRA_LAUNCHER_EXEC": shutil.which(ssh) or ssh}
+    # This shell's other DDL_* options reach every rank under both launchers (ssh passes none).
+    env.update({k: v for k, v in os.environ.items() if k.startswith("DDL_") and k not in env})
     return env
 
 
