@@ -36,7 +36,10 @@ from ..planning.costmodel import CostModel, _received_bytes, tensor_bytes
 from ..schedules import Schedule
 from ..schedules.simulate import walk
 
-_SETTLE_PASSES = 12  # walks until the hand-over order settles (2-4 in practice)
+# Walks until the hand-over order settles: 2-4 for a few chunks; a pass moves the order about one
+# chunk further, so many chunks need more (a 2 x 2 hierarchical of 32 chunks settled after 30).
+# The bound: this many plus one per message between hosts, reached only by an order that never settles.
+_SETTLE_PASSES = 12
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ def schedule_seconds(model: CostModel, schedule: Schedule, link_of: Callable[[in
     handed: dict[tuple[int, int, int], float] = {}   # (sender, msg, peer) -> when handed to the link
     level = 0.0
     end = 0.0
-    for _ in range(_SETTLE_PASSES):
+    crossing = sum(1 for r, s in steps for p in s.send if host_of(p) != host_of(r))
+    for _ in range(_SETTLE_PASSES + crossing):
         start_tokens = level if not calls else level + (link.burst - level) / calls
         through, first, buckets = _through_buckets(handed, steps, host_of, elem, link, start_tokens)
         clock = [0.0] * schedule.nranks
