@@ -40,7 +40,6 @@ def _install_exit_guard() -> None:
         # while a faster peer's clean exit is still being announced.
         failure_notice.ignore_from_now_on()
         if lost:
-            import os
             from ..launch import status
             _unlink_mpi_shared_memory()
             status.exiting()

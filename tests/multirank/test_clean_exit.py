@@ -22,6 +22,7 @@ import pytest
 from support.launch import ddl_segments, mpiexec
 
 DDLRUN = Path(sys.executable).parent / "ddlrun"
+_MPICH_PREFIX = "mpich_shm_"  # MPICH's own segments, one per host and job
 
 # The issue's script, through the ddl_triton API; FINALIZE is replaced per variant.
 _API = """
@@ -130,7 +131,7 @@ def test_ddlrun_reports_the_killed_rank_and_survivors_own_statuses(tmp_path, sur
         "        c.allreduce(torch.ones(100))\n"
         "    except ddl.CollectiveTimeout:\n"
         f"        {survivor_exit}\n")
-    mpich_before = _mpich_segments()
+    mpich_before = ddl_segments(_MPICH_PREFIX)
     proc = _run([str(DDLRUN), "-n", "3", "--timeout", "20", "--", sys.executable, str(script)])
     assert proc.returncode == 137, proc.stderr
     assert f"ddlrun: exit status per rank: 0: {status}, 1: 137, 2: {status}" in proc.stderr, proc.stderr
@@ -143,8 +144,5 @@ def test_ddlrun_reports_the_killed_rank_and_survivors_own_statuses(tmp_path, sur
     if not skipped:
         # The survivors left without MPI_Finalize, which unlinks MPICH's segments: the exit guard
         # unlinked them instead (a survivor that skips the exit handlers cannot).
-        assert not (_mpich_segments() - mpich_before), sorted(_mpich_segments() - mpich_before)
-
-
-def _mpich_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
+        left = ddl_segments(_MPICH_PREFIX) - mpich_before
+        assert not left, sorted(left)

@@ -16,8 +16,9 @@ def mpiexec() -> str:
     return str(here) if here.exists() else "mpiexec"
 
 
-def ddl_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(_SHM_PREFIX)}
+def ddl_segments(prefix: str = _SHM_PREFIX) -> set[str]:
+    """The shared-memory segments in /dev/shm whose names start with ``prefix`` (ddl_triton's by default)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
 
 
 def run_ranks(n: int, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 240,
