@@ -49,18 +49,27 @@ def valid_op(op: str, dtype: torch.dtype) -> bool:
     return not (op == "avg" and not dtype.is_floating_point)
 
 
-def reduction_cases(sizes):
-    """(dtype, op, count): every dtype, each op valid for it, each count of ``sizes``."""
-    for dtype in DTYPES:
-        for op in OPS:
-            if valid_op(op, dtype):
-                for count in sizes:
+def reduction_cases(sizes, covering: bool = False):
+    """(dtype, op, count): every dtype, each op valid for it, each count of ``sizes``.
+
+    ``covering``: every (dtype, count) pair once, its op turning with the pair's position, so
+    that every dtype still meets each op valid for it once ``sizes`` has as many counts as there
+    are ops (and every op meets every count). A pairwise cover, not the whole cross: the
+    schedule matrix runs it on each of its 35 (schedule, topology) pairs, and the whole cross
+    runs on the world communicator of every world size (``run_suite``)."""
+    for j, dtype in enumerate(DTYPES):
+        ops = [op for op in OPS if valid_op(op, dtype)]
+        for i, count in enumerate(sizes):
+            if covering:
+                yield dtype, ops[(i + j) % len(ops)], count
+            else:
+                for op in ops:
                     yield dtype, op, count
 
 
-def run_allreduce(ck: Checker, comm, sizes, tag: str) -> None:
+def run_allreduce(ck: Checker, comm, sizes, tag: str, covering: bool = False) -> None:
     n, r = comm.size, comm.rank
-    for dtype, op, count in reduction_cases(sizes):
+    for dtype, op, count in reduction_cases(sizes, covering):
         t = rank_data(count, r, n, dtype, op)
         out = comm.allreduce(t, op=op)
         what = f"{tag} allreduce {op} {dtype} n={count}"
@@ -69,9 +78,9 @@ def run_allreduce(ck: Checker, comm, sizes, tag: str) -> None:
         ck.identical(what, t)
 
 
-def run_reduce_scatter(ck: Checker, comm, sizes, tag: str) -> None:
+def run_reduce_scatter(ck: Checker, comm, sizes, tag: str, covering: bool = False) -> None:
     n, r = comm.size, comm.rank
-    for dtype, op, m in reduction_cases(sizes):
+    for dtype, op, m in reduction_cases(sizes, covering):
         inp = rank_data(n * m, r, n, dtype, op)
         out = torch.full((m,), 99, dtype=dtype)  # poisoned: unwritten elements show
         comm.reduce_scatter(out, inp, op=op)
@@ -275,7 +284,9 @@ def run_matrix(ck: Checker, world) -> None:
     """Every schedule, forced, on every topology of this world size, over the exact cases.
 
     Collectives a forced schedule does not implement fall back to the planner's choice,
-    so every schedule is also exercised beside the others in one communicator.
+    so every schedule is also exercised beside the others in one communicator. The reductions
+    take a pairwise cover of dtype x op x count (``reduction_cases``): the schedule, not the
+    kernel, is what varies here.
     """
     from ddl_triton import schedules
     n = world.Get_size()
@@ -284,8 +295,8 @@ def run_matrix(ck: Checker, world) -> None:
             # 512-byte chunks: most cases span many chunks and reuse the two slots constantly.
             comm = ddl.init(world.Dup(), schedule=name, topology=topo, chunk_bytes=512, pipeline_depth=2)
             tag = f"{name}@{topo}"
-            run_allreduce(ck, comm, [0, 1, 7, 131, 1031], tag)
-            run_reduce_scatter(ck, comm, [1, 29], tag)
+            run_allreduce(ck, comm, [0, 1, 7, 131, 1031], tag, covering=True)
+            run_reduce_scatter(ck, comm, [1, 29, 30, 3], tag, covering=True)
             run_all_gather(ck, comm, [1, 29], tag)
             run_broadcast(ck, comm, [1, 300], tag)
             comm.close()
