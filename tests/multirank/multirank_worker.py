@@ -55,7 +55,7 @@ def reduction_cases(sizes, covering: bool = False):
     ``covering``: every (dtype, count) pair once, its op turning with the pair's position, so
     that every dtype still meets each op valid for it once ``sizes`` has as many counts as there
     are ops (and every op meets every count). A pairwise cover, not the whole cross: the
-    schedule matrix runs it on each of its 35 (schedule, topology) pairs, and the whole cross
+    schedule matrix runs it on each (schedule, topology) pair (35 at 4 ranks), and the whole cross
     runs on the world communicator of every world size (``run_suite``)."""
     for j, dtype in enumerate(DTYPES):
         ops = [op for op in OPS if valid_op(op, dtype)]
