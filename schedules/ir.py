@@ -195,8 +195,9 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
 
 
 def _replace(step: Step, **changes) -> Step:
-    """``dataclasses.replace`` for a Step, ten times quicker: a schedule of thousands of steps
-    renumbers every one, and a new call shape builds several schedules (the planner's candidates)."""
+    """``dataclasses.replace`` for a Step, four times quicker (1.4 against 5.9 us): a schedule
+    of thousands of steps renumbers every one, and a new call shape builds several schedules
+    (the planner's candidates)."""
     new = object.__new__(Step)
     fields = new.__dict__  # frozen forbids setattr, not filling the fresh instance's dict
     fields.update(step.__dict__)
