@@ -34,6 +34,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,6 +73,9 @@ def _drive(args) -> int:
     json_path = str(Path(args.json).resolve()) if args.json else ""
     flags = ["--rank-body", "--sizes", args.sizes, "--rounds", str(args.rounds), "--calls", str(args.calls),
              "--ring-chunk", str(args.ring_chunk), "--json", json_path]
+    # Each host's output goes to a file, not a pipe: nothing is read until every host is done,
+    # and a full pipe would stop a rank mid-benchmark.
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
     with locked(args.lock), Testbed(hosts=2, rate=args.rate) as bed:
         procs = []
         for i, host in enumerate(("h1", "h2")):
@@ -79,10 +83,13 @@ def _drive(args) -> int:
                         str(args.per_host), "--master-addr", "h1", "--master-port", str(args.port),
                         str(ROOT / "bench" / "buckets_across_hosts.py"), *flags]
             command = ["env", *(f"{k}={v}" for k, v in env.items()), *torchrun]
-            procs.append(bed.popen(host, command, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True))
+            procs.append(bed.popen(host, command, cwd=str(ROOT), stdout=logs[i], stderr=subprocess.STDOUT))
         codes = wait_for_every_host(procs, timeout=1800)
-        outs = [q.stdout.read() for q in procs]
+    outs = []
+    for log in logs:
+        log.seek(0)
+        outs.append(log.read())
+        log.close()
     print(f"# 2 hosts x {args.per_host}, links {args.rate}, torchrun: {shlex.join(sys.argv)}")
     print("\n".join(ln for ln in outs[0].splitlines() if not ln.startswith("[W")))
     for i, code in enumerate(codes):
