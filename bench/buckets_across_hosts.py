@@ -135,6 +135,9 @@ def _rank_body(args) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
+    if float(size) ** (args.calls + 1) > 2.0 ** 120:
+        raise SystemExit(f"rank {rank}: --calls {args.calls} at {size} ranks: the checked sum of ones, "
+                         f"{size}^{args.calls + 1}, would overflow float32; give fewer calls")
     ranks = list(range(size))
     control = dist.new_group(ranks, backend="gloo")
     peers = {"gloo": dist.new_group(ranks, backend="gloo"), "ddl": dist.new_group(ranks, backend="ddl")}
