@@ -4,13 +4,21 @@
 seconds have passed, or 10 s after one of them failed (the others then wait on a rendezvous
 or a peer that will never come). Whatever still runs is then terminated, and killed 20 s later.
 Returns each process's exit status.
+
+``torchrun_on_every_host`` starts one ``torchrun --node-rank i`` per host at once and waits for
+them so; ``ddl_options_from_shell`` is the shell's ``DDL_*`` options, for the ranks' environment.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Callable, IO
 
 _AFTER_A_FAILURE_S = 10.0  # the others' grace once one host's process failed
 
@@ -50,3 +58,31 @@ def locked(path: str):
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ddl_options_from_shell() -> dict[str, str]:
+    """This shell's ``DDL_*`` variables: a job's ranks take the options its caller set."""
+    return {k: v for k, v in os.environ.items() if k.startswith("DDL_")}
+
+
+def torchrun_on_every_host(start: Callable[[str, list[str], IO], subprocess.Popen], hosts: list[str], per_host: int,
+                           port: int, script_argv: list[str], timeout: float) -> tuple[list[int], list[str]]:
+    """One ``torchrun --nnodes H --node-rank i --nproc-per-node per_host`` per host, all at once,
+    meeting at ``hosts[0]:port``, each running ``script_argv``; ``start(host, argv, out)`` starts
+    ``argv`` on ``host`` with its output to the file ``out`` and returns the process. Waits as
+    ``wait_for_every_host`` does; returns each host's exit status and output. The output goes to
+    files, not pipes: nothing is read until every host is done, and a full pipe would stall a rank."""
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    outs = [tempfile.TemporaryFile("w+") for _ in hosts]
+    procs = []
+    for i, (host, out) in enumerate(zip(hosts, outs)):
+        argv = [torchrun, "--nnodes", str(len(hosts)), "--node-rank", str(i), "--nproc-per-node", str(per_host),
+                "--master-addr", hosts[0], "--master-port", str(port), *script_argv]
+        procs.append(start(host, argv, out))
+    codes = wait_for_every_host(procs, timeout)
+    texts = []
+    for out in outs:
+        out.seek(0)
+        texts.append(out.read())
+        out.close()
+    return codes, texts

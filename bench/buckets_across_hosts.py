@@ -34,12 +34,10 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 DDP_BUCKETS = "1436200,2115712,8388608"  # bench/train_scaling.py's CNN: DDP's two buckets, then 8 MiB
 
 
@@ -65,31 +63,20 @@ def _drive(args) -> int:
     from ddl_triton.testbed import Testbed
     from ddl_triton.testbed.hosts import parse_rate
     sys.path.insert(0, str(ROOT / "bench"))
-    from _host_jobs import locked, wait_for_every_host
+    from _host_jobs import ddl_options_from_shell, locked, torchrun_on_every_host
 
     env = {"GLOO_SOCKET_IFNAME": "eth0", "DDL_TUNING_FILE": "off", "OMP_NUM_THREADS": "1",
-           "BUCKETS_LINK_BPS": str(parse_rate(args.rate))}
-    env.update({k: v for k, v in os.environ.items() if k.startswith("DDL_")})  # the shell's options reach the ranks
+           "BUCKETS_LINK_BPS": str(parse_rate(args.rate)), **ddl_options_from_shell()}
     json_path = str(Path(args.json).resolve()) if args.json else ""
     flags = ["--rank-body", "--sizes", args.sizes, "--rounds", str(args.rounds), "--calls", str(args.calls),
              "--ring-chunk", str(args.ring_chunk), "--json", json_path]
-    # Each host's output goes to a file, not a pipe: nothing is read until every host is done,
-    # and a full pipe would stop a rank mid-benchmark.
-    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
     with locked(args.lock), Testbed(hosts=2, rate=args.rate) as bed:
-        procs = []
-        for i, host in enumerate(("h1", "h2")):
-            torchrun = [str(BIN / "torchrun"), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node",
-                        str(args.per_host), "--master-addr", "h1", "--master-port", str(args.port),
-                        str(ROOT / "bench" / "buckets_across_hosts.py"), *flags]
-            command = ["env", *(f"{k}={v}" for k, v in env.items()), *torchrun]
-            procs.append(bed.popen(host, command, cwd=str(ROOT), stdout=logs[i], stderr=subprocess.STDOUT))
-        codes = wait_for_every_host(procs, timeout=1800)
-    outs = []
-    for log in logs:
-        log.seek(0)
-        outs.append(log.read())
-        log.close()
+        def start(host: str, torchrun: list[str], out) -> subprocess.Popen:
+            return bed.popen(host, ["env", *(f"{k}={v}" for k, v in env.items()), *torchrun], cwd=str(ROOT),
+                             stdout=out, stderr=subprocess.STDOUT)
+
+        codes, outs = torchrun_on_every_host(start, ["h1", "h2"], args.per_host, args.port,
+                                             [str(ROOT / "bench" / "buckets_across_hosts.py"), *flags], timeout=1800)
     print(f"# 2 hosts x {args.per_host}, links {args.rate}, torchrun: {shlex.join(sys.argv)}")
     print("\n".join(ln for ln in outs[0].splitlines() if not ln.startswith("[W")))
     for i, code in enumerate(codes):

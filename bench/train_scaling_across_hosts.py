@@ -34,11 +34,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _host_jobs import locked as _locked, wait_for_every_host  # bench/ is on the path when run as a script
+from _host_jobs import ddl_options_from_shell, locked as _locked, torchrun_on_every_host  # bench/ is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -113,7 +112,7 @@ def _env(iface: str, ssh: str) -> dict[str, str]:
            "DDL_TUNING_FILE": os.environ.get("DDL_TUNING_FILE", "off"),
            "HYDRA_LAUNCHER_EXEC": shutil.which(ssh) or ssh}
     # This shell's other DDL_* options reach every rank under both launchers (ssh passes none).
-    env.update({k: v for k, v in os.environ.items() if k.startswith("DDL_") and k not in env})
+    env.update({k: v for k, v in ddl_options_from_shell().items() if k not in env})
     return env
 
 
@@ -132,20 +131,15 @@ def _torchrun(args, hosts: list[str], per_host: int, flags: list[str], port: int
     """One torchrun per host, at once, through ``args.ssh``; the first host's output printed, and
     every host's tail on a failure."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in _env(args.iface, args.ssh).items() if k != "HYDRA_LAUNCHER_EXEC")
-    outs = [tempfile.TemporaryFile("w+") for _ in hosts]  # files, not pipes: a full pipe would stall a host
-    procs = []
-    for i, (host, out) in enumerate(zip(hosts, outs)):
-        torchrun = [str(BIN / "torchrun"), "--nnodes", str(len(hosts)), "--node-rank", str(i), "--nproc-per-node",
-                    str(per_host), "--master-addr", hosts[0], "--master-port", str(port), SCRIPT, *flags]
+
+    def start(host: str, torchrun: list[str], out) -> subprocess.Popen:
         # exec all the way down, so that stopping the ssh stops torchrun (which stops its ranks).
         remote = f"cd {shlex.quote(str(ROOT))} && exec env {env} {shlex.join(torchrun)}"
-        procs.append(subprocess.Popen([args.ssh, host, remote], stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL))
-    codes = wait_for_every_host(procs, args.timeout)
-    for i, (host, out) in enumerate(zip(hosts, outs)):
-        out.seek(0)
-        text = out.read()
-        out.close()
+        return subprocess.Popen([args.ssh, host, remote], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+    codes, texts = torchrun_on_every_host(start, hosts, per_host, port, [SCRIPT, *flags], args.timeout)
+    for i, (host, text) in enumerate(zip(hosts, texts)):
         if i == 0 and not any(codes):
             print(text, end="", flush=True)
         elif any(codes):
