@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from . import grid, one_shot, ring, two_shot
+from . import grid, native, one_shot, ring, two_shot
 from .check import check
 from .ir import IN, OUT, Recv, Schedule, Span, Step, assemble, validate
 
@@ -35,6 +35,7 @@ _REGISTRY = {
     "tree": (_tree, ("allreduce", "broadcast"), False),
     "hierarchical": (grid.build_hierarchical, ("allreduce",), True),
     "multidim": (grid.build_multidim, ("allreduce",), True),
+    native.NAME: (native.build, ("allreduce",), True),
 }
 
 

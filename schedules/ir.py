@@ -11,6 +11,14 @@ the manner of NCCL's recvReduceCopySend:
     if dst is not None:  out[dst] = result              (``scale`` applied here, when final)
     if send:             every peer in ``send`` gets result as this rank's message ``msg``
 
+A *group step* (``group`` set) is instead the transport's own allreduce among the ranks in
+``group`` (this rank one of them): ``out[dst] = op over every member's src``, in place
+(``src == dst``), with no ``recv`` or ``send``. Each member's k-th step with that group
+meets the other members' k-th (they must agree on ``count``). It is how a level whose link
+has a collective engine of its own (gloo, MPI) hands its phase to that engine, as Horovod's
+hierarchical allreduce does (schedules/native.py); every consumer that walks messages sees
+it through ``native.expand``, the p2p ring the engine runs for it.
+
 Messages are numbered per sender: a sender's k-th send in the schedule is its
 message k, and a receiver names it as ``Recv(peer, k)``. Between any two ranks,
 messages are received in the order they were sent (checked by
@@ -65,6 +73,8 @@ class Step:
     msg: int = -1                    # this rank's message number for the send
     final: bool = False              # apply the op's scale (avg) when storing/sending this result
     label: str = ""                  # for traces and timeouts, e.g. "rs[2] chunk 5"
+    group: tuple[int, ...] = ()      # a group step: the ranks of the transport's own allreduce (sorted)
+    native: bool = False             # part of native.expand's stand-in for a group step (costmodel.py)
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ class Schedule:
     # True when the schedule reduces every element in one n-ary pass (fp32 accumulation
     # then needs no wider wire type); False when partial sums travel between ranks.
     single_pass: bool = False
+    # True when some step is a group step (schedules/native.py): walkers expand it first.
+    native: bool = False
 
     def sends(self, rank: int) -> int:
         """How many messages ``rank`` sends: the executor advances message counters by this."""
@@ -106,10 +118,17 @@ def validate(schedule: Schedule) -> None:
     if len(schedule.steps) != n:
         raise ValueError(f"{schedule.name}: {len(schedule.steps)} step lists for {n} ranks")
     sent: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
+    met: dict[tuple[tuple[int, ...], int], list[tuple[int, int]]] = {}  # (group, k) -> [(member, count)]
     for r, steps in enumerate(schedule.steps):
         expected_msg = 0
+        groups_seen: dict[tuple[int, ...], int] = {}
         for i, s in enumerate(steps):
             where = f"{schedule.name} rank {r} step {i} ({s.label})"
+            if s.group:
+                _check_group_step(s, r, n, where)
+                k = groups_seen.get(s.group, 0)
+                groups_seen[s.group] = k + 1
+                met.setdefault((s.group, k), []).append((r, s.count))
             for span in (s.src, s.dst):
                 if span is None:
                     continue
@@ -131,6 +150,10 @@ def validate(schedule: Schedule) -> None:
                 if r in s.send or len(set(s.send)) != len(s.send):
                     raise ValueError(f"{where}: bad send set {s.send}")
                 sent[(r, s.msg)] = (tuple(sorted(s.send)), s.count)
+    for (group, k), members in met.items():
+        if sorted(m for m, _ in members) != list(group) or len({c for _, c in members}) != 1:
+            raise ValueError(f"{schedule.name}: group step {k} among ranks {group} is taken by "
+                             f"{[(m, f'{c} elements') for m, c in members]}: every member once, one count")
     received: dict[tuple[int, int], list[int]] = {}
     last_from: dict[tuple[int, int], int] = {}
     for r, steps in enumerate(schedule.steps):
@@ -149,6 +172,14 @@ def validate(schedule: Schedule) -> None:
     for key, (peers, _) in sent.items():
         if tuple(sorted(received.get(key, []))) != peers:
             raise ValueError(f"{schedule.name}: message {key} sent to {peers}, received by {received.get(key)}")
+
+
+def _check_group_step(s: Step, r: int, n: int, where: str) -> None:
+    if len(s.group) < 2 or list(s.group) != sorted(set(s.group)) or r not in s.group or \
+            s.group[0] < 0 or s.group[-1] >= n:
+        raise ValueError(f"{where}: group {s.group} must be 2 or more sorted distinct ranks, this one included")
+    if s.recv or s.send or s.reduce or s.src is None or s.src != s.dst:
+        raise ValueError(f"{where}: a group step reduces in place (src == dst) and neither sends nor receives")
 
 
 def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: int,
@@ -188,8 +219,9 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
                 recvs.append(Recv(rv.peer, msg, rv.offset, size))
                 taken[(rv.peer, r)] = k + 1
             steps[i] = _replace(s, recv=tuple(recvs))
+    native = any(s.group for steps in numbered for s in steps)
     schedule = Schedule(name, collective, nranks, in_count, out_count,
-                        tuple(tuple(s) for s in numbered), params or {}, single_pass)
+                        tuple(tuple(s) for s in numbered), params or {}, single_pass, native)
     validate(schedule)
     return schedule
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from .ir import IN, Schedule, Step
+from .native import expand
 
 
 def contributions(schedule: Schedule, depth: int | None = None) -> list[np.ndarray]:
@@ -45,7 +46,9 @@ def walk(schedule: Schedule, depth: int | None = None) -> Iterator[tuple[int, St
     """Yield (rank, step) in an order a real run could take: a step comes after the steps
     that send the messages it receives and, given ``depth``, after its sender's slot for
     the message is free again. Raises RuntimeError naming the stuck steps on deadlock.
-    Shared by the numeric oracle below and the cost model (ddl_triton/planning/costmodel.py)."""
+    Shared by the numeric oracle below and the cost model (ddl_triton/planning/costmodel.py).
+    Group steps are walked as the ring allreduce their engine runs (``native.expand``)."""
+    schedule = expand(schedule)
     n = schedule.nranks
     sent: set[tuple[int, int]] = set()
     unread: dict[tuple[int, int], set[int]] = {}  # (sender, msg) -> addressees yet to read it

@@ -257,6 +257,10 @@ class Transport(Protocol):
     # What the executor does for this transport (ddl_triton/runtime/executor.py), by capability:
     completes_sends: bool  # its sends finish after publish: flush at the end of every collective
     posts_receives_early: bool  # a receive posted ahead lets data land sooner: prefetch a window ahead
+    # It runs group steps (schedules/native.py) with an allreduce engine of its own: then
+    # ``allreduce_group`` exists. Transports without the attribute have none; the executor runs
+    # the group steps' point-to-point stand-in on them instead (native.expand).
+    has_group_allreduce: bool
     bytes_sent: int
     bytes_received: int
 
@@ -273,5 +277,10 @@ class Transport(Protocol):
     def release(self, peer: int, msg_id: int) -> None: ...
 
     def flush(self, timeout: float) -> None: ...
+
+    def allreduce_group(self, group: tuple[int, ...], tensor: torch.Tensor, op: str, timeout: float) -> None:
+        """Reduce ``tensor`` in place among the ranks of ``group`` (sorted, this one included) with
+        ``op`` ("sum", "min", "max"); every member gets the same bits. PeerTimeout past ``timeout``
+        seconds, or at once when a member is known dead."""
 
     def close(self) -> None: ...

@@ -159,6 +159,7 @@ class GlooTransport(StagedSends):
     name = "gloo"
     completes_sends = True  # two-sided: sends to complete, receives to post
     posts_receives_early = True
+    has_group_allreduce = True  # gloo's own ring allreduce (allreduce_group)
 
     def __init__(self, store, rank: int, size: int, timeout: float):
         import torch.distributed as dist
@@ -167,6 +168,8 @@ class GlooTransport(StagedSends):
         self.size = size
         self.timeout = timeout
         self.pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
+        self._store = store
+        self._group_pgs: dict[tuple[int, ...], object] = {tuple(range(size)): self.pg}
         self.bytes_sent = 0
         self.bytes_received = 0
         self.spin = DEFAULT_SPIN_SECONDS
@@ -255,6 +258,31 @@ class GlooTransport(StagedSends):
             raise _failed(peer, what, e) from None
         finally:
             base.current_wait = None
+
+    # -- group steps (schedules/native.py) ------------------------------------------------------
+    def allreduce_group(self, group: tuple[int, ...], tensor: torch.Tensor, op: str, timeout: float) -> None:
+        """gloo's own allreduce of ``tensor`` among ``group`` (transports/base.py), on the process
+        group of those ranks: the whole one, or one made for the group on first use, which is
+        collective over its members (every member reaches the same group step). gloo reduces on
+        its worker threads; this thread waits in ``Work.wait`` as for a receive (module doc)."""
+        import torch.distributed as dist
+
+        pg = self._group_pgs.get(group)
+        peer = next(p for p in group if p != self.rank) if len(group) == 2 else -1
+        what = f"gloo allreduce among ranks {', '.join(map(str, group))}"
+        if pg is None:
+            if len(self._group_pgs) > 64:
+                raise ValueError(f"rank {self.rank}: more than 64 rank groups asked of one gloo transport")
+            prefix = "group-" + "-".join(map(str, group))
+            pg = self._group_pgs[group] = dist.ProcessGroupGloo(
+                dist.PrefixStore(prefix, self._store), group.index(self.rank), len(group),
+                timedelta(seconds=self.timeout))
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+        self.wait_work(pg.allreduce([tensor], opts), timeout, peer, what)
+        moved = 2 * (len(group) - 1) * tensor.numel() * tensor.element_size() // len(group)
+        self.bytes_sent += moved
+        self.bytes_received += moved
 
     # -- the call lane (ddl_triton/runtime/call_lane.py): one message per peer per call ------------
     def lane_send(self, peer: int, buf: torch.Tensor):

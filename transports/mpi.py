@@ -21,6 +21,9 @@ from .link_emulation import Pacer
 from .staged_sends import StagedSends
 
 _TAG_RANGE = 32767  # MPI guarantees MPI_TAG_UB >= 32767
+_MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE, torch.int32: MPI.INT32_T,
+              torch.int64: MPI.INT64_T}
+_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
 # MPI moves a transfer only inside MPI calls, a bounded step per call (a protocol message, a
 # socket read). While the application computes on every core, a background thread's check comes
 # only when the scheduler next gives it a core, every 5-13 ms during DDP's backward on a 2-core
@@ -69,6 +72,10 @@ class MpiTransport(StagedSends):
         self.comm = comm
         # transports/link_emulation.py: a slower link for tests and simulator validation (None: off).
         self._pacer = Pacer(emulate) if emulate is not None else None
+        # Group steps (schedules/native.py) run MPI's own allreduce, which an emulated link would
+        # not pace: with one, the executor runs their point-to-point stand-in through the pacer.
+        self.has_group_allreduce = self._pacer is None
+        self._group_comms: dict[tuple[int, ...], object] = {}
         if self._pacer is not None:
             # Queued sends must go out while this rank waits on any transport (a shm wait too).
             base.progress_hooks.append(self._pacer.pump)
@@ -150,7 +157,41 @@ class MpiTransport(StagedSends):
             self._give(buf)
         self._sending = []
 
+    # -- group steps (schedules/native.py) ------------------------------------------------------
+    def split_for_groups(self, color: int) -> None:
+        """Make the communicator of the ranks that share ``color`` with this one, for their group
+        steps. Collective over the whole communicator: the communicator's wiring calls it at init,
+        with each rank's index inside its node, so a group step never waits in a blocking split."""
+        sub = self.comm.Split(color, self.comm.Get_rank())
+        members = sub.Get_group().Translate_ranks(list(range(sub.Get_size())), self.comm.Get_group())
+        self._group_comms[tuple(members)] = sub
+
+    def allreduce_group(self, group: tuple[int, ...], tensor: torch.Tensor, op: str, timeout: float) -> None:
+        """MPI's own allreduce of ``tensor`` among ``group`` (transports/base.py), polled against the
+        deadline like a receive. 16-bit floats, which MPI has no type for, are reduced in fp32 and
+        rounded once (the same bits on every member). A group not made at init is made here with
+        ``Create_group``, which blocks until every member arrives."""
+        sub = self._group_comms.get(group)
+        if sub is None:
+            sub = self._group_comms[group] = self.comm.Create_group(self.comm.Get_group().Incl(list(group)))
+        wide = tensor if tensor.dtype in _MPI_TYPES else tensor.float()
+        req = sub.Iallreduce(MPI.IN_PLACE, [wide.numpy(), _MPI_TYPES[wide.dtype]], _MPI_OPS[op])
+        peer = next(p for p in group if p != self.comm.Get_rank()) if len(group) == 2 else -1
+        wait_until(_tested(req.Test), timeout, peer, f"MPI allreduce among ranks {', '.join(map(str, group))}",
+                   spin=self.spin, prompt=True)
+        if wide is not tensor:
+            tensor.copy_(wide)
+        moved = 2 * (len(group) - 1) * tensor.numel() * tensor.element_size() // len(group)
+        self.bytes_sent += moved
+        self.bytes_received += moved
+
     def close(self) -> None:
+        for sub in self._group_comms.values():
+            try:
+                sub.Free()  # local in MPICH: no wait on a peer that may be gone
+            except MPI.Exception:
+                pass
+        self._group_comms.clear()
         if self._pacer is not None and self._pacer.pump in base.progress_hooks:
             base.progress_hooks.remove(self._pacer.pump)
         for req, _ in self._posted.values():

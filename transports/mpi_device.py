@@ -147,6 +147,10 @@ class DeviceMpiTransport:
         self._sending = still
         return False
 
+    def post_ready_sends(self) -> None:
+        """``_progress`` for another transport's waits (the NVSHMEM stream wait: gpu_path.py)."""
+        self._progress()
+
     # -- receiver ------------------------------------------------------------------------
     def prefetch(self, peer: int, msg_id: int, size: int, dtype: torch.dtype) -> None:
         key = (peer, msg_id)

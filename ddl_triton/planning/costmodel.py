@@ -11,6 +11,10 @@ message it receives has arrived, and lasts
     + bytes_reduced * gamma                                 (the reduction, per operand)
     + bytes sent * beta_copy                                (filling the send slot)
 
+A step that stands for part of a transport's own allreduce (``Step.native``: schedules/native.py)
+costs its reads and its reduction only: the engine runs it on its own threads, from the tensor,
+with no executor step and no staging copy.
+
 A message sent at the end of a step arrives ``alpha[link]`` later. The schedule's
 time is when its last rank finishes. This is the simulator's walk with clocks, so
 the same IR that the executor runs is what the planner costs, including pipelining.
@@ -86,7 +90,7 @@ class CostModel:
         for r, s in walk(schedule):
             start = max([clock[r]] + [arrival[(rv.peer, rv.msg)] for rv in s.recv])
             nbytes = s.count * elem
-            cost = self.step_overhead
+            cost = 0.0 if s.native else self.step_overhead
             moved = 0
             for rv in s.recv:
                 link = link_of(r, rv.peer)
@@ -96,7 +100,7 @@ class CostModel:
             if s.reduce:
                 cost += nbytes * (len(s.recv) + 1) * self.gamma
                 moved += nbytes * (len(s.recv) + 1)
-            if s.send:
+            if s.send and not s.native:
                 cost += nbytes * self.beta_copy
                 moved += nbytes
             clock[r] = start + cost + moved * mem
@@ -130,7 +134,8 @@ class CostModel:
                     start = got
             nbytes = s.count * elem
             c = list(start[1])
-            c[_INDEX["step_overhead"]] += 1
+            if not s.native:
+                c[_INDEX["step_overhead"]] += 1
             for rv in s.recv:
                 link = link_of(r, rv.peer)
                 got = _received_bytes(link, nbytes, rv, elem)
@@ -139,7 +144,7 @@ class CostModel:
             if s.reduce:
                 c[_INDEX["gamma"]] += nbytes * (len(s.recv) + 1)
                 c[_INDEX["mem_beta"]] += nbytes * (len(s.recv) + 1) * miss
-            if s.send:
+            if s.send and not s.native:
                 c[_INDEX["beta_copy"]] += nbytes
                 c[_INDEX["mem_beta"]] += nbytes * miss
             clock[r] = (self._dot(c), tuple(c))

@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 
 from .. import schedules
 from .costmodel import DEFAULT as DEFAULT_COST_MODEL, PARAMETERS, CostModel, tensor_bytes
-from ..schedules import grid as grid_mod
+from ..schedules import grid as grid_mod, native
 from .topology import Topology
 from ..tuning.table import TuningTable
 
@@ -81,6 +81,10 @@ class Planner:
         # (nbytes, dtype) -> whether a one_shot allreduce of that shape would take the
         # small-message path (its own fixed cost in the model); set by the communicator.
         self.small_path: Callable[[int, object], bool] = lambda nbytes, dtype: False
+        # Whether the transport between nodes has an allreduce engine of its own (gloo's, MPI's),
+        # which hierarchical_native's group steps run on; set by the communicator. Without one the
+        # executor would run their p2p stand-in, which hierarchical's pipelined phases beat.
+        self.group_engines = False
 
     def plan(self, collective: str, nbytes: int, dtype) -> Plan:
         """The plan for ``collective`` on ``nbytes`` (the input tensor's bytes) of ``dtype``."""
@@ -121,7 +125,8 @@ class Planner:
     def _model_plan(self, collective: str, nbytes: int, count: int, dtype, chunk_elems: int, note: str) -> Plan:
         elem = dtype.itemsize
         candidates = [n for n in schedules.names() if schedules.supports(n, collective)
-                      and (not schedules.uses_grid(n) or len(self.topology.dims) > 1)]
+                      and (not schedules.uses_grid(n) or len(self.topology.dims) > 1)
+                      and (n != native.NAME or self._offers_native())]
         estimates = []
         for name in candidates:
             grid, algos = self.grid_params(name, count, chunk_elems, elem)
@@ -133,6 +138,15 @@ class Planner:
                     note + f"{self.model_source}: fastest of {len(estimates)} candidates for {nbytes} B on "
                     f"topology {self.topology.signature}", grid, algos,
                     tuple((n, t) for t, n, _, _ in sorted(estimates, key=lambda e: e[0])))
+
+    def _offers_native(self) -> bool:
+        """hierarchical_native is a model candidate where the link between nodes has an engine and
+        a node holds one rank. With several, its node phases cannot overlap the engine's, which
+        on a slow link cost more than its saved CPU (2 testbed hosts x 2 ranks, 1 Gbit/s, under
+        MPI: 7-22% slower than hierarchical from 2 MiB; bench/results/collectives_across_hosts.md),
+        and the untuned model, which does not know the link is slow, cannot tell; a tuning table
+        that measured it, or ``DDL_SCHEDULE``, still chooses it there."""
+        return self.group_engines and self.topology.dims[0] == 1
 
     def model_time(self, name, collective, count, chunk_elems, elem, grid=None, algos=None,
                    model: CostModel | None = None, small: bool = False) -> float:
@@ -165,7 +179,7 @@ class Planner:
         if not schedules.uses_grid(name):
             return None, None
         dims = self.topology.dims
-        if name == "hierarchical":
+        if name in ("hierarchical", native.NAME):
             return dims, None
         algos = list(grid_mod.default_algorithms(dims))
         # Each dimension picks its own algorithm: try each in turn, the others held fixed.

@@ -85,6 +85,8 @@ class Communicator:
         self._executor = Executor(self.rank, self.size, route, timeout=options.timeout,
                                   depth=options.pipeline_depth)
         self._executor.describe = self.placement.describe  # errors name a lost peer's host
+        # hierarchical_native is a candidate where the inter-node transport runs group steps itself.
+        self._planner.group_engines = not every_peer_on_shm and self._executor.group_engines
         self._gpu = gpu_path.GpuPath(self.placement, self.options, self._comm)  # built on the first CUDA collective
         self._small = SmallAllreduce(shm, self.rank, self.size, self.placement.on_node, options.timeout, self._calls) \
             if every_peer_on_shm and shm is not None else \

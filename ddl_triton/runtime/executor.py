@@ -7,6 +7,11 @@ this rank reduces chunk k-1 its neighbour is already moving chunk k; for MPI,
 receives are posted ``pipeline_depth`` steps ahead so data lands during the
 reduction of the previous chunk.
 
+A group step (schedules/native.py) is one call of its transport's own allreduce
+(``allreduce_group``) on the step's span; on transports without one, the executor runs the
+schedule's point-to-point stand-in (``native.expand``) instead, on every rank alike (the
+capability is the inter-node transport's, the same on every rank).
+
     rank r:   [send c0][recv+reduce c1 -> send][recv c0 ...]
     rank r+1:     [send c1][recv+reduce c0 -> send][recv c1 ...]
                    ^ overlaps r's reduction of the previous chunk
@@ -22,6 +27,7 @@ from ..kernels.reduce import reduce_trusted as _reduce_trusted
 from ..errors import CollectiveTimeout
 from ..transports.base import PeerTimeout, Transport
 from ..schedules import IN, Schedule, Span, Step
+from ..schedules.native import expand as _expand_group_steps
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ def step_error(rank: int, collective: str, seq: int, schedule: str, label: str, 
 class _Compiled:
     """One step with everything the hot loop needs resolved once per (schedule, rank)."""
 
-    __slots__ = ("step", "src", "dst", "recvs", "sends", "whole_src", "whole_dst", "shape")
+    __slots__ = ("step", "src", "dst", "recvs", "sends", "whole_src", "whole_dst", "shape", "engine")
 
     def __init__(self, step: Step, route: list, in_count: int, out_count: int):
         self.step = step
@@ -68,8 +74,15 @@ class _Compiled:
             else:
                 groups.append((route[p], [p]))
         self.sends = tuple((t, tuple(ps)) for t, ps in groups)
+        # A group step's transport: the one every other member is reached by (None: it has no engine).
+        engines = {id(route[p]): route[p] for p in step.group if route[p] is not None}
+        self.engine = next(iter(engines.values())) if len(engines) == 1 else None
+        if self.engine is not None and not getattr(self.engine, "has_group_allreduce", False):
+            self.engine = None
         # The two shapes that make up small-message schedules get a straight-line path.
-        if not step.recv and len(self.sends) == 1 and step.dst is None and not step.final:
+        if step.group:
+            self.shape = "group"
+        elif not step.recv and len(self.sends) == 1 and step.dst is None and not step.final:
             self.shape = "send_local"
         elif step.recv and step.reduce and step.dst is not None and not self.sends:
             self.shape = "reduce_store"
@@ -96,6 +109,9 @@ class Executor:
         # through under the deadline (its waits are on the device, where no deadline reaches).
         self._flushers = [t for t in self._transports if t.completes_sends]
         self._has_lookahead = any(t.posts_receives_early for t in self._transports) and size > 1
+        two_sided = [t for t in self._transports if t.completes_sends]
+        # Whether group steps (schedules/native.py) run on the two-sided transports' own engines.
+        self.group_engines = bool(two_sided) and all(getattr(t, "has_group_allreduce", False) for t in two_sided)
         # Compiled step lists by schedule identity (schedules are cached, so they recur).
         self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}
         self.record = None   # the flight recorder's record of the running call (its step label is kept up to date)
@@ -107,9 +123,15 @@ class Executor:
         if entry is None or entry[0] is not schedule:
             if len(self._programs) > 256:
                 self._programs.clear()
-            steps = [_Compiled(s, self.route, schedule.in_count, schedule.out_count)
-                     for s in schedule.steps[self.rank]]
-            sends = tuple(schedule.sends(q) for q in range(self.size))
+            # Group steps run on the two-sided transports' engines, or all as their p2p stand-in:
+            # every rank decides alike (the same inter-node transport), whichever steps it holds.
+            run = schedule if self.group_engines else _expand_group_steps(schedule)
+            steps = [_Compiled(s, self.route, run.in_count, run.out_count) for s in run.steps[self.rank]]
+            for c in steps:
+                if c.shape == "group" and c.engine is None:
+                    raise ValueError(f"rank {self.rank}: {schedule.name} step {c.step.label!r}: ranks "
+                                     f"{c.step.group} are not all reached by one transport with an allreduce engine")
+            sends = tuple(run.sends(q) for q in range(self.size))
             entry = (schedule, steps, sends)
             self._programs[id(schedule)] = entry
         return entry[1], entry[2]
@@ -167,6 +189,9 @@ class Executor:
     def _run_step(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int],
                   dtype: torch.dtype, ctx: CallContext) -> None:
         s = c.step
+        if c.shape == "group":
+            self._run_group(c, inbuf, outbuf, ctx)
+            return
         if c.shape == "send_local":
             is_in, start, stop = c.src
             buf = inbuf if is_in else outbuf
@@ -196,10 +221,15 @@ class Executor:
         """The general path with its phases timed: a span per step, and one per phase."""
         marks: list = []
         t0 = time.perf_counter()
-        self._run_general(c, inbuf, outbuf, base, dtype, ctx, marks)
+        if c.shape == "group":
+            self._run_group(c, inbuf, outbuf, ctx)
+            marks.append(("native", time.perf_counter()))
+        else:
+            self._run_general(c, inbuf, outbuf, base, dtype, ctx, marks)
         t3 = time.perf_counter()
         s, us = c.step, self.tracer.us
-        peers = sorted({peer for peer, *_ in c.recvs} | {p for _, ps in c.sends for p in ps})
+        peers = sorted({peer for peer, *_ in c.recvs} | {p for _, ps in c.sends for p in ps}
+                       | {p for p in s.group if p != self.rank})
         self.tracer.span(s.label or "step", us(t0), us(t3), "ddl.step",
                          {"peers": peers, "bytes": s.count * dtype.itemsize, "msg": s.msg if s.send else None})
         start = t0
@@ -207,6 +237,15 @@ class Executor:
             if t > start:
                 self.tracer.span(phase, us(start), us(t), "ddl.phase")
             start = t
+
+    def _run_group(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, ctx: CallContext) -> None:
+        """A group step: the engine's allreduce of the span in place, then the op's scale."""
+        is_in, start, stop = c.dst  # src == dst (schedules/ir.py)
+        buf = inbuf if is_in else outbuf
+        view = buf if c.whole_dst else buf[start:stop]
+        c.engine.allreduce_group(c.step.group, view, ctx.op, self.timeout)
+        if c.step.final and ctx.scale is not None:
+            _reduce_trusted(view, [view], ctx.op, ctx.scale)
 
     def _run_general(self, c: _Compiled, inbuf: torch.Tensor, outbuf: torch.Tensor, base: list[int],
                      dtype: torch.dtype, ctx: CallContext, marks: list | None) -> None:

@@ -25,7 +25,9 @@ import importlib.util
 
 import torch
 
+from .. import schedules
 from .executor import Executor
+from ..transports import base
 from ..transports.mpi_device import DeviceMpiTransport
 from ..transports.self import SelfTransport
 
@@ -76,6 +78,11 @@ class GpuPath:
         is written (no host synchronisation added). Not yet run on a GPU."""
         executor = self.executor(inbuf.device)
         executor.record, executor.tracer = record, tracer
+        if schedule.native:
+            # The GPU transports have no allreduce engine of their own: rather than the group steps'
+            # stand-in, run hierarchical, which pipelines the same phases across the levels.
+            schedule = schedules.build("hierarchical", schedule.collective, schedule.nranks, schedule.in_count,
+                                       chunk_elems=schedule.params["chunk_elems"], grid=schedule.params["dims"])
         if tracer is None:
             executor.run_widened(schedule, inbuf, outbuf, ctx, seq, run_dtype)
             return
@@ -115,6 +122,9 @@ class GpuPath:
             raise ValueError(f"rank {rank}: DDL_TRANSPORT=nvshmem but NVSHMEM cannot be used: {self.why}")
         if nvshmem is not None:
             self.transports.append(nvshmem)
+            # Every wait (the NVSHMEM stream's in flush included) posts the MPI sends whose copies
+            # are done: a peer whose stream waits for one holds back the NVSHMEM signal we wait for.
+            base.progress_hooks.append(mpi.post_ready_sends)
         self.intra_node = "" if len(on_node) == 1 else ("nvshmem" if nvshmem is not None else "mpi")
         intra = nvshmem or mpi
         route = [SelfTransport()] if size == 1 else \
@@ -142,6 +152,9 @@ class GpuPath:
 
     def close(self) -> None:
         for t in self.transports:
+            hook = getattr(t, "post_ready_sends", None)
+            if hook is not None and hook in base.progress_hooks:
+                base.progress_hooks.remove(hook)
             t.close()
         self.transports = []
         self._executor = None

@@ -7,6 +7,8 @@ the route (the transport per peer) and the control channel:
 - between nodes, MPI on an MPI bootstrap and gloo on a store bootstrap (which then is the
   control channel too: the call lane, the barrier, clock alignment);
 - a communicator of one rank talks to itself;
+- between nodes over MPI, one more MPI communicator per index inside a node, for the group
+  steps of schedules/native.py (gloo makes its groups' process groups on first use);
 - where any peer is reached over MPI or gloo, the call lane (call_lane.py) over the control
   channel: the call check's messages, which carry small allreduces' data, to every peer
   (small_allreduce_two_sided.py), peers on shm included.
@@ -52,6 +54,10 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
     node = bootstrap.split(placement.node_of_rank[rank])
     if bootstrap.kind == "mpi":
         between = MpiTransport(control, link_emulation.parse(options.link_emulation))
+        if not placement.every_peer_on_shm and between.has_group_allreduce:
+            # Every rank or none (the nodes partition the ranks): the communicators of the ranks
+            # with one index inside their nodes, for hierarchical_native's group steps.
+            between.split_for_groups(placement.on_node.index(rank))
     else:
         if options.link_emulation:
             raise ValueError(f"rank {rank}: DDL_LINK_EMULATION emulates the MPI transport, but these "

@@ -126,7 +126,8 @@ def schedule_seconds(model: CostModel, schedule: Schedule, link_of: Callable[[in
         for r, s in steps:
             start = max([clock[r]] + [arrival[(rv.peer, rv.msg)] for rv in s.recv])
             nbytes = s.count * elem
-            reading, work, moved, wire = model.step_overhead, 0.0, 0, 0.0
+            # A native step (schedules/native.py) is the engine's: no executor step, no staging copy.
+            reading, work, moved, wire = 0.0 if s.native else model.step_overhead, 0.0, 0, 0.0
             for rv in s.recv:
                 kind = link_of(r, rv.peer)
                 got = _received_bytes(kind, nbytes, rv, elem)
@@ -137,7 +138,7 @@ def schedule_seconds(model: CostModel, schedule: Schedule, link_of: Callable[[in
             if s.reduce:
                 work += nbytes * (len(s.recv) + 1) * model.gamma
                 moved += nbytes * (len(s.recv) + 1)
-            if s.send:
+            if s.send and not s.native:
                 work += nbytes * model.beta_copy
                 moved += nbytes
             # Reading a message from the link overlaps its bytes coming through the bucket; the

@@ -302,6 +302,7 @@ def run_matrix(ck: Checker, world) -> None:
             comm.close()
     if n == 4:
         check_hierarchical_bytes(ck, world)
+        check_native_on_and_off_the_engines(ck, world)
         # Emulated hosts of 2 ranks: the call lane carries small allreduces to host mates too.
         run_small_path_is_one_shot(ck, world, "2x2", topology="2x2")
 
@@ -366,6 +367,30 @@ def run_fuzz(ck: Checker, world, seed: int, cases: int) -> None:
         ck.equal(tag_, got, exp)
     for comm in pool.values():
         comm.close()
+
+
+def check_native_on_and_off_the_engines(ck: Checker, world) -> None:
+    """hierarchical_native on 2x2: its group steps run on MPI's own allreduce, putting
+    hierarchical's bytes on each link; under an emulated link (which MPI's allreduce would not
+    pace) every rank runs their p2p stand-in instead, with the same exact results."""
+    from ddl_triton.schedules.native import NAME
+    count = 4 * 4096 + 3
+    sent = {}
+    for emulated in ("", "mpi:bw=2GB/s,lat=0us"):
+        comm = ddl.init(world.Dup(), schedule=NAME, topology="2x2", chunk_bytes=4096, link_emulation=emulated)
+        ck.true(f"{NAME} engines {emulated or 'on'}", comm._executor.group_engines == (not emulated),
+                f"group engines {comm._executor.group_engines}")
+        run_allreduce(ck, comm, [0, 1, 7, 1031], f"{NAME}@2x2 {emulated or 'engines'}", covering=True)
+        t = torch.ones(count)
+        before = comm.transport_bytes
+        comm.allreduce(t)
+        after = comm.transport_bytes
+        sent[emulated] = {k: after[k]["sent"] - before[k]["sent"] for k in after}
+        ck.equal(f"{NAME} 2x2 {emulated or 'engines'} sum", t, torch.full((count,), 4.0))
+        comm.close()
+    block = 4 * (count // 2 + (comm.rank % 2 == 0) * (count % 2))  # this rank's half, as blocks() cuts it
+    ck.true(f"{NAME} 2x2 MPI bytes", sent[""]["mpi"] == block, f"{sent[''] }, block {block} bytes")
+    ck.true(f"{NAME} 2x2 bytes the same off the engines", sent[""] == sent["mpi:bw=2GB/s,lat=0us"], str(sent))
 
 
 def check_hierarchical_bytes(ck: Checker, world) -> None:

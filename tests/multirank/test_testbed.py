@@ -180,11 +180,13 @@ def test_ring_and_tree_across_hosts_mixing_shm_and_mpi_hops_finish_exact(bed):
 
 
 @needs_hosts
-def test_hierarchical_across_hosts_sends_1_over_x_of_the_bytes_over_mpi_and_none_over_shm(bed):
+@pytest.mark.parametrize("schedule", ["hierarchical", "hierarchical_native"])
+def test_hierarchical_across_hosts_sends_1_over_x_of_the_bytes_over_mpi_and_none_over_shm(bed, schedule):
     """Under ddlrun, the grid is detected as 2x2; shm links only ranks of one host; and the
     hierarchical allreduce of S bytes puts exactly the link's bound, 2(H-1)/H * S, on each host's
-    link: each of its X = 2 ranks sends 1/X of it over MPI (its shard), and 2(X-1)/X * S over shm."""
-    done = _across(bed, "ddlrun", _BYTES, env=("DDL_SCHEDULE=hierarchical",))
+    link: each of its X = 2 ranks sends 1/X of it over MPI (its shard), and 2(X-1)/X * S over shm.
+    hierarchical_native hands that shard to MPI's own allreduce, and moves the same bytes."""
+    done = _across(bed, "ddlrun", _BYTES, env=(f"DDL_SCHEDULE={schedule}",))
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("RANK")]
     assert len(rows) == 8, done.stdout
