@@ -58,13 +58,15 @@ def test_a_rank_that_never_calls_times_out_the_others_naming_it():
     assert not (ddl_segments() - before)
 
 
-@pytest.mark.parametrize("victim,transport", [(0, "auto"), (1, "auto"), (2, "auto"), (1, "mpi")])
+@pytest.mark.parametrize("victim,transport", [(0, "auto"), (1, "auto"), (2, "auto"), (1, "mpi"), (1, "native")])
 def test_a_killed_rank_makes_every_survivor_raise_and_exit_nonzero(tmp_path, victim, transport):
     """Under ddlrun (mpiexec -disable-auto-cleanup, each rank below its guard) nobody kills the
     survivors for us: each must notice the loss itself, name it, and exit with status 1."""
     before = ddl_segments()
     stamp = tmp_path / "stamp"
     env = dict(os.environ, DDL_TRANSPORT=transport, PYTHONUNBUFFERED="1")
+    if transport == "native":  # MPI's own allreduce (a group step), entered with no call check first
+        env.update(DDL_TRANSPORT="auto", DDL_TOPOLOGY="1x3", DDL_SCHEDULE="hierarchical_native", DDL_CHECK_CALLS="0")
     deadline = 10
     proc = subprocess.run([str(DDLRUN), "-n", "3", "--timeout", str(deadline), "--", sys.executable,
                            str(HERE / "faults_worker.py"), "kill", str(victim), "--stamp", str(stamp)],
@@ -81,6 +83,8 @@ def test_a_killed_rank_makes_every_survivor_raise_and_exit_nonzero(tmp_path, vic
             assert f"rank {victim} died" in msg, msg
         else:  # over MPI, hydra's notice ends the wait (MPI cannot say which rank)
             assert "the launcher reported that a process of this job died" in msg, msg
+        if transport == "native":
+            assert "schedule hierarchical_native, step 'native allreduce'" in msg and "MPI allreduce among" in msg, msg
     codes = ", ".join(f"{r}: {137 if r == victim else 1}" for r in range(3))
     assert f"ddlrun: exit status per rank: {codes}" in proc.stderr, proc.stderr
     assert not (ddl_segments() - before)

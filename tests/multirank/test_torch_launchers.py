@@ -119,6 +119,16 @@ def test_lost_peer_across_emulated_hosts_is_noticed_at_once():
         assert m and float(m.group(1)) < 5.0, outs[r]
 
 
+def test_lost_peer_inside_gloos_own_allreduce_is_noticed_at_once():
+    # One rank per emulated host and 4 MB: the group step of hierarchical_native, gloo's allreduce;
+    # with the call check off, the survivor is inside it when its peer dies.
+    outs, codes, _ = _ranks([2, 2], "die", DDL_TOPOLOGY="1x2", DDL_CHECK_CALLS="0", DIE_NUMEL=str(1 << 20))
+    assert codes == [1, -9], outs
+    m = re.search(r"noticed after ([0-9.]+) s: CollectiveTimeout: .*schedule hierarchical_native, step "
+                  r"'native allreduce'\) failed: rank 1 died \(gloo allreduce among ranks 0, 1", outs[0])
+    assert m and float(m.group(1)) < 5.0, outs[0]
+
+
 def test_call_check_flight_recorder_and_trace_across_gloo(tmp_path):
     outs, codes, _ = _ranks([4, 4, 4, 4], "mismatch", DDL_TOPOLOGY="2x2", DDL_TRACE=str(tmp_path / "trace"),
                             DDL_DUMP_DIR=str(tmp_path / "dump"))

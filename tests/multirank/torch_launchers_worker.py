@@ -210,7 +210,7 @@ def run_mismatch() -> int:
 def run_die() -> int:
     comm = ddl_triton.init()
     victim = comm.size - 1
-    t = torch.ones(1000)
+    t = torch.ones(int(os.environ.get("DIE_NUMEL", "1000")))
     for i in range(1000):
         if i == 3 and comm.rank == victim:
             os.kill(os.getpid(), signal.SIGKILL)
