@@ -42,6 +42,7 @@ from .wiring import connect
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
 _SMALL_PATH = "one_shot (small-message path)"
+_SMALL_BROADCAST = "one_shot (small-message path across hosts)"
 
 
 class Communicator:
@@ -152,7 +153,7 @@ class Communicator:
         self._issuer.check_usable()
         check_tensor(self.rank, tensor, "tensor", writable=True)
         check_root(self.rank, self.size, root)
-        job = lambda: self._staged("broadcast", tensor, None, root=root)  # noqa: E731
+        job = lambda: self._broadcast(tensor, root)  # noqa: E731
         return self._issuer.issue(job, async_op, ("broadcast", None, tensor.numel(), tensor.dtype, root))
 
     def barrier(self, async_op: bool = False):
@@ -278,6 +279,27 @@ class Communicator:
             self._run_small(flat.detach().numpy(), shape, self._seq)
         else:
             self._execute("allreduce", flat, flat, flat.numel(), op)
+        _write_back(tensor, flat)
+        return tensor
+
+    def _broadcast(self, tensor: torch.Tensor, root: int) -> torch.Tensor:
+        flat = _flat_work(tensor)
+        shape = self._plans.small_broadcast_shape(self._small, flat, root) if flat.is_cpu else None
+        if shape is None:
+            return self._staged("broadcast", tensor, None, root=root)
+        self._seq += 1
+        if self._executor.record is not None:
+            self._executor.record.schedule = _SMALL_BROADCAST
+        # One element counts as contiguous whatever its stride: numpy and dtype views need stride 1.
+        work = flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)
+        array = work.detach().view(torch.int16 if work.dtype in (torch.float16, torch.bfloat16) else work.dtype)
+        try:
+            self._small.broadcast(array.numpy(), shape, self._seq, root)  # type: ignore[union-attr]
+        except PeerTimeout as e:
+            raise step_error(self.rank, "broadcast", self._seq, _SMALL_BROADCAST, "copy", e, self.options.timeout,
+                             self.placement.describe) from None
+        if work is not flat:
+            flat.copy_(work)
         _write_back(tensor, flat)
         return tensor
 

@@ -37,12 +37,14 @@ class PlanCache:
         self._small_shapes: dict[tuple[int, torch.dtype], bool] = {}  # (numel, dtype) -> takes the small path
         self.fast: dict[tuple, tuple] = {}  # (op, dtype, numel) -> (small-path shape, flight-recorder call)
         self._fast_arrays: dict[int, tuple] = {}  # tensor data_ptr -> (shape, numpy view of the tensor)
+        self._broadcast_shapes: dict[tuple, object] = {}  # (dtype, numel, root) -> the call lane's shape
 
     def forget(self) -> None:
         self._prepared.clear()
         self._small_shapes.clear()
         self.fast.clear()
         self._fast_arrays.clear()
+        self._broadcast_shapes.clear()
 
     def prepare(self, collective: str, count: int, in_numel: int, dtype: torch.dtype, op: str, root: int):
         """(schedule, run dtype, op context) for a call shape, cached: the latency path is one dict lookup."""
@@ -108,6 +110,25 @@ class PlanCache:
         if isinstance(given_op, str) and given_op != op:
             self.fast[(given_op, dtype, numel)] = fast
         return fast[0]
+
+    def small_broadcast_shape(self, small, flat: torch.Tensor, root: int):
+        """The call lane's prepared shape for this broadcast (small_allreduce_two_sided.py), or None
+        when it takes the general path: no lane, too large, a dtype the lane does not carry, or a
+        plan other than one_shot (whose broadcast the lane's is: the root's bytes straight to all)."""
+        serves = getattr(small, "serves_broadcast", None)
+        numel, dtype = flat.numel(), flat.dtype
+        if serves is None or not serves(numel * dtype.itemsize, dtype):
+            return None
+        key = ("broadcast", dtype, numel, root)
+        shape = self._broadcast_shapes.get(key)
+        if shape is None:
+            if self._planner.plan("broadcast", numel * dtype.itemsize, dtype).schedule != "one_shot":
+                return None
+            if len(self._broadcast_shapes) > _BOUND:
+                self._broadcast_shapes.clear()
+            shape = self._broadcast_shapes[key] = small.shape(
+                "sum", dtype, numel, calls.encode("broadcast", None, dtype, numel, root))
+        return shape
 
     def fast_view(self, tensor: torch.Tensor, shape):
         """The numpy view of ``tensor`` (flat, contiguous, on the CPU) for the small path's ``shape``."""

@@ -15,6 +15,11 @@ call check costs no message of its own, and stays on whatever ``Options.check_ca
 peer on the general path (a different call) sends its lane message too, so a mismatch is found
 on both sides at once.
 
+Small broadcasts take the same lane (``broadcast``): every rank sends its lane message, the
+root's carrying its tensor, and every other rank copies the root's bytes. DDP broadcasts its
+buffers (batch-norm statistics, a few KB) at every forward; on the general path across hosts
+that cost ddl about 2 points of the CNN's step against gloo (bench/results/train_scaling_across_hosts.md).
+
 Why it exists: across hosts the general path costs a call-check round trip, then the executor's
 per-step Python (receive posting, staging, sends, flush): about 130 us at 8 B against MPICH's
 14 us on the testbed (bench/results/collectives_across_hosts.md). Here a call is one send and
@@ -32,6 +37,8 @@ from .call_lane import CallLane, header
 LIMIT_BYTES = 64 * 1024  # the planner's one_shot range across hosts ends about here (bench/results/)
 _NUMPY_OPS = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum}
 _DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
+# A broadcast only copies bytes: every dtype the collectives take (ddl_triton/ops.py).
+_BROADCAST_DTYPES = _DTYPES + (torch.float16, torch.bfloat16)
 
 
 class _Shape:
@@ -42,7 +49,9 @@ class _Shape:
     def __init__(self, lane: CallLane, op: str, dtype: torch.dtype, numel: int, fingerprint):
         self.nbytes = numel * dtype.itemsize
         self.head = header(fingerprint, self.nbytes)
-        np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        # 16-bit floats travel as their bits (numpy has no bfloat16): a broadcast only copies them.
+        np_dtype = torch.empty(0, dtype=dtype if dtype not in (torch.float16, torch.bfloat16)
+                               else torch.int16).numpy().dtype
         self.own = tuple(lane.data_view(None, parity, self.nbytes).view(np_dtype) for parity in (0, 1))
         peers = {p: lane.data_view(p, 0, self.nbytes).view(np_dtype) for p in lane.peers}
         # every rank's copy in rank order, per send parity (this rank's copy is its send buffer)
@@ -63,8 +72,24 @@ class SmallAllreduceTwoSided:
         """Whether an allreduce of ``nbytes`` of ``dtype`` takes this path (any op valid for the dtype)."""
         return dtype in _DTYPES and 0 < nbytes <= self.limit
 
+    def serves_broadcast(self, nbytes: int, dtype: torch.dtype) -> bool:
+        """Whether a broadcast of ``nbytes`` of ``dtype`` takes this path."""
+        return dtype in _BROADCAST_DTYPES and 0 < nbytes <= self.limit
+
     def shape(self, op: str, dtype: torch.dtype, numel: int, fingerprint) -> _Shape:
         return _Shape(self.lane, op, dtype, numel, fingerprint)
+
+    def broadcast(self, out: np.ndarray, shape: _Shape, seq: int, root: int) -> None:
+        """Copy rank ``root``'s ``out`` (1-D, contiguous) into every rank's, as collective ``seq``
+        (``shape`` from ``shape("sum", ...)`` with the broadcast's fingerprint). Raises as ``run``."""
+        lane = self.lane
+        parity = lane.claim_send_buffer()
+        if lane.rank == root:
+            np.copyto(shape.own[parity], out)  # the others' bytes ride along unread
+        lane.exchange(seq, shape.head, shape.nbytes)
+        if lane.rank != root:
+            np.copyto(out, shape.operands[parity][root])
+        lane.done_reading()
 
     def run(self, out: np.ndarray, shape: _Shape, seq: int) -> None:
         """Allreduce ``out`` (1-D, contiguous) in place as collective number ``seq``. Raises

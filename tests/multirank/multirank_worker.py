@@ -176,8 +176,43 @@ def run_small_path_is_one_shot(ck: Checker, world, tag: str, topology: str = "")
                             torch.equal(a.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)),
                             "bits differ from one_shot")
                     ck.identical(f"{tag} small path ({entry}) {op} {dtype} n={count}", a)
+    if hasattr(fast._small, "serves_broadcast"):
+        check_small_broadcast(ck, fast, tag)
     fast.close()
     general.close()
+
+
+def check_small_broadcast(ck: Checker, comm, tag: str) -> None:
+    """Across a call lane, small broadcasts ride in it: the root's bits on every rank, for every
+    dtype (16-bit floats as their bits), synchronous, async and strided, and no executor message."""
+    r, n = comm.rank, comm.size
+    sent_before = list(comm._executor.next_msg)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64):
+        limit = comm._small.limit // dtype.itemsize
+        for count in (1, 3, limit):
+            for root in range(n):
+                g = torch.Generator().manual_seed(9000 + 31 * r + count)
+                x = (torch.randn(count, generator=g, dtype=torch.float64) * 1e3).to(dtype)
+                g = torch.Generator().manual_seed(9000 + 31 * root + count)
+                want = (torch.randn(count, generator=g, dtype=torch.float64) * 1e3).to(dtype)
+                how = ("sync", "async", "strided")[(root + count) % 3]
+                if how == "strided":
+                    wide = torch.zeros(2 * count, dtype=dtype)
+                    wide[::2] = x
+                    comm.broadcast(wide[::2], root=root)
+                    got = wide[::2]
+                    ck.true(f"{tag} small broadcast strided gaps {dtype}", bool((wide[1::2] == 0).all()),
+                            "wrote outside the view")
+                else:
+                    got = x
+                    work = comm.broadcast(x, root=root, async_op=how == "async")
+                    if how == "async":
+                        work.wait()
+                what = f"{tag} small broadcast ({how}) {dtype} n={count} root {root}"
+                bits = torch.empty_like(want).copy_(got)  # stride 1 (one strided element counts as contiguous)
+                ck.true(what, torch.equal(bits.view(torch.uint8), want.view(torch.uint8)), "not the root's bits")
+    ck.true(f"{tag} small broadcasts took the call lane", comm._executor.next_msg == sent_before,
+            f"executor messages {sent_before} -> {comm._executor.next_msg}")
 
 
 def _small_path_entry(comm, x: torch.Tensor, op: str, entry: str) -> torch.Tensor:
