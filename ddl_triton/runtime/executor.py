@@ -109,9 +109,9 @@ class Executor:
         # through under the deadline (its waits are on the device, where no deadline reaches).
         self._flushers = [t for t in self._transports if t.completes_sends]
         self._has_lookahead = any(t.posts_receives_early for t in self._transports) and size > 1
-        two_sided = [t for t in self._transports if t.completes_sends]
         # Whether group steps (schedules/native.py) run on the two-sided transports' own engines.
-        self.group_engines = bool(two_sided) and all(getattr(t, "has_group_allreduce", False) for t in two_sided)
+        self.group_engines = bool(self._flushers) and all(getattr(t, "has_group_allreduce", False)
+                                                          for t in self._flushers)
         # Compiled step lists by schedule identity (schedules are cached, so they recur).
         self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}
         self.record = None   # the flight recorder's record of the running call (its step label is kept up to date)
