@@ -35,7 +35,7 @@ from .observing import start_observing
 from .placement import place
 from .plan_cache import PlanCache
 from .small_allreduce import SmallAllreduce
-from .small_allreduce_two_sided import SmallAllreduceTwoSided
+from .small_allreduce_two_sided import SmallAllreduceTwoSided, lane_dtype
 from .table_agreement import agree_on_planner
 from .validation import check_output_input, check_root, check_tensor
 from .wiring import connect
@@ -292,7 +292,7 @@ class Communicator:
             self._executor.record.schedule = _SMALL_BROADCAST
         # One element counts as contiguous whatever its stride: numpy and dtype views need stride 1.
         work = flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)
-        array = work.detach().view(torch.int16 if work.dtype in (torch.float16, torch.bfloat16) else work.dtype)
+        array = work.detach().view(lane_dtype(work.dtype))
         try:
             self._small.broadcast(array.numpy(), shape, self._seq, root)  # type: ignore[union-attr]
         except PeerTimeout as e:

@@ -41,6 +41,12 @@ _DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
 _BROADCAST_DTYPES = _DTYPES + (torch.float16, torch.bfloat16)
 
 
+def lane_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor's numpy view in the lane takes: 16-bit floats travel as their bits (numpy
+    has no bfloat16), which only a broadcast carries (it copies, never adds)."""
+    return torch.int16 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class _Shape:
     """A call shape's fingerprint and its typed views of the lane's buffers, prepared once."""
 
@@ -49,9 +55,7 @@ class _Shape:
     def __init__(self, lane: CallLane, op: str, dtype: torch.dtype, numel: int, fingerprint):
         self.nbytes = numel * dtype.itemsize
         self.head = header(fingerprint, self.nbytes)
-        # 16-bit floats travel as their bits (numpy has no bfloat16): a broadcast only copies them.
-        np_dtype = torch.empty(0, dtype=dtype if dtype not in (torch.float16, torch.bfloat16)
-                               else torch.int16).numpy().dtype
+        np_dtype = torch.empty(0, dtype=lane_dtype(dtype)).numpy().dtype
         self.own = tuple(lane.data_view(None, parity, self.nbytes).view(np_dtype) for parity in (0, 1))
         peers = {p: lane.data_view(p, 0, self.nbytes).view(np_dtype) for p in lane.peers}
         # every rank's copy in rank order, per send parity (this rank's copy is its send buffer)
