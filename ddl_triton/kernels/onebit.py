@@ -140,9 +140,14 @@ def sign_compress_reference(x: torch.Tensor, residual: torch.Tensor, *,
     n = x.numel()
     v = residual.view(-1)
     v.add_(x.reshape(-1))  # fp32 += x, x upcast exactly
+    # -0.0 -> +0.0, every other value unchanged: -0.0 counts as positive (v >= 0, as the kernel
+    # tests), so its d must be +scale, and copysign below reads the sign bit.
+    v.add_(0.0)
     scale = _mean_abs(v)
     pos = v >= 0
-    v.sub_(torch.where(pos, scale, -scale))  # the new residual
+    # d = +-scale by v's sign, then v - d rounded once, as the kernel: copysign is ~15x faster on a
+    # CPU than where(pos, scale, -scale), whose bool-masked select torch does not vectorize.
+    v.sub_(torch.copysign(scale, v))  # the new residual
     if out is None:
         out = torch.empty((n + 7) // 8, dtype=torch.uint8, device=x.device)
     _pack_signs(pos, out)

@@ -68,6 +68,23 @@ def test_sign_compress(backend, n, dtype):
         assert_bitwise(out16, K.sign_decompress_reference(bits, scale, n, out=poisoned(n, dtype)), "vs reference")
 
 
+def test_sign_compress_counts_signed_zeros_as_positive(backend):
+    # v = x + residual is -0.0 where both are -0.0 (a ReLU's gradient can be -0.0): v >= 0 holds
+    # there, so its bit is 1 and its residual v - scale; a sign-bit test would flip both.
+    x = torch.tensor([-0.0, -0.0, 0.0, -0.0, 1.5, -2.5, -0.0, 3.0, -0.0])
+    r_old = torch.tensor([-0.0, 0.0, -0.0, 0.5, -0.0, 0.0, -0.0, -0.0, -1.0])
+    residual = r_old.clone()
+    bits, scale = K.sign_compress(x, residual)
+    v32 = x + r_old
+    assert_bitwise(bits, _pack_bits_oracle(v32), "bits vs numpy.packbits oracle")
+    d64 = torch.where(v32 >= 0, scale.double(), -scale.double())
+    assert_bitwise(residual, (v32.double() - d64).float(), "residual == fp32(v - d)")
+    r_ref = r_old.clone()
+    bits_ref, _ = K.sign_compress_reference(x, r_ref)
+    assert_bitwise(bits, bits_ref, "bits vs reference")
+    assert_bitwise(residual, r_ref, "residual vs reference")
+
+
 def test_sign_compress_exactness_claim_is_not_universal(backend):
     # |v| far below the scale: v - d needs more than 24 bits, so no fp32 residual reconstructs v.
     x = torch.tensor([1e-10, 4.0, -4.0, 1.0])
