@@ -8,8 +8,18 @@ Three lossy allreduces on a :class:`~ddl_triton.Communicator`, each a *two-shot*
     4. all_gather: every rank receives every reduced chunk, compressed
     5. decompress into the caller's tensor              (in place)
 
-Every rank decompresses the same gathered bytes with the same operations, so the results are
-bitwise identical on all ranks. The compressors are the kernels of ``ddl_triton.kernels``:
+or, on **two ranks**, a *gathered* one (one exchange, nothing compressed twice):
+
+    1. compress this rank's whole tensor               (the worker step below, on one chunk)
+    2. all_gather: each rank receives the other's compressed tensor
+    3. decompress both in rank order, sum in fp32 [* 1/n], round once into the caller's tensor
+
+Two ranks send the same bytes either way (each sends its compressed tensor once: half before
+the reduction and half after, or all of it at once), so the gathered form saves one exchange's
+latency and machinery and the server's requantization (for 16-bit, whose server step only
+rounds, the result is the same). Every rank decompresses the same gathered bytes with the same
+operations, so the results are bitwise identical on all ranks. The compressors are the kernels
+of ``ddl_triton.kernels``:
 
 ``allreduce_int8`` (block-quantized, error feedback)
     worker:  v = x + residual; q, s = quantize_int8(v, block); residual = v - dequantize(q, s)
@@ -18,6 +28,8 @@ bitwise identical on all ranks. The compressors are the kernels of ``ddl_triton.
     Error: per element, the worker's step loses at most s_w*(1/2 + 2**-16) (kept in the residual
     and sent at a later call); the server's requantization adds at most s_r*(1/2 + 2**-16), where
     s_w, s_r are the absmax/127 of the element's block before and after the reduction.
+    Two ranks (gathered): the mean of the two workers' dequantized values, in fp32: the
+    worker's error alone.
 
 ``allreduce_onebit`` (DeepSpeed 1-bit Adam style, error feedback on both sides)
     worker:  per chunk, bits, scale = sign_compress(x + residual)   (residual keeps the error)
@@ -26,6 +38,8 @@ bitwise identical on all ranks. The compressors are the kernels of ``ddl_triton.
     scale per ``groups`` segment): one call is crude, but what it loses is re-sent later. Over
     T calls, sum_t y_t = sum_t mean_t - mean_p(residual_p) - server_residual exactly, up to fp32
     rounding (tests/multirank/hooks_worker.py checks this identity).
+    Two ranks (gathered): avg = the mean of the two decompressed tensors, not compressed again,
+    so the server residual is not used (it stays as passed: zeros keep the identity).
 
 ``allreduce_16bit`` (fp16 or bf16 on the wire; inputs and result each rounded once to it)
     worker:  the tensor rounded once to ``wire_dtype``
@@ -40,28 +54,33 @@ chunk C elements (``chunk_bounds``), against a bandwidth-optimal fp32 allreduce'
     1-bit  2(n-1) * (C/8 + 4*S)           ~ 2(n-1)/n * N/8                 (~32x fewer)
     16-bit 2(n-1) * 2C                    ~ 2(n-1)/n * 2N                  (2x fewer)
 
-(S: scales per chunk, 1 unless ``groups`` is given.) ``wire_bytes`` gives the exact figure.
+(S: scales per chunk, 1 unless ``groups`` is given; two ranks send one slot of the whole
+tensor, C = N rounded up to the alignment, as the same ~N/2 * 2 figure.) ``wire_bytes`` gives
+the exact figure.
 C rounds N/n up to a multiple of the block (int8), of 32 (1-bit) or of 1 (16-bit): on small
 tensors the padding shows (int8, N = 10_000, n = 4: C = 2560, 3.85x fewer rather than 3.94x;
 N = 138_698: 3.94x, 3.93x, 3.92x at 2, 3, 4 ranks).
 
-Worked example (2 ranks, N = 8, block = 4, op "avg", no residual):
+Worked example (N = 8, block = 4, op "avg", no residual):
     rank 0: x = [1, 2, 3, 4,   8, 0, 0, 0]     rank 1: x = [3, 2, 1, 0,   0, 0, 0, -8]
-    chunks: [0, 4) reduced by rank 0, [4, 8) by rank 1 (C = 4)
-    chunk 0 leaves rank 0 as q = [32, 64, 95, 127], s = 4/127 and rank 1 as q = [127, 85, 42, 0], s = 3/127;
-    rank 0's reduce_int8 dequantizes, averages -> [2.003937, 2.011811, 1.992126, 2.0] and requantizes:
-    q = [127, 127, 126, 126], s = 2.011811/127. Rank 1 does the same for chunk 1 (mean [4, 0, 0, -4],
-    exact in int8). After the all_gather both ranks hold
-      [2.011811, 2.011811, 1.995970, 1.995970,   4.0, 0.0, 0.0, -4.0]
-    (exact mean [2, 2, 2, 2, 4, 0, 0, -4]; every element within (s_w + s_r)(1/2 + 2**-16) of it).
+    block 0 leaves rank 0 as q = [32, 64, 95, 127], s = 4/127 and rank 1 as q = [127, 85, 42, 0], s = 3/127;
+    block 1 as [127, 0, 0, 0] and [0, 0, 0, -127], s = 8/127 (exact).
+    Two ranks (gathered): both dequantize both and average:
+      [2.003937, 2.011811, 1.992126, 2.0,   4.0, 0.0, 0.0, -4.0]
+    (exact mean [2, 2, 2, 2, 4, 0, 0, -4]; every element within s_w(1/2 + 2**-16) of it).
+    In a two-shot (more ranks, the same two inputs among them), the rank reducing chunk [0, 4)
+    gets that mean from reduce_int8 requantized: q = [127, 127, 126, 126], s = 2.011811/127, so
+    every rank ends with [2.011811, 2.011811, 1.995970, 1.995970] there: within
+    (s_w + s_r)(1/2 + 2**-16).
 
 Asynchrony: with ``async_op=True`` the functions return a :class:`~ddl_triton.Work` right after
-issuing both collectives (all_to_all, then all_gather) on ``comm``'s ordered queue. The server
+issuing both collectives (all_to_all, then all_gather; two ranks: the all_gather alone) on
+``comm``'s ordered queue; a synchronous call runs them on the calling thread. The server
 reduction runs in the all_to_all's done-callback, which the queue runs before it starts the next
 collective, so the all_gather always reads the reduced chunk (``ddl_triton.work``: callbacks run
 inside the job's completion, before the queue moves on). Issue these calls in the same order on
 every rank, as any collective. Until the call completes, the tensor's contents are undefined
-(the int8 path keeps scratch values in it). The four message buffers of a call come from
+(the int8 path keeps scratch values in it). The message buffers of a call come from
 ``scratch_pool`` and go back to it when the call succeeds, so a training loop's calls reuse the
 same pages. Should the server step raise on one rank (a bug, memory), that rank's Work reports
 the error; its peers are not told and receive that chunk unreduced (zeros).
@@ -70,11 +89,11 @@ from __future__ import annotations
 
 import torch
 
-from . import gpu_path, scratch_pool
+from . import gathered, gpu_path, scratch_pool
 from ..kernels import dequantize_int8, quantize_int8, reduce_int8, sign_compress, sign_decompress
 from .work import Work
 
-__all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "wire_bytes"]
+__all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps", "wire_bytes"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _ONEBIT_ALIGN = 32  # 32 sign bits = one int32 word: a chunk's bits fill whole words
@@ -98,14 +117,23 @@ def wire_bytes(kind: str, numel: int, size: int, *, block: int = 256, groups=Non
     kind: "int8" (with ``block``), "onebit" (with its ``groups``, if any), or "16bit".
     0 when size == 1 or numel == 0.
     Example: wire_bytes("int8", 1 << 20, 4) -> 6 * 4 * (65536 + 1024) = 1_597_440
-             (fp32 ring: 2*3/4 * 4 MiB = 6_291_456 bytes, 3.94x more).
+             (fp32 ring: 2*3/4 * 4 MiB = 6_291_456 bytes, 3.94x more);
+             wire_bytes("int8", 1 << 20, 2) -> 4 * (262144 + 4096) = 1_064_960 (one slot of all of it).
     """
     if size == 1 or numel == 0:
         return 0
+    if size == 2:  # gathered: each rank sends its one slot of the whole tensor
+        return gathered.slot_words(kind, numel, block, groups) * (2 if kind == "16bit" else 4)
     bounds = chunk_bounds(numel, size, _align(kind, block))
     scales = max(len(g) for g in _segments(bounds, groups)) if kind == "onebit" else 1
     words = _slot_words(kind, _chunk_elems(numel, size, _align(kind, block)), block, scales)
     return 2 * (size - 1) * words * (2 if kind == "16bit" else 4)
+
+
+def latency_steps(size: int) -> int:
+    """Messages in a row one call waits for, each paying the link's latency: the two-shot's
+    all_to_all and all_gather, (size - 1) each; two ranks' one all_gather, 1; none on one rank."""
+    return 0 if size == 1 else 1 if size == 2 else 2 * (size - 1)
 
 
 def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 256,
@@ -117,7 +145,7 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
     elements on the tensor's device, the error feedback, updated in place (None: no error
     feedback). Returns ``tensor``, or a Work resolving to it.
     Example (2 ranks, no residual): rank 0 x = [1, 2, 3, 4], rank 1 x = [3, 2, 1, 0], block 4
-             -> both [2.011811, 2.011811, 1.995970, 1.995970] (exact mean: 2, each within 4/127).
+             -> both [2.003937, 2.011811, 1.992126, 2.0] (exact mean: 2, each within 2/127).
     """
     flat, size, n = _prepare(comm, tensor, op, "allreduce_int8", residual)
     if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
@@ -125,6 +153,8 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
                          f"got {block!r}")
     if n == 0:
         return _done(tensor, async_op)
+    if size == 2:
+        return gathered.int8(comm, tensor, flat, op, block, residual, async_op)
     c = _chunk_elems(n, size, block)
     words = _slot_words("int8", c, block)
     sq = c // 4  # where a slot's scales start, in words
@@ -178,11 +208,12 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
     starts (e.g. where each parameter of a DDP bucket starts), rounded down to a multiple of 8;
     chunk boundaries always start one. Default: one scale per chunk. Each scale is 4 more bytes
     on the wire. Returns ``tensor``, or a Work resolving to it.
-    Example (2 ranks, no residuals, N = 4: rank 0 reduces all of it):
+    Example (2 ranks, no residuals, N = 4):
              rank 0 x = [0.5, -1.5, 2.0, 0.0] -> +-1.0 (scale mean|x| = 1.0), signs + - + +
              rank 1 x = [1.0,  1.0, 1.0, 1.0] -> +-1.0,                         signs + + + +
-             avg of the decompressed = [1, 0, 1, 1] -> scale 0.75, signs + + + +
-             -> both ranks: [0.75, 0.75, 0.75, 0.75]
+             -> both ranks: the avg of the decompressed, [1.0, 0.0, 1.0, 1.0]
+             (more ranks, two-shot: the server compresses that avg again, scale 0.75, signs + + + +,
+             and every rank gets [0.75, 0.75, 0.75, 0.75])
     """
     flat, size, n = _prepare(comm, tensor, op, "allreduce_onebit", residual)
     bounds = chunk_bounds(n, size, _ONEBIT_ALIGN)
@@ -192,6 +223,8 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
         _check_residual(comm, server_residual, mine, "allreduce_onebit: server_residual", tensor.device)
     if n == 0:
         return _done(tensor, async_op)
+    if size == 2:
+        return gathered.onebit(comm, tensor, flat, op, residual, groups, async_op)
     c = _chunk_elems(n, size, _ONEBIT_ALIGN)
     segs = _segments(bounds, groups)
     words = _slot_words("onebit", c, 0, max(len(g) for g in segs))
@@ -253,6 +286,8 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
     flat, size, n = _prepare(comm, tensor, op, "allreduce_16bit", None)
     if n == 0:
         return _done(tensor, async_op)
+    if size == 2:
+        return gathered.sixteen_bit(comm, tensor, flat, wire_dtype, op, async_op)
     c = _chunk_elems(n, size, 1)
     buffers, send, recv, gin, gout = _message_buffers(size, c, wire_dtype, flat.device)
     send[:n].copy_(flat)  # the one rounding of the inputs
@@ -403,5 +438,8 @@ def _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish
             result.set_result(tensor)
 
     comm.all_to_all(recv, send, async_op=True).add_done_callback(after_exchange)
-    comm.all_gather(gout, gin, async_op=True).add_done_callback(after_gather)
+    gather = comm.all_gather(gout, gin, async_op=True)
+    gather.add_done_callback(after_gather)
+    if not async_op:
+        gather.run_here()  # both collectives on this thread, as a synchronous call's are: no hand-off
     return result if async_op else result.wait()

@@ -152,7 +152,7 @@ def wire_bytes(levels: Levels, method: str, numel: int, *, block: int = 256) -> 
     intra figure as a bandwidth-optimal fp32 reduce_scatter + all_gather sends (the node's
     schedule may publish more on shm, see HookState.sent_bytes).
     Example: 2x2 hosts, int8, 1 << 20 elements -> intra 2 * 1 * 4 * 524288 = 4_194_304,
-             inter compressed.wire_bytes("int8", 524288, 2) = 2 * 131072 * 1.015625 = 266_240."""
+             inter compressed.wire_bytes("int8", 524288, 2) = 4 * (131072 + 2048) = 532_480."""
     _check_method(levels, method)
     L, H = levels.local_size, levels.hosts
     c = _shard(numel, L) if numel else 0

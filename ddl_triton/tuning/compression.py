@@ -14,20 +14,22 @@ worth the time spent compressing. Two sources answer it, in this order:
    1-bit compression of 1 MiB on this CPU; every rank takes the slowest rank's times, so every
    rank decides alike). For a shard of s = 4C bytes (C = ceil(N / L)) on H hosts:
 
-       none:   2(H-1) * latency + 2(H-1)/H * s / bandwidth
-       int8:   2(H-1) * latency + wire_bytes("int8", C, H) / bandwidth + 2 * (fixed + s / speed)
+       none:   k * latency + 2(H-1)/H * s / bandwidth
+       int8:   k * latency + wire_bytes("int8", C, H) / bandwidth + 2 * (fixed + s / speed)
        onebit: likewise with 1-bit's wire bytes, fixed cost and speed
 
+   (k = ``compressed.latency_steps(H)``: 2(H-1) messages in a row, or 1 on two hosts, which
+   exchange once: the compressed call gathers, and fp32 sends the same bytes in one exchange)
    (the intra-host phases are the same fp32 bytes either way, so they cancel; ``fixed`` and
    ``speed`` are one compress + decompress on this CPU, its cost at 1 KiB and its fp32 bytes per
    second at 1 MiB; a call does about two of them: the worker's, and the server's fused
-   reduce-and-requantize with the final decompress).
+   reduce-and-requantize with the final decompress; on two hosts, the two decompresses).
 
 ``auto`` picks among "none" and "int8" only: 1-bit's quality depends on the optimizer (it
 oscillates under momentum, docs/torch.md), which a rule measuring time cannot see; name
 ``onebit`` to use it. The table still records 1-bit's times, and ``Decision.estimates_us``
 shows them. Example (2 hosts x 1 rank, 1 Gbit/s: 0.114 GB/s, 150 us; int8: 1 GB/s, 40 us fixed):
-a 2 MiB bucket -> none 18.7 ms, int8 9.2 ms: "int8"; a 4 KiB tensor -> none 336 us, int8 397 us: "none".
+a 2 MiB bucket -> none 18.5 ms, int8 9.1 ms: "int8"; a 4 KiB tensor -> none 186 us, int8 247 us: "none".
 """
 from __future__ import annotations
 
@@ -81,7 +83,7 @@ def predict_us(method: str, nbytes: int, hosts: int, local: int, link: LinkSpeed
     if hosts == 1 or nbytes == 0:
         return 0.0
     c = -(-(nbytes // 4) // local)
-    steps = 2 * (hosts - 1) * link.latency_us
+    steps = compressed.latency_steps(hosts) * link.latency_us
     if method == "none":
         return steps + 2 * (hosts - 1) / hosts * 4 * c / link.bytes_per_s * 1e6
     wire = compressed.wire_bytes(method, c, hosts, block=block)
@@ -130,8 +132,7 @@ def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
     agreed = torch.tensor(mine, dtype=torch.float64)
     comm.allreduce(agreed, op="max")  # same figures everywhere: the same decisions everywhere
     small, big, i8_fixed, i8_big, ob_fixed, ob_big = agreed.tolist()
-    steps = 2 * (hosts - 1)
-    latency = small / steps * 1e6
+    latency = small / max(1, compressed.latency_steps(hosts)) * 1e6  # an 8 B allreduce: its latency steps alone
     bw = 2 * (hosts - 1) / hosts * _PROBE_BIG / max(big - small, 1e-9)
     link = LinkSpeed(latency, bw, f"probed at first use over the {hosts} hosts")
     return link, CompressorSpeed({"int8": _PROBE_BIG / max(i8_big - i8_fixed, 1e-9),
@@ -230,7 +231,7 @@ def _link_entry(comm, hosts: int, what: str) -> dict:
     """A level's link as a fp32 allreduce of 8 B and 1 MiB on ``comm`` measures it."""
     small = _slowest_median(comm, _PROBE_SMALL)
     big = _slowest_median(comm, _PROBE_BIG)
-    steps = 2 * (max(hosts, comm.size) - 1)
+    steps = max(1, compressed.latency_steps(max(hosts, comm.size)))
     return {"what": what, "ranks": comm.size, "latency_us": round(small / steps * 1e6, 3),
             "bytes_per_s": round(2 * (comm.size - 1) / comm.size * _PROBE_BIG / max(big - small, 1e-9), 1)}
 
