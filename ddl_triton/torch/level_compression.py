@@ -30,8 +30,8 @@ SETTINGS = ("none", "int8", "onebit", "auto")
 # The option path compresses only tensors of at least this many bytes: DDP's buckets are 1 MiB
 # and up (but for a small model's only or last one), while the small allreduces an application
 # makes itself (losses, metrics, batch-norm statistics) expect exact results; and below it the
-# link time int8 can save (~0.4 ms of 64 KiB at 1 Gbit/s) is about what its two extra
-# latency-bound steps cost between hosts.
+# link time int8 can save (~0.4 ms of 64 KiB at 1 Gbit/s) shrinks toward what compressing costs
+# per call (and, beyond two hosts, the two-shot's extra latency-bound steps).
 MIN_BYTES = 64 * 1024
 # Residuals kept at most (least recently used dropped first): DDP's buckets are a few hundred at
 # the most, while buffers an application allreduces once and frees would otherwise pile up.
