@@ -129,6 +129,18 @@ def test_lost_peer_inside_gloos_own_allreduce_is_noticed_at_once():
     assert m and float(m.group(1)) < 5.0, outs[0]
 
 
+def test_a_mismatch_before_gloos_own_allreduce_raises_at_once_and_exits_0():
+    # One rank per emulated host and 1 MiB: hierarchical_native's one group step, gloo's allreduce.
+    # The call check must answer before it starts: gloo aborts the process (SIGABRT, "Received data
+    # size doesn't match expected size") when the peer's allreduce has another size.
+    outs, codes, _ = _ranks([2, 2], "mismatch", DDL_TOPOLOGY="1x2", MISMATCH_NUMEL=str(1 << 18))
+    assert codes == [0, 0], outs
+    for r in range(2):
+        m = re.search(r"rank %d after ([0-9.]+) s: CollectiveMismatch: .*rank 1: allreduce\(sum, 262145 x float32\)"
+                      % r, outs[r])
+        assert m and float(m.group(1)) < 5.0, outs[r]
+
+
 def test_call_check_flight_recorder_and_trace_across_gloo(tmp_path):
     outs, codes, _ = _ranks([4, 4, 4, 4], "mismatch", DDL_TOPOLOGY="2x2", DDL_TRACE=str(tmp_path / "trace"),
                             DDL_DUMP_DIR=str(tmp_path / "dump"))

@@ -11,8 +11,9 @@ checks  every "ddl" backend operation on exact integer data, sub-groups, futures
         the transport counters, its hostname and its link to each peer (self, shm or gloo).
 init    ``ddl_triton.init()`` from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, one barrier and an
         allreduce; prints what it raised (the bootstrap-mismatch tests give it bad variables).
-mismatch one allreduce for which the last rank passes another size: every rank must raise
-        CollectiveMismatch (the fingerprints cross the emulated hosts over gloo).
+mismatch one allreduce (MISMATCH_NUMEL elements, default 10) for which the last rank passes
+        another size: every rank must raise CollectiveMismatch (the fingerprints cross the
+        emulated hosts over gloo), and exit 0.
 die     an allreduce loop on the world communicator in which the last rank kills itself
         (SIGKILL) at iteration 3; survivors print how long they took to notice.
 
@@ -195,13 +196,16 @@ def run_init() -> int:
 
 def run_mismatch() -> int:
     comm = ddl_triton.init()
-    t = torch.ones(10)
+    numel = int(os.environ.get("MISMATCH_NUMEL", "10"))
+    t = torch.ones(numel)
     comm.allreduce(t)
     comm.barrier()
+    t0 = time.monotonic()
     try:
-        comm.allreduce(torch.ones(10 + (comm.rank == comm.size - 1)))  # the last rank calls another size
+        comm.allreduce(torch.ones(numel + (comm.rank == comm.size - 1)))  # the last rank calls another size
     except ddl_triton.DDLError as e:
-        print_line(f"torch_launchers_worker mismatch: rank {comm.rank}: {type(e).__name__}: {e}")
+        print_line(f"torch_launchers_worker mismatch: rank {comm.rank} after {time.monotonic() - t0:.2f} s: "
+                   f"{type(e).__name__}: {e}")
         return 0
     print_line(f"torch_launchers_worker mismatch: rank {comm.rank} raised nothing")
     return 2
