@@ -41,6 +41,7 @@ from mpi4py import MPI
 from ..errors import CollectiveMismatch
 from ..transports.base import wait_until
 from . import fingerprints
+from .lane_sockets import LaneSockets, SocketWire
 
 HEADER_BYTES = 16  # two int64 words: see header()
 _BOUND = 256       # cached send requests before the cache starts over
@@ -57,6 +58,11 @@ def header(fingerprint: tuple[int, ...], nbytes: int) -> bytes:
         raise ValueError(f"call lane: root {root} or {nbytes} data bytes out of the header's range")
     word = coll | (op + 1) << 4 | (dtype + 1) << 8 | on_gpu << 13 | root << 14 | nbytes << _DATA_SHIFT
     return np.array([word, numel], dtype=np.int64).tobytes()
+
+
+def _data_bytes(head) -> int:
+    """The data byte count a header (bytes or a buffer of 16) announces."""
+    return int(np.frombuffer(head, dtype=np.int64, count=1)[0]) >> _DATA_SHIFT
 
 
 def _decode(raw: bytes) -> tuple[tuple[int, ...], int]:
@@ -184,7 +190,8 @@ class _GlooWire:
 
 class CallLane:
     """The lane between ``rank`` and every other rank of ``size`` (see the module doc), over
-    ``control``: an mpi4py communicator (duplicated: collective) or the gloo transport."""
+    ``control``: an mpi4py communicator (duplicated: collective), the lane's own TCP connections
+    (lane_sockets.py: ranks bootstrapped by a store) or the gloo transport."""
 
     def __init__(self, control, rank: int, size: int, limit: int, timeout: float, spin: float, counter):
         self.rank = rank
@@ -198,8 +205,11 @@ class CallLane:
         self._send_bufs = tuple(np.zeros(HEADER_BYTES + limit, dtype=np.uint8) for _ in (0, 1))
         self._recv_heads = {p: memoryview(buf)[:HEADER_BYTES] for p, buf in self._recv_bufs.items()}
         self._send_heads = tuple(memoryview(buf)[:HEADER_BYTES] for buf in self._send_bufs)
-        wire = _MpiWire if isinstance(control, MPI.Comm) else _GlooWire
-        self.wire = wire(control, self._recv_bufs, self._send_bufs)
+        if isinstance(control, LaneSockets):
+            self.wire = SocketWire(control, self._recv_bufs, self._send_bufs, HEADER_BYTES, _data_bytes)
+        else:
+            wire = _MpiWire if isinstance(control, MPI.Comm) else _GlooWire
+            self.wire = wire(control, self._recv_bufs, self._send_bufs)
         for p in self.peers:
             self.wire.start_recv(p)
         self._sends: list = [None, None]  # per buffer parity, the sends still to complete

@@ -1,0 +1,132 @@
+"""The call lane over its own TCP connections (ddl_triton/runtime/lane_sockets.py), ranks as threads
+of one process meeting in a torch HashStore: messages with and without data, in order; a
+mismatch raising on every rank; a closed peer and a silent peer as PeerTimeout."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+
+from ddl_triton.errors import CollectiveMismatch
+from ddl_triton.runtime import call_lane
+from ddl_triton.runtime.lane_sockets import LaneSockets, _addresses
+from ddl_triton.transports.base import PeerTimeout
+
+
+class _Counter:
+    bytes_sent = 0
+    bytes_received = 0
+
+
+def _on_threads(size: int, body, timeout: float = 10.0):
+    """body(rank, lane) on ``size`` threads, each with a CallLane over LaneSockets; what each
+    returned or raised, by rank."""
+    store = dist.HashStore()
+    out: dict[int, object] = {}
+
+    def run(rank: int) -> None:
+        try:
+            sockets = LaneSockets(store, rank, size, timeout)
+            lane = call_lane.CallLane(sockets, rank, size, 1024, timeout, 0.0, _Counter())
+            try:
+                out[rank] = body(rank, lane)
+            finally:
+                lane.close()
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            out[rank] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return out
+
+
+def _head(numel: int, nbytes: int = 0) -> bytes:
+    return call_lane.header((0, 0, 0, numel, 0, 0), nbytes)
+
+
+def test_messages_with_and_without_data_arrive_in_order():
+    def body(rank, lane):
+        got = []
+        for call in range(1, 6):
+            nbytes = 8 * call if call % 2 else 0  # data on odd calls, a bare check on even ones
+            if nbytes:
+                parity = lane.claim_send_buffer()
+                lane.data_view(None, parity, nbytes)[:] = np.full(nbytes, rank * 10 + call, dtype=np.uint8)
+            lane.exchange(call, _head(call, nbytes), nbytes)
+            if nbytes:
+                got.append({p: lane.data_view(p, 0, nbytes).tolist() for p in lane.peers})
+                lane.done_reading()
+        return got
+
+    out = _on_threads(3, body)
+    for rank in range(3):
+        assert not isinstance(out[rank], BaseException), out[rank]
+        for i, call in enumerate((1, 3, 5)):
+            assert out[rank][i] == {p: [p * 10 + call] * (8 * call) for p in range(3) if p != rank}
+
+
+def test_a_mismatch_raises_on_every_rank():
+    def body(rank, lane):
+        lane.exchange(1, _head(10))
+        lane.exchange(2, _head(10 + (rank == 2)))  # the last rank calls another size
+
+    out = _on_threads(3, body)
+    for rank in range(3):
+        assert isinstance(out[rank], CollectiveMismatch), out[rank]
+        assert "rank 2: " in str(out[rank]) and f"rank {rank}:" in str(out[rank])
+
+
+def test_a_closed_peer_is_lost_at_once_and_a_silent_one_times_out():
+    def body(rank, lane):
+        lane.exchange(1, _head(4))
+        if rank == 1:
+            lane.close()  # gone: rank 0 must hear of it now
+            return "closed"
+        t0 = time.monotonic()
+        try:
+            lane.exchange(2, _head(4))
+        except PeerTimeout as e:
+            return e, time.monotonic() - t0
+        return "nothing raised"
+
+    out = _on_threads(2, body, timeout=20.0)
+    assert out[1] == "closed"
+    err, seconds = out[0]
+    assert err.dead and err.peer == 1 and seconds < 5, (err, seconds)
+
+    def silent(rank, lane):
+        if rank == 1:
+            time.sleep(1.5)  # never sends: rank 0 waits out its 0.5 s deadline
+            return "silent"
+        t0 = time.monotonic()
+        try:
+            lane.exchange(1, _head(4))
+        except PeerTimeout as e:
+            return e, time.monotonic() - t0
+        return "nothing raised"
+
+    out = _on_threads(2, silent, timeout=0.5)
+    err, seconds = out[0]
+    assert not err.dead and err.peer == 1 and 0.4 < seconds < 1.4, (err, seconds)
+
+
+def test_the_addresses_follow_gloo_socket_ifname(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert _addresses() == ["127.0.0.1"]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface")
+    assert _addresses() == ["127.0.0.1"]  # nothing found: loopback, and a peer elsewhere fails to connect
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    assert all(not a.startswith("127.") for a in _addresses()) or _addresses() == ["127.0.0.1"]
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_lane_of_one_or_two_ranks_connects_and_closes(size):
+    out = _on_threads(size, lambda rank, lane: sorted(lane.wire.sockets.socks))
+    assert out == {r: [p for p in range(size) if p != r] for r in range(size)}
