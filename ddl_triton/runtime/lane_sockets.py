@@ -20,7 +20,10 @@ them in the store, and connects to each lower rank, trying its addresses in turn
 one connection from each higher rank. The first 8 bytes a connector sends name its rank.
 
 Failures: a peer whose process dies closes its end; the read returns nothing and raises
-``PeerTimeout(dead=True)`` at once. A peer silent past the deadline raises ``PeerTimeout``.
+``PeerTimeout(dead=True)`` at once. A peer silent past the deadline raises ``PeerTimeout`` (the
+call checker names the call). At ``connect``, a peer that neither publishes its addresses nor
+connects within the deadline is a ``CollectiveTimeout`` naming both ranks; addresses none of
+which answers, a ``DDLError`` listing them.
 """
 from __future__ import annotations
 
@@ -29,7 +32,9 @@ import os
 import socket
 import struct
 import time
+from datetime import timedelta
 
+from ..errors import CollectiveTimeout, DDLError
 from ..transports.base import PeerTimeout
 
 _SIOCGIFADDR = 0x8915
@@ -78,7 +83,8 @@ class LaneSockets:
                     sock, _ = listener.accept()
                 except socket.timeout:
                     missing = [p for p in range(rank + 1, size) if p not in self.socks]
-                    raise PeerTimeout(missing[0], "the call lane's connection") from None
+                    raise CollectiveTimeout(f"rank {rank}: rank {missing[0]} did not connect to the call lane "
+                                            f"within {timeout:g} s") from None
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
                 peer = struct.unpack("<q", _read_exactly(sock, 8, -1))[0]
                 if not rank < peer < size or peer in self.socks:
@@ -95,7 +101,11 @@ class LaneSockets:
             sock.settimeout(None)
 
     def _connect(self, store, peer: int, deadline: float) -> socket.socket:
-        store.wait([f"lane-{peer}"])
+        try:
+            store.wait([f"lane-{peer}"], timedelta(seconds=max(0.1, deadline - time.monotonic())))
+        except RuntimeError:  # the store's timeout: the peer never got as far as its lane
+            raise CollectiveTimeout(f"rank {self.rank}: rank {peer} did not publish its call lane address "
+                                    f"within {self.timeout:g} s") from None
         tried = []
         for entry in store.get(f"lane-{peer}").decode().split(","):
             host, port = entry.rsplit(":", 1)
@@ -110,7 +120,7 @@ class LaneSockets:
                 continue
             sock.sendall(struct.pack("<q", self.rank))
             return sock
-        raise ConnectionError(f"rank {self.rank}: the call lane cannot reach rank {peer} at any of its addresses: "
+        raise DDLError(f"rank {self.rank}: the call lane cannot reach rank {peer} at any of its addresses: "
                               + "; ".join(tried) + " (set GLOO_SOCKET_IFNAME to the interface between the hosts)")
 
     def close(self) -> None:

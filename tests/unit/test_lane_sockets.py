@@ -3,6 +3,7 @@ of one process meeting in a torch HashStore: messages with and without data, in 
 mismatch raising on every rank; a closed peer and a silent peer as PeerTimeout."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from ddl_triton.errors import CollectiveMismatch
+from ddl_triton.errors import CollectiveMismatch, CollectiveTimeout, DDLError
 from ddl_triton.runtime import call_lane
 from ddl_triton.runtime.lane_sockets import LaneSockets, _addresses
 from ddl_triton.transports.base import PeerTimeout
@@ -130,3 +131,23 @@ def test_the_addresses_follow_gloo_socket_ifname(monkeypatch):
 def test_a_lane_of_one_or_two_ranks_connects_and_closes(size):
     out = _on_threads(size, lambda rank, lane: sorted(lane.wire.sockets.socks))
     assert out == {r: [p for p in range(size) if p != r] for r in range(size)}
+
+
+def test_a_peer_that_never_connects_is_a_timeout_naming_it():
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match="rank 1: rank 0 did not publish its call lane address within 0.5 s"):
+        LaneSockets(dist.HashStore(), 1, 2, 0.5)  # rank 0 never gets there
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(CollectiveTimeout, match="rank 0: rank 1 did not connect to the call lane within 0.5 s"):
+        LaneSockets(dist.HashStore(), 0, 2, 0.5)
+
+
+def test_addresses_that_do_not_answer_are_listed():
+    store = dist.HashStore()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nobody listens there now
+    store.set("lane-0", f"127.0.0.1:{port}")
+    with pytest.raises(DDLError, match=f"rank 1: the call lane cannot reach rank 0 at any of its addresses: 127.0.0.1:{port}"):
+        LaneSockets(store, 1, 2, 2.0)
