@@ -32,8 +32,8 @@ Failures: a peer process that dies closes its sockets, gloo fails the pending op
 
 ``GlooTransport`` also serves the communicator's control calls when there is no MPI
 communicator (``Ibarrier``, ``Send``, ``Recv``, ``Barrier`` with mpi4py's
-names and buffer arguments, numpy arrays): the barrier and the tracer's clock alignment; and
-the call lane's messages (``lane_send``, ``lane_recv``: ddl_triton/runtime/call_lane.py).
+names and buffer arguments, numpy arrays): the barrier and the tracer's clock alignment. The
+call lane has TCP connections of its own (ddl_triton/runtime/lane_sockets.py).
 """
 from __future__ import annotations
 
@@ -52,7 +52,6 @@ from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 from .staged_sends import StagedSends
 
 _TAG_RANGE = 1 << 30
-_LANE_TAG = _TAG_RANGE + (1 << 29)  # the call lane's messages (ddl_triton/runtime/call_lane.py); control tags sit below
 _UNWATCHED_SENDS = 4  # messages in flight before older sends are handed to watcher threads (module doc)
 
 # Live transports, closed at exit (see GlooTransport.close): a gloo send completes only once its
@@ -283,13 +282,6 @@ class GlooTransport(StagedSends):
         moved = 2 * (len(group) - 1) * tensor.numel() * tensor.element_size() // len(group)
         self.bytes_sent += moved
         self.bytes_received += moved
-
-    # -- the call lane (ddl_triton/runtime/call_lane.py): one message per peer per call ------------
-    def lane_send(self, peer: int, buf: torch.Tensor):
-        return self.pg.send([buf], peer, _LANE_TAG)
-
-    def lane_recv(self, peer: int, buf: torch.Tensor):
-        return self.pg.recv([buf], peer, _LANE_TAG)
 
     # -- control calls (mpi4py's names: see the module doc) ------------------------------------
     def Get_rank(self) -> int:  # noqa: N802

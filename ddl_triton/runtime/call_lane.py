@@ -1,4 +1,4 @@
-"""The call lane: one message per peer per collective over a two-sided transport (MPI, gloo),
+"""The call lane: one message per peer per collective across two-sided links (over MPI, or its own TCP),
 carrying the call's fingerprint and, for a small allreduce, its data.
 
 Semantics: at every collective the call checker runs (fingerprints.py), each rank sends each
@@ -35,7 +35,6 @@ import atexit
 import weakref
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
 from ..errors import CollectiveMismatch
@@ -156,42 +155,10 @@ class _MpiWire:
         self.comm = None  # closed (by the communicator, or at exit: whichever comes first)
 
 
-class _GlooWire:
-    """Lane messages on the gloo transport's process group, under a tag nothing else uses.
-
-    gloo's point-to-point ``Work`` cannot be polled (transports/gloo.py), so a wait blocks in its
-    ``wait`` with the time left to the deadline, the GIL released. That answers the peer's message
-    as soon as gloo's I/O thread has it, with no thread hand-off."""
-
-    def __init__(self, transport, recv_bufs: dict, send_bufs: tuple):
-        self.transport = transport
-        self._recv_bufs = {p: torch.from_numpy(buf) for p, buf in recv_bufs.items()}
-        self._send_bufs = tuple(torch.from_numpy(buf) for buf in send_bufs)
-        self._recvs: dict = {}
-
-    def start_recv(self, peer: int) -> None:
-        self._recvs[peer] = self.transport.lane_recv(peer, self._recv_bufs[peer])
-
-    def wait_recv(self, peer: int, timeout: float, seq: int, spin: float) -> None:
-        self.transport.wait_work(self._recvs.pop(peer), timeout, peer, _waiting_for(seq))
-
-    def start_sends(self, parity: int, nbytes: int, peers: tuple[int, ...]):
-        mem = self._send_bufs[parity][:nbytes]
-        return [(p, self.transport.lane_send(p, mem)) for p in peers]
-
-    def complete_sends(self, works, timeout: float, peers: tuple[int, ...]) -> None:
-        for peer, work in works:
-            self.transport.wait_work(work, timeout, peer, "call lane send completion")
-
-    def close(self) -> None:
-        """The transport's process group goes with the transport."""
-        self._recvs.clear()
-
-
 class CallLane:
     """The lane between ``rank`` and every other rank of ``size`` (see the module doc), over
-    ``control``: an mpi4py communicator (duplicated: collective), the lane's own TCP connections
-    (lane_sockets.py: ranks bootstrapped by a store) or the gloo transport."""
+    ``control``: an mpi4py communicator (duplicated: collective) or, for ranks a store
+    bootstrapped, the lane's own TCP connections (lane_sockets.py)."""
 
     def __init__(self, control, rank: int, size: int, limit: int, timeout: float, spin: float, counter):
         self.rank = rank
@@ -208,8 +175,7 @@ class CallLane:
         if isinstance(control, LaneSockets):
             self.wire = SocketWire(control, self._recv_bufs, self._send_bufs, HEADER_BYTES, _data_bytes)
         else:
-            wire = _MpiWire if isinstance(control, MPI.Comm) else _GlooWire
-            self.wire = wire(control, self._recv_bufs, self._send_bufs)
+            self.wire = _MpiWire(control, self._recv_bufs, self._send_bufs)
         for p in self.peers:
             self.wire.start_recv(p)
         self._sends: list = [None, None]  # per buffer parity, the sends still to complete
