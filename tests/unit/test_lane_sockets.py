@@ -84,18 +84,23 @@ def test_a_mismatch_raises_on_every_rank():
         assert "rank 2: " in str(out[rank]) and f"rank {rank}:" in str(out[rank])
 
 
+def _timed_exchange(lane, call: int):
+    """(the PeerTimeout call ``call``'s exchange raised, seconds it took), or "nothing raised"."""
+    t0 = time.monotonic()
+    try:
+        lane.exchange(call, _head(4))
+    except PeerTimeout as e:
+        return e, time.monotonic() - t0
+    return "nothing raised"
+
+
 def test_a_closed_peer_is_lost_at_once_and_a_silent_one_times_out():
     def body(rank, lane):
         lane.exchange(1, _head(4))
         if rank == 1:
             lane.close()  # gone: rank 0 must hear of it now
             return "closed"
-        t0 = time.monotonic()
-        try:
-            lane.exchange(2, _head(4))
-        except PeerTimeout as e:
-            return e, time.monotonic() - t0
-        return "nothing raised"
+        return _timed_exchange(lane, 2)
 
     out = _on_threads(2, body, timeout=20.0)
     assert out[1] == "closed"
@@ -106,12 +111,7 @@ def test_a_closed_peer_is_lost_at_once_and_a_silent_one_times_out():
         if rank == 1:
             time.sleep(1.5)  # never sends: rank 0 waits out its 0.5 s deadline
             return "silent"
-        t0 = time.monotonic()
-        try:
-            lane.exchange(1, _head(4))
-        except PeerTimeout as e:
-            return e, time.monotonic() - t0
-        return "nothing raised"
+        return _timed_exchange(lane, 1)
 
     out = _on_threads(2, silent, timeout=0.5)
     err, seconds = out[0]
