@@ -86,7 +86,10 @@ class LaneSockets:
                     raise CollectiveTimeout(f"rank {rank}: rank {missing[0]} did not connect to the call lane "
                                             f"within {timeout:g} s") from None
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
-                peer = struct.unpack("<q", _read_exactly(sock, 8, -1))[0]
+                try:
+                    peer = struct.unpack("<q", _read_exactly(sock, 8, -1))[0]
+                except (OSError, PeerTimeout):
+                    peer = -1  # closed or silent before naming its rank
                 if not rank < peer < size or peer in self.socks:
                     sock.close()
                     continue  # not one of ours: ignore it

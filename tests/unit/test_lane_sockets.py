@@ -4,6 +4,7 @@ mismatch raising on every rank; a closed peer and a silent peer as PeerTimeout."
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 
@@ -151,3 +152,22 @@ def test_addresses_that_do_not_answer_are_listed():
     store.set("lane-0", f"127.0.0.1:{port}")
     with pytest.raises(DDLError, match=f"rank 1: the call lane cannot reach rank 0 at any of its addresses: 127.0.0.1:{port}"):
         LaneSockets(store, 1, 2, 2.0)
+
+
+def test_a_stranger_connecting_first_is_ignored():
+    store = dist.HashStore()
+    out = {}
+
+    def rank0():
+        out[0] = sorted(LaneSockets(store, 0, 2, 10.0).socks)
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    store.wait(["lane-0"])
+    host, port = store.get("lane-0").decode().split(",")[0].rsplit(":", 1)
+    socket.create_connection((host, int(port))).close()  # connects, names no rank, leaves
+    with socket.create_connection((host, int(port))) as liar:
+        liar.sendall(struct.pack("<q", 7))  # names a rank that is not in the job
+        out[1] = sorted(LaneSockets(store, 1, 2, 10.0).socks)
+        t.join(10)
+    assert out == {0: [1], 1: [0]}
