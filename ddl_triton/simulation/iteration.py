@@ -53,7 +53,7 @@ from .workload import Layer
 _WALK_LIMIT = 32
 _CHUNKS = 64                 # schedules are costed at most this many chunks long (as the planner does)
 COMPRESSION = {"none": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 3.94, "onebit": 31.96}
-SCHEDULES = ("ring", "rhd", "tree", "hierarchical", "multidim")
+SCHEDULES = ("ring", "rhd", "tree", "hierarchical", "hierarchical_native", "multidim")
 
 
 def _walk(model: CostModel, name: str, nranks: int, count: int, chunk_elems: int, link_of, grid=None,
@@ -94,6 +94,20 @@ def _line(cluster: Cluster, d: int, size: int, count: int, chunk: int, algo: str
     return _LINES[key]
 
 
+def _engine_line(cluster: Cluster, size: int, count: int, chunk: int) -> float:
+    """One line of ``size`` nodes allreducing ``count`` with the inter-node transport's own engine
+    (hierarchical_native's group step): its ring, costed as the engine runs it, with no executor
+    step overhead or staging copy (schedules/native.py). Longer than 16: the ring of 16, scaled."""
+    key = (cluster.name, "engine", size, count, chunk)
+    if key not in _LINES:
+        model = cluster.level_model("inter")
+        flat = lambda a, b: "mpi"  # noqa: E731 - every member on its own node
+        sample = min(size, _RING_SAMPLE)
+        t = _walk(model, "hierarchical_native", sample, max(1, count * sample // size), chunk, flat, grid=(1, sample))
+        _LINES[key] = t * (size - 1) / (sample - 1)
+    return _LINES[key]
+
+
 def best_line_algorithm(cluster: Cluster, d: int, size: int, count: int, chunk: int) -> tuple[str, float]:
     return min(((a, _line(cluster, d, size, count, chunk, a)) for a in grid_mod.PHASE_ALGORITHMS),
                key=lambda t: t[1])
@@ -119,6 +133,12 @@ def allreduce_time(cluster: Cluster, gpus: int, nbytes: int, schedule: str, *, c
         if schedule == "multidim" and len(dims) > 1:
             algos = tuple(best_line_algorithm(cluster, d, dims[d], count, chunk)[0] for d in range(len(dims)))
         return kernels + _walk(model, schedule, gpus, count, chunk, link_of, grid, algos), "full schedule walk"
+    if schedule == "hierarchical_native":
+        x, nodes = dims[0], gpus // dims[0]
+        owned = max(1, count // x)
+        total = _line(cluster, 0, x, count, chunk, "ring") if x > 1 else 0.0  # the node's reduce-scatter + all-gather
+        total += _engine_line(cluster, nodes, owned, chunk) if nodes > 1 else 0.0
+        return kernels + total, f"ring x{x} inside the nodes + the engine's ring x{nodes} between them"
     if schedule in ("multidim", "hierarchical", "rhd"):
         plan = dims if schedule != "hierarchical" else (dims[0], gpus // dims[0])
         total, owned, how = 0.0, count, []
