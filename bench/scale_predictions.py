@@ -139,12 +139,12 @@ def main() -> int:
         compute = scale.compute_seconds(minsky, layers, 32, None, sum(l.fwd_macs for l in r50))
         for compress in ("none", "int8"):
             print(f"{model}, compression {compress} (compute {compute * 1e3:.0f} ms/iteration):")
-            print(f"{'schedule':>13} " + " ".join(f"{g:>6}" for g in GPUS))
+            print(f"{'schedule':>19} " + " ".join(f"{g:>6}" for g in GPUS))
             for schedule in scale.SCHEDULES:
                 effs = [scale.iteration(minsky, layers, g, schedule, batch=32, compute=compute, compress=compress)
                         .efficiency for g in GPUS]
                 results.setdefault("minsky", {}).setdefault(f"{model}/{compress}", {})[schedule] = effs
-                print(f"{schedule:>13} " + " ".join(f"{e:>6.1%}" for e in effs))
+                print(f"{schedule:>19} " + " ".join(f"{e:>6.1%}" for e in effs))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
