@@ -110,17 +110,24 @@ def _buffers(size: int, words: int, dtype: torch.dtype, device: torch.device):
 def _exchange(comm, tensor, flat, gin, gout, decompress, op: str, description: str, async_op: bool,
               round_to: torch.dtype | None = None):
     """all_gather(gout <- gin); then, in rank order, decompress(p, fp32 out) of every slot, summed
-    in fp32, [* fp32(1/n)], [rounded to ``round_to``], stored into ``tensor``. The buffers go back
-    to the scratch pool once the call has succeeded (after an error a receive may still land)."""
+    in fp32, [* fp32(1/n)], [rounded to ``round_to``], stored into ``tensor``. The buffers and the
+    fp32 temporaries go back to the scratch pool once the call has succeeded (after an error a
+    receive may still land)."""
     result = Work(description)
     n, size = flat.numel(), comm.size
+    temporaries: list = []
 
     def after_gather(work) -> None:
+        take = scratch_pool.pool.take
         try:
             work.wait()
-            acc = flat if flat.dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=flat.device)
+            # fp32 temporaries from the pool, as the message buffers: a bucket's call reuses the pages
+            acc = flat if flat.dtype == torch.float32 else take(n, torch.float32, flat.device)
             decompress(0, acc)
-            term = torch.empty(n, dtype=torch.float32, device=flat.device)
+            term = take(n, torch.float32, flat.device)
+            temporaries.append(term)
+            if acc is not flat:
+                temporaries.append(acc)
             for p in range(1, size):  # rank order: the same sum on every rank
                 decompress(p, term)
                 acc.add_(term)
@@ -135,8 +142,8 @@ def _exchange(comm, tensor, flat, gin, gout, decompress, op: str, description: s
         except BaseException as e:  # noqa: BLE001 - delivered through result
             result.set_exception(e)
         else:
-            scratch_pool.pool.give(gin)
-            scratch_pool.pool.give(gout)
+            for buffer in (gin, gout, *temporaries):
+                scratch_pool.pool.give(buffer)
             result.set_result(tensor)
 
     gather = comm.all_gather(gout, gin, async_op=True)
