@@ -101,7 +101,7 @@ class LaneSockets:
             listener.close()
         for sock in self.socks.values():
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a header goes out alone, now
-            sock.settimeout(None)
+            sock.settimeout(timeout)  # every send and read: the lane's deadline
 
     def _connect(self, store, peer: int, deadline: float) -> socket.socket:
         try:
@@ -168,7 +168,8 @@ class SocketWire:
 
     def wait_recv(self, peer: int, timeout: float, seq: int, spin: float) -> None:
         sock, view = self.sockets.socks[peer], self._recv_views[peer]
-        sock.settimeout(timeout)
+        if timeout != self.sockets.timeout:
+            sock.settimeout(timeout)  # set at connect to the lane's; a caller's other deadline, for this read
         try:
             _read_exactly(sock, self._header, peer, view)
             data = self._data_bytes_of(view[:self._header])
@@ -180,12 +181,14 @@ class SocketWire:
             raise PeerTimeout(peer, f"the call lane message of call #{seq}") from None
         except OSError as e:
             raise PeerTimeout(peer, f"the call lane message of call #{seq}: {e.strerror or e}", dead=True) from None
+        finally:
+            if timeout != self.sockets.timeout:
+                sock.settimeout(self.sockets.timeout)
 
     def start_sends(self, parity: int, nbytes: int, peers: tuple[int, ...]):
         mem = self._send_views[parity][:nbytes]
         for p in peers:
             sock = self.sockets.socks[p]
-            sock.settimeout(self.sockets.timeout)
             try:
                 sock.sendall(mem)  # into the kernel's buffer: the send buffer is free again at once
             except socket.timeout:
