@@ -328,8 +328,17 @@ class GlooTransport(StagedSends):
         self._closed = True
         try:
             self.flush(self.timeout)
+            delivered = not self._posted
         except PeerTimeout:
-            pass  # the peers are gone or stuck: nothing left to deliver to them
+            delivered = False  # the peers are gone or stuck: nothing left to deliver to them
         self._posted.clear()
         self._free.clear()
         self._watchers.close()
+        if delivered:
+            # Free the groups now, while the interpreter is whole: each one's destructor joins its
+            # worker threads. A group that lives on into interpreter exit can abort the process
+            # ("terminate called without an active exception"): a worker that drops its last
+            # collective's tensors then takes the GIL of a dying interpreter. After a failure the
+            # groups are kept, because a destructor would wait on a receive that never comes.
+            self._group_pgs.clear()
+            self.pg = None

@@ -54,3 +54,18 @@ def torch_launcher_env(**extra) -> dict[str, str]:
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DDL_TIMEOUT": "60"})
     env.update(extra)
     return env
+
+
+# torch's gloo, not ddl_triton: DDP's reducer keeps its gloo group alive until interpreter exit (a
+# reference cycle through autograd hooks that gc cannot see), and a gloo worker that drops its last
+# collective's tensors after finalization has begun takes the GIL and dies in std::terminate. Seen
+# about once in 40 runs on a loaded 2-core machine (CI: 2026-12-02, Accelerate on gloo); an
+# atexit fix in torch (pytorch/pytorch#179291) was abandoned. transports/gloo.py frees its own groups.
+_GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def gloo_exit_abort(code: int, out: str, done_marker: str) -> bool:
+    """Whether a torch job failed only by torch's gloo abort at exit: its last line of work
+    (``done_marker``) printed, then a rank killed by SIGABRT with that message."""
+    return code != 0 and done_marker in out and _GLOO_EXIT_ABORT in out and ("exitcode  : -6" in out or code == -6)
+
