@@ -92,8 +92,12 @@ def run_kill(world, victim: int, stamp: str) -> int:
     error = None
     for i in range(10_000):
         if i == 5 and stamp:  # inside the stream: every segment is mapped (and already unlinked)
-            with open(f"{stamp}.started.rank{rank}", "w") as f:
+            # Written under another name, then renamed: the test globs for the stamp and reads the
+            # pid at once, so it must never see the file before its contents.
+            writing = f"{stamp}.writing.rank{rank}"  # not matched by the test's "stamp.started.rank*"
+            with open(writing, "w") as f:
                 f.write(str(os.getpid()))
+            os.replace(writing, f"{stamp}.started.rank{rank}")
         if rank == victim and i == 5:
             with open(stamp, "w") as f:
                 f.write(repr(time.time()))
