@@ -21,6 +21,9 @@ import pytest
 from support.launch import TESTS, TORCHRUN, ddl_segments, gloo_exit_abort, torch_launcher_env
 
 ROOT = TESTS.parent
+# The jobs with a torch gloo group in them, and the line each prints when its work is done.
+_GLOO_JOBS_LAST_LINE = {"gloo": "accelerate_train: replicas bitwise identical:",
+                        "multirank/frameworks_worker.py": "frameworks_worker: case gloo identical"}
 
 
 @functools.cache
@@ -34,11 +37,6 @@ def _torchrun(*args: str) -> tuple[int, str, int]:
         out = proc.stdout + proc.stderr
         if attempt or not gloo_exit_abort(proc.returncode, out, _GLOO_JOBS_LAST_LINE.get(args[-1], "\0")):
             return proc.returncode, out, len(ddl_segments() - before)
-
-
-# The jobs with a torch gloo group in them, and the line each prints when its work is done.
-_GLOO_JOBS_LAST_LINE = {"gloo": "accelerate_train: replicas bitwise identical:",
-                        "multirank/frameworks_worker.py": "frameworks_worker: case gloo identical"}
 
 
 def _clean(*args: str) -> str:

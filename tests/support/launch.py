@@ -68,4 +68,3 @@ def gloo_exit_abort(code: int, out: str, done_marker: str) -> bool:
     """Whether a torch job failed only by torch's gloo abort at exit: its last line of work
     (``done_marker``) printed, then a rank killed by SIGABRT with that message."""
     return code != 0 and done_marker in out and _GLOO_EXIT_ABORT in out and ("exitcode  : -6" in out or code == -6)
-
