@@ -115,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ranks = status.settle(folder, args.ranks)
             if every_rank_exited_zero(ranks, args.ranks):
                 # Across hosts hydra may fail after the fact: notifying a host's proxy that has
-                # already finished that another rank ended, it gets EPIPE and exits 255.
+                # already finished that another rank ended, it gets EPIPE and exits 255 (the rank
+                # guards outlast the job to prevent it: rank_guard.py; this is the fallback).
                 say(f"every rank exited 0; mpiexec's own exit status {returncode} came after (hydra could not "
                     "reach a host's proxy that had already finished): the job succeeded")
                 return 0

@@ -26,6 +26,17 @@ Semantics:
   ``rank<r>.returncode``.
 - Heartbeat: while the rank runs, the guard rewrites ``rank<r>.alive`` every second, so that
   ddlrun can tell a rank whose host is gone (its guard fell silent) from one still working.
+- Across hosts, a guard whose rank exited 0 outlasts the job: it waits until every rank of the
+  job has recorded its end, then ``_OUTLAST_MARGIN_S`` more (at most ``_OUTLAST_CAP_S`` in all).
+
+Why a guard outlasts the job across hosts: under ``-disable-auto-cleanup`` hydra treats every
+rank's exit, clean or not, as "a process ended" (``pmip_cb.c``: the PMI socket closes while it
+is still registered) and mpiexec passes SIGUSR1 to every *other* host's proxy
+(``pmiserv_cb.c``). A proxy ends as soon as its last rank does; when mpiexec writes to one
+that has just ended it gets EPIPE and exits 255, killing the ranks of the other hosts that are
+still tearing down (a flake of the slow-link fault test, 1 run in 4). So each guard closes its
+copy of hydra's PMI socket the moment its rank ends (the notice goes out then, not when the
+guard exits) and keeps its proxy alive until no notice can still be on its way.
 """
 from __future__ import annotations
 
@@ -35,9 +46,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 _PR_SET_PDEATHSIG = 1
 _HEARTBEAT_SECONDS = 1.0  # status.py's SILENT_SECONDS must be several of these
+_OUTLAST_MARGIN_S = 1.0   # after the last rank's end, for hydra to pass its notice to every proxy
+_OUTLAST_CAP_S = 30.0     # a rank that exited 0 never waits longer than this for the others
 
 
 def _rank_from_environment() -> int:
@@ -63,18 +77,23 @@ def _prepare_child() -> None:
 _status = None
 
 
-def _record(rank: int, event: str, text: str) -> None:
-    """Write ``rank<r>.<event>`` into DDL_STATUS_DIR with ddl_triton/launch/status.py's writer, loaded
-    from its file: importing the package would import torch in every guard."""
+def _status_module():
+    """ddl_triton/launch/status.py, loaded from its file: importing the package would import
+    torch in every guard."""
     global _status
+    if _status is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "status.py")
+        spec = importlib.util.spec_from_file_location("_ddl_status", path)
+        _status = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_status)
+    return _status
+
+
+def _record(rank: int, event: str, text: str) -> None:
+    """Write ``rank<r>.<event>`` into DDL_STATUS_DIR with status.py's writer."""
     folder = os.environ.get("DDL_STATUS_DIR", "")
     if folder:
-        if _status is None:
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "status.py")
-            spec = importlib.util.spec_from_file_location("_ddl_status", path)
-            _status = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(_status)
-        _status.record(folder, rank, event, text)
+        _status_module().record(folder, rank, event, text)
 
 
 def _wait_beating(child: subprocess.Popen, rank: int) -> int:
@@ -89,6 +108,40 @@ def _wait_beating(child: subprocess.Popen, rank: int) -> int:
             return child.wait(_HEARTBEAT_SECONDS if beating else None)
         except subprocess.TimeoutExpired:
             pass
+
+
+def _close_pmi_socket() -> None:
+    """Close the guard's copy of hydra's PMI socket (``PMI_FD``): the rank's copy closed when it
+    ended, so hydra learns of the end now. Under ``PMI_PORT`` the guard holds no copy."""
+    fd = os.environ.get("PMI_FD", "")
+    if fd.isdigit():
+        try:
+            os.close(int(fd))
+        except OSError:
+            pass
+
+
+def _outlast_the_job(rank: int) -> None:
+    """When the job's ranks recorded more than one host, wait until each rank has recorded its
+    end (``status.ended``), then ``_OUTLAST_MARGIN_S`` more; never longer than ``_OUTLAST_CAP_S``
+    in all, and not at all once the status folder is gone (ddlrun has ended)."""
+    folder = os.environ.get("DDL_STATUS_DIR", "")
+    size = os.environ.get("PMI_SIZE", "")
+    if not folder or not size.isdigit():
+        return
+    deadline = time.monotonic() + _OUTLAST_CAP_S
+    try:
+        records = _status_module().read(folder)
+        if len({events.get("host") for events in records.values()} - {None}) < 2:
+            return  # one host, one proxy: hydra notifies no other
+        while time.monotonic() < deadline:
+            records = _status_module().read(folder)
+            if _status_module().ended(folder, records) >= set(range(int(size))):
+                time.sleep(min(_OUTLAST_MARGIN_S, max(0.0, deadline - time.monotonic())))
+                return
+            time.sleep(0.05)
+    except OSError:
+        return
 
 
 def _record_kill(rank: int, pid: int, signum: int) -> None:
@@ -116,10 +169,13 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda s, _f: child.poll() is None and child.send_signal(s))
     rank = _rank_from_environment()
     status = _wait_beating(child, rank)
+    _close_pmi_socket()
     if status < 0:
         _record_kill(rank, child.pid, -status)
         status = 128 - status
     _record(rank, "returncode", str(status))
+    if status == 0:
+        _outlast_the_job(rank)
     return status
 
 

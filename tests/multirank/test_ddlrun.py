@@ -512,6 +512,47 @@ def test_guard_passes_the_exit_status_and_default_signals_through(tmp_path):
     assert (tmp_path / "rank5.returncode").read_text() == "3"
 
 
+def _start_guard_of_rank0_of_2(tmp_path, hosts: tuple[str, str]):
+    """The guard of rank 0 of a 2-rank job whose ranks recorded ``hosts``, holding one end of a
+    socketpair as hydra's PMI socket; its rank exits 0 at once. Returns (guard, hydra's end)."""
+    for rank, host in enumerate(hosts):
+        (tmp_path / f"rank{rank}.host").write_text(host)
+    hydra_end, rank_end = socket.socketpair()
+    env = dict(os.environ, PMI_RANK="0", PMI_SIZE="2", PMI_FD=str(rank_end.fileno()), DDL_STATUS_DIR=str(tmp_path))
+    guard = subprocess.Popen([sys.executable, command.RANK_GUARD, sys.executable, "-c", "pass"], env=env,
+                             pass_fds=(rank_end.fileno(),), stdin=subprocess.DEVNULL)
+    rank_end.close()
+    hydra_end.settimeout(30)
+    return guard, hydra_end
+
+
+def test_across_hosts_a_guard_tells_hydra_at_once_and_outlasts_every_rank(tmp_path):
+    # hydra passes a rank's end to the other hosts' proxies; one that already ended makes mpiexec
+    # fail (EPIPE) and kill the ranks still tearing down. The notice must go out when the rank
+    # ends, and the guard (so its proxy) must stay until every rank of the job has ended.
+    guard, hydra_end = _start_guard_of_rank0_of_2(tmp_path, ("h1", "h2"))
+    try:
+        assert hydra_end.recv(1) == b""  # the PMI socket closed: hydra knows rank 0 ended ...
+        assert (tmp_path / "rank0.returncode").read_text() == "0"
+        time.sleep(1.5)
+        assert guard.poll() is None      # ... while its guard waits for rank 1
+        (tmp_path / "rank1.returncode").write_text("0")
+        assert guard.wait(timeout=15) == 0
+    finally:
+        guard.kill()
+        hydra_end.close()
+
+
+def test_on_one_host_a_guard_does_not_wait_for_the_other_ranks(tmp_path):
+    guard, hydra_end = _start_guard_of_rank0_of_2(tmp_path, ("h1", "h1"))
+    try:
+        assert guard.wait(timeout=15) == 0  # rank 1 never records its end; the cap is 30 s
+        assert not (tmp_path / "rank1.returncode").exists()
+    finally:
+        guard.kill()
+        hydra_end.close()
+
+
 def test_stragglers_are_ended_a_grace_period_after_a_rank_was_lost(tmp_path):
     straggler = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
