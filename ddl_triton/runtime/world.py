@@ -41,7 +41,6 @@ def _install_exit_guard() -> None:
         failure_notice.ignore_from_now_on()
         if lost:
             from ..launch import status
-            _unlink_mpi_shared_memory()
             status.exiting()
             sys.stdout.flush()
             sys.stderr.flush()
@@ -49,26 +48,6 @@ def _install_exit_guard() -> None:
 
     atexit.register(guard)
     _exit_guard_installed = True
-
-
-def _unlink_mpi_shared_memory() -> None:
-    """Unlink the shared-memory segments MPICH mapped into this process (``/dev/shm/mpich_shm_*``,
-    one per host and job), for a rank that leaves without MPI_Finalize, which is what unlinks them.
-    Without this a job that lost a rank left them behind, about 2 MB each (632 of them, 1.5 GB, after
-    a day of fault tests here). The job's processes mapped them at MPI_Init, long done; a survivor
-    still running keeps its mapping, and the first rank of the host to leave unlinks them."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split(None, 5)[5].strip() for line in maps if "/dev/shm/mpich_shm_" in line}
-    except (OSError, IndexError):
-        return
-    for path in paths:
-        if path.endswith(" (deleted)"):
-            continue  # a host mate unlinked it already
-        try:
-            os.unlink(path)
-        except OSError:
-            pass  # already unlinked by a host mate
 
 
 _world_created = False  # this process created a world communicator (every rank of the world did)

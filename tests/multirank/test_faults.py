@@ -91,7 +91,7 @@ def test_a_killed_rank_makes_every_survivor_raise_and_exit_nonzero(tmp_path, vic
 
 
 def test_killing_every_rank_mid_collective_leaves_no_shared_memory(tmp_path):
-    before = ddl_segments()
+    before, mpich_before = ddl_segments(), ddl_segments("mpich_shm_")  # MPICH's: one per host and job
     stamp = tmp_path / "stamp"
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     job = subprocess.Popen([mpiexec, "-n", "3", sys.executable, str(HERE / "faults_worker.py"), "kill", "3",
@@ -111,3 +111,4 @@ def test_killing_every_rank_mid_collective_leaves_no_shared_memory(tmp_path):
         if job.poll() is None:
             job.kill()
     assert not (ddl_segments() - before)
+    assert not (ddl_segments("mpich_shm_") - mpich_before)  # no rank reached MPI_Finalize

@@ -1,0 +1,49 @@
+"""ddl_triton/runtime/mpich_segment.py: only MPICH's init segment, named exactly as MPICH names
+it and mapped by this process, is unlinked; once per process; a segment already gone is no error."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ddl_triton.runtime import mpich_segment
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    monkeypatch.setattr(mpich_segment, "_released", False)
+
+
+def _maps(tmp_path, *paths: str):
+    lines = [f"7f0000000000-7f0000001000 rw-s 00000000 00:1a {i} {p}" for i, p in enumerate(paths, 1)]
+    lines.append("7f0000002000-7f0000003000 r-xp 00000000 00:00 0 ")  # anonymous: five fields
+    maps = tmp_path / "maps"
+    maps.write_text("\n".join(lines) + "\n")
+    return str(maps)
+
+
+def test_only_mpichs_init_segment_is_unlinked(tmp_path, fresh):
+    tag = f"{os.getpid():x}"
+    mpich, other, ours = (f"/dev/shm/mpich_shm_{tag}_0", f"/dev/shm/mpich_shm_{tag}_x", f"/dev/shm/ddl_triton-{tag}-test")
+    for path in (mpich, other, ours):
+        open(path, "w").close()
+    try:
+        maps = _maps(tmp_path, mpich, other, ours, f"/dev/shm/mpich_shm_{tag}_1 (deleted)")
+        assert mpich_segment.release_init_segment(maps) == [mpich]
+        assert not os.path.exists(mpich) and os.path.exists(other) and os.path.exists(ours)
+    finally:
+        for path in (mpich, other, ours):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_segment_a_host_mate_unlinked_first_is_no_error_and_it_runs_once(tmp_path, fresh):
+    gone = f"/dev/shm/mpich_shm_{os.getpid():x}_7"
+    maps = _maps(tmp_path, gone)
+    assert mpich_segment.release_init_segment(maps) == []
+    open(gone, "w").close()
+    try:
+        assert mpich_segment.release_init_segment(maps) == []  # done once already: left alone
+        assert os.path.exists(gone)
+    finally:
+        os.unlink(gone)
