@@ -90,25 +90,14 @@ from __future__ import annotations
 import torch
 
 from . import gathered, gpu_path, scratch_pool
+from .compressed_layout import (ONEBIT_ALIGN, align, chunk_bounds, chunk_elems, nbytes, segments, slot_words,
+                                whole_slot_words)
 from ..kernels import dequantize_int8, quantize_int8, reduce_int8, sign_compress, sign_decompress
 from .work import Work
 
 __all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps", "wire_bytes"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-_ONEBIT_ALIGN = 32  # 32 sign bits = one int32 word: a chunk's bits fill whole words
-
-
-def chunk_bounds(numel: int, size: int, align: int = 1) -> list[tuple[int, int]]:
-    """The ``size`` chunks ``[start, stop)`` of ``numel`` elements: rank q reduces chunk q.
-
-    Every chunk but the trailing ones holds C = ceil(ceil(numel / align) / size) * align
-    elements; the last non-empty one may be shorter, and chunks past the end are empty.
-    Example: chunk_bounds(10, 3, align=4) -> [(0, 4), (4, 8), (8, 10)];
-             chunk_bounds(5, 3, align=4)  -> [(0, 4), (4, 5), (5, 5)].
-    """
-    c = _chunk_elems(numel, size, align)
-    return [(min(q * c, numel), min((q + 1) * c, numel)) for q in range(size)]
 
 
 def wire_bytes(kind: str, numel: int, size: int, *, block: int = 256, groups=None) -> int:
@@ -123,10 +112,10 @@ def wire_bytes(kind: str, numel: int, size: int, *, block: int = 256, groups=Non
     if size == 1 or numel == 0:
         return 0
     if size == 2:  # gathered: each rank sends its one slot of the whole tensor
-        return gathered.slot_words(kind, numel, block, groups) * (2 if kind == "16bit" else 4)
-    bounds = chunk_bounds(numel, size, _align(kind, block))
-    scales = max(len(g) for g in _segments(bounds, groups)) if kind == "onebit" else 1
-    words = _slot_words(kind, _chunk_elems(numel, size, _align(kind, block)), block, scales)
+        return whole_slot_words(kind, numel, block, groups) * (2 if kind == "16bit" else 4)
+    bounds = chunk_bounds(numel, size, align(kind, block))
+    scales = max(len(g) for g in segments(bounds, groups)) if kind == "onebit" else 1
+    words = slot_words(kind, chunk_elems(numel, size, align(kind, block)), block, scales)
     return 2 * (size - 1) * words * (2 if kind == "16bit" else 4)
 
 
@@ -155,8 +144,8 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
         return _done(tensor, async_op)
     if size == 2:
         return gathered.int8(comm, tensor, flat, op, block, residual, async_op)
-    c = _chunk_elems(n, size, block)
-    words = _slot_words("int8", c, block)
+    c = chunk_elems(n, size, block)
+    words = slot_words("int8", c, block)
     sq = c // 4  # where a slot's scales start, in words
     bounds = chunk_bounds(n, size, block)
     buffers, send, recv, gin, gout = _message_buffers(size, words, torch.int32, flat.device)
@@ -216,7 +205,7 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
              and every rank gets [0.75, 0.75, 0.75, 0.75])
     """
     flat, size, n = _prepare(comm, tensor, op, "allreduce_onebit", residual)
-    bounds = chunk_bounds(n, size, _ONEBIT_ALIGN)
+    bounds = chunk_bounds(n, size, ONEBIT_ALIGN)
     a, b = bounds[comm.rank]
     mine = b - a
     if server_residual is not None:
@@ -225,9 +214,9 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
         return _done(tensor, async_op)
     if size == 2:
         return gathered.onebit(comm, tensor, flat, op, residual, groups, async_op)
-    c = _chunk_elems(n, size, _ONEBIT_ALIGN)
-    segs = _segments(bounds, groups)
-    words = _slot_words("onebit", c, 0, max(len(g) for g in segs))
+    c = chunk_elems(n, size, ONEBIT_ALIGN)
+    segs = segments(bounds, groups)
+    words = slot_words("onebit", c, 0, max(len(g) for g in segs))
     ss = c // 32  # the word holding a slot's first scale
     worker = residual if residual is not None else torch.zeros(n, dtype=torch.float32, device=flat.device)
     buffers, send, recv, gin, gout = _message_buffers(size, words, torch.int32, flat.device)
@@ -235,7 +224,7 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
     for p, (a, _) in enumerate(bounds):
         for j, (s, e) in enumerate(segs[p]):
             bits = p * words * 4 + (s - a) // 8
-            _, sc = sign_compress(flat[s:e], worker[s:e], out=su[bits: bits + _nbytes(e - s)])
+            _, sc = sign_compress(flat[s:e], worker[s:e], out=su[bits: bits + nbytes(e - s)])
             sf[p * words + ss + j].copy_(sc[0])
     inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None
     a0, mysegs = bounds[comm.rank][0], segs[comm.rank]
@@ -246,7 +235,7 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
         for p in range(size):  # rank order: the same sum wherever it is computed
             for j, (s, e) in enumerate(mysegs):
                 bits = p * words * 4 + (s - a0) // 8
-                acc[s - a0: e - a0].add_(sign_decompress(ru[bits: bits + _nbytes(e - s)],
+                acc[s - a0: e - a0].add_(sign_decompress(ru[bits: bits + nbytes(e - s)],
                                                          rf[p * words + ss + j: p * words + ss + j + 1], e - s))
         if inv is not None:
             acc.mul_(inv)
@@ -255,7 +244,7 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
         gu, gf = gin.view(torch.uint8), gin.view(torch.float32)
         for j, (s, e) in enumerate(mysegs):
             bits = (s - a0) // 8
-            _, sc = sign_compress(acc[s - a0: e - a0], srv[s - a0: e - a0], out=gu[bits: bits + _nbytes(e - s)])
+            _, sc = sign_compress(acc[s - a0: e - a0], srv[s - a0: e - a0], out=gu[bits: bits + nbytes(e - s)])
             gf[ss + j].copy_(sc[0])
 
     def finish() -> None:
@@ -263,7 +252,7 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
         for p, (a, _) in enumerate(bounds):
             for j, (s, e) in enumerate(segs[p]):
                 bits = p * words * 4 + (s - a) // 8
-                sign_decompress(ou[bits: bits + _nbytes(e - s)], of[p * words + ss + j: p * words + ss + j + 1],
+                sign_decompress(ou[bits: bits + nbytes(e - s)], of[p * words + ss + j: p * words + ss + j + 1],
                                 e - s, out=flat[s:e])
 
     return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
@@ -288,7 +277,7 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
         return _done(tensor, async_op)
     if size == 2:
         return gathered.sixteen_bit(comm, tensor, flat, wire_dtype, op, async_op)
-    c = _chunk_elems(n, size, 1)
+    c = chunk_elems(n, size, 1)
     buffers, send, recv, gin, gout = _message_buffers(size, c, wire_dtype, flat.device)
     send[:n].copy_(flat)  # the one rounding of the inputs
     a, b = chunk_bounds(n, size, 1)[comm.rank]
@@ -313,44 +302,6 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
 # ------------------------------------------------------------------------------------------------
 # private helpers
 # ------------------------------------------------------------------------------------------------
-
-def _align(kind: str, block: int) -> int:
-    if kind == "int8":
-        return block
-    if kind == "onebit":
-        return _ONEBIT_ALIGN
-    if kind == "16bit":
-        return 1
-    raise ValueError(f"unknown compression kind {kind!r}; valid: int8, onebit, 16bit")
-
-
-def _chunk_elems(numel: int, size: int, align: int) -> int:
-    units = -(-numel // align)
-    return max(1, -(-units // size)) * align
-
-
-def _slot_words(kind: str, c: int, block: int, scales: int = 1) -> int:
-    """Elements of one all_to_all block: int32 words (int8, onebit) or 16-bit values."""
-    if kind == "int8":
-        return c // 4 + c // block  # c int8 values, then c/block fp32 scales
-    if kind == "onebit":
-        return c // 32 + max(1, scales)  # c sign bits, then the fp32 scales of the chunk's groups
-    return c
-
-
-def _segments(bounds: list[tuple[int, int]], groups) -> list[list[tuple[int, int]]]:
-    """Per chunk, its scale groups [s, e): the chunk split at ``groups`` offsets rounded down to 8."""
-    starts = sorted({g - g % 8 for g in (groups or ())})
-    out = []
-    for a, b in bounds:
-        cuts = [a] + [g for g in starts if a < g < b] + [b]
-        out.append([(s, e) for s, e in zip(cuts, cuts[1:]) if e > s])
-    return out
-
-
-def _nbytes(bits: int) -> int:
-    return (bits + 7) // 8
-
 
 def _prepare(comm, tensor, op, name, residual):
     """Validate before any communication; return (flat contiguous work tensor, size, numel)."""

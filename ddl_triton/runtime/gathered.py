@@ -17,13 +17,14 @@ one exchange's latency and machinery fewer, and no server step.
 
 Example (int8, block 4, "avg"): rank 0 [1, 2, 3, 4], rank 1 [3, 2, 1, 0] -> q [32, 64, 95, 127]
 s 4/127 and q [127, 85, 42, 0] s 3/127 -> both ranks [2.003937, 2.011811, 1.992126, 2.0].
-The slot layout is compressed.py's (``_slot_words`` of the whole tensor as one chunk).
+The slot layout is compressed_layout.py's (``whole_slot_words``: the whole tensor as one chunk).
 """
 from __future__ import annotations
 
 import torch
 
-from . import compressed as _c, scratch_pool
+from . import scratch_pool
+from .compressed_layout import ONEBIT_ALIGN, chunk_elems, nbytes, segments, slot_words
 from ..kernels import dequantize_int8, quantize_int8, sign_compress, sign_decompress
 from .work import Work
 
@@ -31,8 +32,8 @@ from .work import Work
 def int8(comm, tensor, flat, op, block, residual, async_op):
     """``allreduce_int8`` on two ranks (its arguments, checked there; ``flat``: tensor's flat work view)."""
     n = flat.numel()
-    c = _c._chunk_elems(n, 1, block)
-    words, sq, nb = _c._slot_words("int8", c, block), c // 4, -(-n // block)
+    c = chunk_elems(n, 1, block)
+    words, sq, nb = slot_words("int8", c, block), c // 4, -(-n // block)
     gin, gout = _buffers(comm.size, words, torch.int32, flat.device)
     qb, sf = gin.view(torch.int8)[:n], gin.view(torch.float32)[sq: sq + nb]
     if residual is not None:
@@ -55,21 +56,21 @@ def int8(comm, tensor, flat, op, block, residual, async_op):
 def onebit(comm, tensor, flat, op, residual, groups, async_op):
     """``allreduce_onebit`` on two ranks: one scale per ``groups`` segment of the whole tensor."""
     n = flat.numel()
-    c = _c._chunk_elems(n, 1, _c._ONEBIT_ALIGN)
-    segs = _c._segments([(0, n)], groups)[0]
-    words, ss = _c._slot_words("onebit", c, 0, len(segs)), c // 32
+    c = chunk_elems(n, 1, ONEBIT_ALIGN)
+    segs = segments([(0, n)], groups)[0]
+    words, ss = slot_words("onebit", c, 0, len(segs)), c // 32
     worker = residual if residual is not None else torch.zeros(n, dtype=torch.float32, device=flat.device)
     gin, gout = _buffers(comm.size, words, torch.int32, flat.device)
     gu, gf = gin.view(torch.uint8), gin.view(torch.float32)
     for j, (s, e) in enumerate(segs):  # segments start at multiples of 8: whole bytes of bits
-        _, sc = sign_compress(flat[s:e], worker[s:e], out=gu[s // 8: s // 8 + _c._nbytes(e - s)])
+        _, sc = sign_compress(flat[s:e], worker[s:e], out=gu[s // 8: s // 8 + nbytes(e - s)])
         gf[ss + j].copy_(sc[0])
 
     def decompress(p: int, out: torch.Tensor) -> None:
         ou, of = gout.view(torch.uint8), gout.view(torch.float32)
         for j, (s, e) in enumerate(segs):
             bits = p * words * 4 + s // 8
-            sign_decompress(ou[bits: bits + _c._nbytes(e - s)], of[p * words + ss + j: p * words + ss + j + 1], e - s,
+            sign_decompress(ou[bits: bits + nbytes(e - s)], of[p * words + ss + j: p * words + ss + j + 1], e - s,
                             out=out[s:e])
 
     return _exchange(comm, tensor, flat, gin, gout, decompress, op,
@@ -89,13 +90,6 @@ def sixteen_bit(comm, tensor, flat, wire_dtype, op, async_op):
     return _exchange(comm, tensor, flat, gin, gout, decompress, op,
                      f"allreduce_16bit({op}, {n} x {tensor.dtype} as {wire_dtype}, gathered)", async_op,
                      round_to=wire_dtype)
-
-
-def slot_words(kind: str, numel: int, block: int, groups) -> int:
-    """Elements of a gathered call's one slot: the whole tensor as one chunk."""
-    c = _c._chunk_elems(numel, 1, _c._align(kind, block))
-    scales = len(_c._segments([(0, numel)], groups)[0]) if kind == "onebit" else 1
-    return _c._slot_words(kind, c, block, scales)
 
 
 def _buffers(size: int, words: int, dtype: torch.dtype, device: torch.device):

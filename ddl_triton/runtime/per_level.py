@@ -54,12 +54,12 @@ from __future__ import annotations
 import torch
 
 from . import compressed
+from .compressed_layout import ONEBIT_ALIGN, chunk_bounds
 from .work import Work
 
 __all__ = ["METHODS", "Levels", "allreduce", "residual_sizes", "wire_bytes"]
 
 METHODS = ("int8", "onebit")
-_ONEBIT_ALIGN = 32  # compressed.py's 1-bit chunk alignment: its server residual is chunk-sized
 
 
 class Levels:
@@ -143,7 +143,7 @@ def residual_sizes(levels: Levels, method: str, numel: int) -> tuple[int, int | 
     c = _shard(numel, levels.local_size) if levels.local_size > 1 else numel
     if method != "onebit":
         return c, None
-    a, b = compressed.chunk_bounds(c, levels.hosts, _ONEBIT_ALIGN)[levels.cross_rank]
+    a, b = chunk_bounds(c, levels.hosts, ONEBIT_ALIGN)[levels.cross_rank]  # the 1-bit server residual is chunk-sized
     return c, b - a
 
 

@@ -1,0 +1,82 @@
+"""The wire layout of the compressed allreduces (compressed.py's two-shot, gathered.py's
+two-rank form, per_level.py's inter-host phase): how a tensor is cut into chunks, and how one
+chunk, compressed, fills one message slot.
+
+- A tensor of N elements on n ranks is cut into n chunks of C elements (``chunk_elems``): N/n
+  rounded up to the compressor's alignment (``align``: the int8 block, 32 sign bits for 1-bit,
+  1 for 16-bit), so no quantization block or bit word spans two chunks; the trailing chunks
+  may be short or empty (``chunk_bounds``). The two-rank form sends the whole tensor as one
+  chunk (n = 1 here: ``whole_slot_words``).
+- One chunk's slot (``slot_words``), in 32-bit words (16-bit values for "16bit"):
+      int8    C int8 values (C/4 words), then C/block fp32 scales
+      onebit  C sign bits (C/32 words), then one fp32 scale per scale group (at least 1)
+      16bit   C values of the wire dtype
+- 1-bit's scale groups (``segments``): a chunk split at the ``groups`` offsets, each rounded
+  down to a multiple of 8 so that every group starts on a whole byte of bits (``nbytes``).
+
+Example: int8, N = 10, n = 3, block 4: C = 4, chunks [(0, 4), (4, 8), (8, 10)], each slot
+4/4 + 4/4 = 2 words (the last chunk's 2 elements padded to the block).
+"""
+from __future__ import annotations
+
+ONEBIT_ALIGN = 32  # 32 sign bits = one int32 word: a chunk's bits fill whole words
+
+
+def align(kind: str, block: int) -> int:
+    """The multiple every chunk (but the trailing ones) holds for compressor ``kind``."""
+    if kind == "int8":
+        return block
+    if kind == "onebit":
+        return ONEBIT_ALIGN
+    if kind == "16bit":
+        return 1
+    raise ValueError(f"unknown compression kind {kind!r}; valid: int8, onebit, 16bit")
+
+
+def chunk_elems(numel: int, size: int, alignment: int) -> int:
+    """C: ceil(ceil(numel / alignment) / size) * alignment, at least one ``alignment``."""
+    units = -(-numel // alignment)
+    return max(1, -(-units // size)) * alignment
+
+
+def chunk_bounds(numel: int, size: int, alignment: int = 1) -> list[tuple[int, int]]:
+    """The ``size`` chunks ``[start, stop)`` of ``numel`` elements: rank q reduces chunk q.
+
+    Every chunk but the trailing ones holds C = ``chunk_elems(numel, size, alignment)``
+    elements; the last non-empty one may be shorter, and chunks past the end are empty.
+    Example: chunk_bounds(10, 3, alignment=4) -> [(0, 4), (4, 8), (8, 10)];
+             chunk_bounds(5, 3, alignment=4)  -> [(0, 4), (4, 5), (5, 5)].
+    """
+    c = chunk_elems(numel, size, alignment)
+    return [(min(q * c, numel), min((q + 1) * c, numel)) for q in range(size)]
+
+
+def slot_words(kind: str, c: int, block: int, scales: int = 1) -> int:
+    """Elements of one chunk's slot of C = ``c`` elements: int32 words (int8, onebit) or 16-bit values."""
+    if kind == "int8":
+        return c // 4 + c // block  # c int8 values, then c/block fp32 scales
+    if kind == "onebit":
+        return c // 32 + max(1, scales)  # c sign bits, then the fp32 scales of the chunk's groups
+    return c
+
+
+def whole_slot_words(kind: str, numel: int, block: int, groups) -> int:
+    """Elements of the two-rank form's one slot: the whole tensor as one chunk."""
+    c = chunk_elems(numel, 1, align(kind, block))
+    scales = len(segments([(0, numel)], groups)[0]) if kind == "onebit" else 1
+    return slot_words(kind, c, block, scales)
+
+
+def segments(bounds: list[tuple[int, int]], groups) -> list[list[tuple[int, int]]]:
+    """Per chunk, its scale groups [s, e): the chunk split at ``groups`` offsets rounded down to 8."""
+    starts = sorted({g - g % 8 for g in (groups or ())})
+    out = []
+    for a, b in bounds:
+        cuts = [a] + [g for g in starts if a < g < b] + [b]
+        out.append([(s, e) for s, e in zip(cuts, cuts[1:]) if e > s])
+    return out
+
+
+def nbytes(bits: int) -> int:
+    """Whole bytes that hold ``bits`` sign bits."""
+    return (bits + 7) // 8
