@@ -74,19 +74,29 @@ _LINES: dict = {}
 _RING_SAMPLE = 16
 
 
+def _sampled_ring(size: int, count: int, walk) -> float:
+    """A ring of ``size`` members allreducing ``count``, costed as ``walk(sample, its count)``
+    for the ring of sample = min(size, 16) members with the same bytes per step, scaled by
+    (size-1)/(sample-1): every step of a ring moves the same bytes on the same links, so a
+    long ring is a short one run for longer. (At 16 members or fewer the ring is walked whole.)"""
+    if size <= 1 or count == 0:
+        return 0.0
+    if size <= _RING_SAMPLE:
+        return walk(size, count)
+    return walk(_RING_SAMPLE, max(1, count * _RING_SAMPLE // size)) * (size - 1) / (_RING_SAMPLE - 1)
+
+
 def _line(cluster: Cluster, d: int, size: int, count: int, chunk: int, algo: str) -> float:
     """One line of ``size`` GPUs along dimension ``d``: allreduce of ``count`` with ``algo``.
-    Lines longer than 16: a ring is the ring of 16 with the same bytes per step, scaled by
-    (size-1)/15 (every step alike); rhd is walked whole (log steps); direct is not a
-    candidate (size^2 messages)."""
+    A ring is ``_sampled_ring``; rhd is walked whole (log steps); longer than 16, direct is not
+    a candidate (size^2 messages)."""
     key = (cluster.name, d, size, count, chunk, algo)
     if key not in _LINES:
         model = cluster.level_model(_level_name(d))
         flat = lambda a, b: "shm"  # noqa: E731 - one link class along a line
-        if size > _RING_SAMPLE and algo == "ring":
-            small = _walk(model, "multidim", _RING_SAMPLE, max(1, count * _RING_SAMPLE // size), chunk, flat,
-                          grid=(_RING_SAMPLE,), algos=("ring",))
-            _LINES[key] = small * (size - 1) / (_RING_SAMPLE - 1)
+        if algo == "ring":
+            _LINES[key] = _sampled_ring(size, count, lambda n, c: _walk(model, "multidim", n, c, chunk, flat,
+                                                                       grid=(n,), algos=("ring",)))
         elif size > _RING_SAMPLE and algo == "direct":
             _LINES[key] = math.inf
         else:
@@ -97,14 +107,13 @@ def _line(cluster: Cluster, d: int, size: int, count: int, chunk: int, algo: str
 def _engine_line(cluster: Cluster, size: int, count: int, chunk: int) -> float:
     """One line of ``size`` nodes allreducing ``count`` with the inter-node transport's own engine
     (hierarchical_native's group step): its ring, costed as the engine runs it, with no executor
-    step overhead or staging copy (schedules/native.py). Longer than 16: the ring of 16, scaled."""
+    step overhead or staging copy (schedules/native.py), as ``_sampled_ring``."""
     key = (cluster.name, "engine", size, count, chunk)
     if key not in _LINES:
         model = cluster.level_model("inter")
         flat = lambda a, b: "mpi"  # noqa: E731 - every member on its own node
-        sample = min(size, _RING_SAMPLE)
-        t = _walk(model, "hierarchical_native", sample, max(1, count * sample // size), chunk, flat, grid=(1, sample))
-        _LINES[key] = t * (size - 1) / (sample - 1)
+        _LINES[key] = _sampled_ring(size, count, lambda n, c: _walk(model, "hierarchical_native", n, c, chunk, flat,
+                                                                   grid=(1, n)))
     return _LINES[key]
 
 
