@@ -121,7 +121,7 @@ def _close_pmi_socket() -> None:
             pass
 
 
-def _outlast_the_job(rank: int) -> None:
+def _outlast_the_job() -> None:
     """When the job's ranks recorded more than one host, wait until each rank has recorded its
     end (``status.ended``), then ``_OUTLAST_MARGIN_S`` more; never longer than ``_OUTLAST_CAP_S``
     in all, and not at all once the status folder is gone (ddlrun has ended)."""
@@ -175,7 +175,7 @@ def main(argv: list[str]) -> int:
         status = 128 - status
     _record(rank, "returncode", str(status))
     if status == 0:
-        _outlast_the_job(rank)
+        _outlast_the_job()
     return status
 
 
