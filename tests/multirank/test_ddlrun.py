@@ -533,7 +533,11 @@ def test_across_hosts_a_guard_tells_hydra_at_once_and_outlasts_every_rank(tmp_pa
     guard, hydra_end = _start_guard_of_rank0_of_2(tmp_path, ("h1", "h2"))
     try:
         assert hydra_end.recv(1) == b""  # the PMI socket closed: hydra knows rank 0 ended ...
-        assert (tmp_path / "rank0.returncode").read_text() == "0"
+        recorded = tmp_path / "rank0.returncode"  # (written just after the close)
+        deadline = time.monotonic() + 15
+        while not (recorded.exists() and recorded.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert recorded.read_text() == "0"
         time.sleep(1.5)
         assert guard.poll() is None      # ... while its guard waits for rank 1
         (tmp_path / "rank1.returncode").write_text("0")
