@@ -14,6 +14,17 @@ def fresh(monkeypatch):
     monkeypatch.setattr(mpich_segment, "_released", False)
 
 
+def _name(suffix: str) -> str:
+    """A /dev/shm path of MPICH's form that no MPICH job can own: its world id has 9 hex digits (MPICH
+    prints a 32-bit one). A real segment's name (a singleton's world id is its pid) would be
+    truncated by creating the file, and its process would die of SIGBUS at its next access."""
+    return f"/dev/shm/mpich_shm_{os.urandom(5).hex()[:9]}_{suffix}"
+
+
+def _create(path: str) -> None:
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # never an existing file
+
+
 def _maps(tmp_path, *paths: str):
     lines = [f"7f0000000000-7f0000001000 rw-s 00000000 00:1a {i} {p}" for i, p in enumerate(paths, 1)]
     lines.append("7f0000002000-7f0000003000 r-xp 00000000 00:00 0 ")  # anonymous: five fields
@@ -23,12 +34,12 @@ def _maps(tmp_path, *paths: str):
 
 
 def test_only_mpichs_init_segment_is_unlinked(tmp_path, fresh):
-    tag = f"{os.getpid():x}"
-    mpich, other, ours = (f"/dev/shm/mpich_shm_{tag}_0", f"/dev/shm/mpich_shm_{tag}_x", f"/dev/shm/ddl_triton-{tag}-test")
+    mpich, other = _name("0"), _name("x")
+    ours = f"/dev/shm/ddl_triton-{os.urandom(8).hex()}-test"
     for path in (mpich, other, ours):
-        open(path, "w").close()
+        _create(path)
     try:
-        maps = _maps(tmp_path, mpich, other, ours, f"/dev/shm/mpich_shm_{tag}_1 (deleted)")
+        maps = _maps(tmp_path, mpich, other, ours, _name("1") + " (deleted)")
         assert mpich_segment.release_init_segment(maps) == [mpich]
         assert not os.path.exists(mpich) and os.path.exists(other) and os.path.exists(ours)
     finally:
@@ -38,10 +49,10 @@ def test_only_mpichs_init_segment_is_unlinked(tmp_path, fresh):
 
 
 def test_a_segment_a_host_mate_unlinked_first_is_no_error_and_it_runs_once(tmp_path, fresh):
-    gone = f"/dev/shm/mpich_shm_{os.getpid():x}_7"
+    gone = _name("7")
     maps = _maps(tmp_path, gone)
     assert mpich_segment.release_init_segment(maps) == []
-    open(gone, "w").close()
+    _create(gone)
     try:
         assert mpich_segment.release_init_segment(maps) == []  # done once already: left alone
         assert os.path.exists(gone)
