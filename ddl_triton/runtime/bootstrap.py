@@ -46,7 +46,6 @@ import time
 from datetime import timedelta
 
 from ..errors import DDLError
-from .mpich_segment import release_init_segment
 
 # Environment variables an MPI launcher (hydra's mpiexec, Open MPI's, MVAPICH's, srun with PMI/PMIx)
 # sets in every process it starts.
@@ -97,7 +96,6 @@ class MpiBootstrap:
         self.size: int = self.comm.Get_size()
         self.world_rank: int = MPI.COMM_WORLD.Get_rank()
         self.world_size: int = MPI.COMM_WORLD.Get_size()
-        release_init_segment()  # MPI is initialized: MPICH's segment must not outlive a failed job
 
     def allgather(self, obj) -> list:
         return self.comm.allgather(obj)  # control path: small objects, at init

@@ -31,6 +31,7 @@ from ..transports.base import PeerTimeout, wait_until
 from .bootstrap import MpiBootstrap, StoreBootstrap
 from .executor import Executor, step_error
 from .issue import IssuePath
+from .mpich_segment import release_init_segment
 from .observing import start_observing
 from .placement import place
 from .plan_cache import PlanCache
@@ -65,6 +66,9 @@ class Communicator:
             raise ValueError(f"rank {rank}: unknown schedule {options.schedule!r} (DDL_SCHEDULE); "
                              f"valid: {', '.join(schedules.names())}")
         self._bootstrap = bootstrap if is_bootstrap else MpiBootstrap(bootstrap)
+        # MPI is initialized (issue.py imports it, under torchrun too: a singleton), so MPICH's
+        # segment has every rank of the host on it: unlink it before any way of ending can skip that.
+        release_init_segment()
         self.rank: int = self._bootstrap.rank
         self.size: int = self._bootstrap.size
         self._seq = 0

@@ -8,7 +8,9 @@ Only the last of them to leave MPI_Finalize unlinks it. A rank killed, or one th
 error (as a rank that lost a peer does), never gets there, and the segment (1-3 MB) stays in
 /dev/shm until the machine reboots (632 of them, 1.5 GB, after a day of fault tests here, before
 the exit guard unlinked them; a rank that is killed, or leaves by ``os._exit``, runs no exit code
-at all, so the unlink now happens at init).
+at all, so the unlink now happens when the process's first communicator is made, over MPI or
+over a torch store: ddl_triton initializes MPI in both, and under torchrun each rank is an MPI
+singleton with a segment of its own, ``mpich_shm_<its pid in hex>_0``).
 
 Why unlinking it early is safe: MPI_Init returns only once every rank of the host has mapped the
 segment (``MPIDI_POSIX_comm_bootstrap`` waits for each one's ready flag in it), and afterwards

@@ -3,6 +3,9 @@ it and mapped by this process, is unlinked; once per process; a segment already 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -58,3 +61,24 @@ def test_a_segment_a_host_mate_unlinked_first_is_no_error_and_it_runs_once(tmp_p
         assert os.path.exists(gone)
     finally:
         os.unlink(gone)
+
+
+def test_a_torchrun_style_rank_that_never_finalizes_leaves_no_segment():
+    # A world over a torch store (RANK/WORLD_SIZE/MASTER_*), which makes the process an MPI
+    # singleton too, then an exit that skips MPI_Finalize (as a survivor of a lost peer leaves).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import os, ddl_triton; c = ddl_triton.init(); "
+            "print([l.split(None, 5)[5].strip() for l in open('/proc/self/maps') if '/mpich_shm_' in l][:1], os.getpid(), "
+            "flush=True); "
+            "os._exit(0)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "MPI_", "HYDRA_", "OMPI_", "DDL_"))}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mapped, pid = proc.stdout.split("]")[0] + "]", int(proc.stdout.split()[-1])
+    # It had one (the kind this would leak), unlinked already while the rank ran:
+    assert f"/dev/shm/mpich_shm_{pid:x}_0 (deleted)" in mapped, proc.stdout
+    assert not os.path.exists(f"/dev/shm/mpich_shm_{pid:x}_0")
