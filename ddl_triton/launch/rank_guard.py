@@ -123,23 +123,20 @@ def _close_pmi_socket() -> None:
 
 def _outlast_the_job() -> None:
     """When the job's ranks recorded more than one host, wait until each rank has recorded its
-    end (``status.ended``), then ``_OUTLAST_MARGIN_S`` more; never longer than ``_OUTLAST_CAP_S``
+    end (``status.settle``), then ``_OUTLAST_MARGIN_S`` more; never longer than ``_OUTLAST_CAP_S``
     in all, and not at all once the status folder is gone (ddlrun has ended)."""
     folder = os.environ.get("DDL_STATUS_DIR", "")
     size = os.environ.get("PMI_SIZE", "")
     if not folder or not size.isdigit():
         return
+    status, ranks = _status_module(), int(size)
     deadline = time.monotonic() + _OUTLAST_CAP_S
     try:
-        records = _status_module().read(folder)
-        if len({events.get("host") for events in records.values()} - {None}) < 2:
+        if len({events.get("host") for events in status.read(folder).values()} - {None}) < 2:
             return  # one host, one proxy: hydra notifies no other
-        while time.monotonic() < deadline:
-            records = _status_module().read(folder)
-            if _status_module().ended(folder, records) >= set(range(int(size))):
-                time.sleep(min(_OUTLAST_MARGIN_S, max(0.0, deadline - time.monotonic())))
-                return
-            time.sleep(0.05)
+        records = status.settle(folder, ranks, patience=_OUTLAST_CAP_S)
+        if status.ended(folder, records) >= set(range(ranks)):
+            time.sleep(min(_OUTLAST_MARGIN_S, max(0.0, deadline - time.monotonic())))
     except OSError:
         return
 

@@ -38,16 +38,15 @@ def release_init_segment(maps_path: str = "/proc/self/maps") -> list[str]:
     _released = True
     try:
         with open(maps_path) as f:
-            paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+            fields = [line.split(None, 5) for line in f]
     except OSError:
         return []  # not Linux: MPICH's segments live elsewhere, if anywhere
+    paths = {f[5].strip() for f in fields if len(f) == 6}  # an anonymous mapping has no sixth field
     unlinked = []
     for path in sorted(p for p in paths if _MPICH_INIT_SEGMENT.match(p)):  # "(deleted)": already unlinked
         try:
             os.unlink(path)
             unlinked.append(path)
-        except FileNotFoundError:
-            pass
         except OSError:
-            pass  # another user's segment, a read-only /dev/shm: MPICH's own finalize remains
+            pass  # a host mate unlinked it first, or /dev/shm refuses: MPICH's own finalize remains
     return unlinked
