@@ -232,7 +232,8 @@ def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
     ``ddl_triton.runtime.per_level.allreduce``: an fp32 reduce_scatter over shm inside the host,
     an int8 (or 1-bit) allreduce of this rank's shard with the same-index ranks of the other
     hosts, an fp32 all_gather over shm. The inter-host method is ``state.compression``: "auto"
-    decides per bucket size (``state.explain(nbytes)`` says why; never on one host), "int8" or
+    decides per bucket, by its size and its place in backward (``state.explain(nbytes)`` says
+    why; never on one host; ddl_triton/torch/level_compression.py), "int8" or
     "onebit" name one, "none" is fp32 throughout. Error feedback (``state.error_feedback``)
     keeps, per bucket, what the inter-host phase lost: 1/L of the bucket (L ranks per host).
     On one host, or where auto finds compression does not pay, it is ``allreduce_hook``.
@@ -242,7 +243,7 @@ def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
     """
     buf = bucket.buffer()
     lc = state._levels
-    method = lc.decide(buf.numel() * 4).method
+    method = lc.decide(buf.numel() * 4, ("bucket", bucket.index(), buf.numel())).method  # and its place in backward
     if method == "none" or buf.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return allreduce_hook(state, bucket)
     levels = lc.levels

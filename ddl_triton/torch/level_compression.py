@@ -17,6 +17,16 @@ when the method is "none". Its first use is collective (every rank, same point, 
 compressed call always is): it builds the per-level groups (``per_level.Levels``) and, for
 "auto" without a table, probes the link. Every rank then makes the same choices, because the
 probe's figures (or the table) are the same everywhere.
+
+Under "auto", a call made from inside backward with a ``key`` (a DDP bucket) is decided by its
+place in backward too: once a backward pass holding the key has completed, the backward time
+that followed its call (ddl_triton/torch/backward_position.py; the smallest over the ranks, by
+one collective 8-byte allreduce per key, made at the same call everywhere) goes to the rule as
+``behind_us``. A bucket whose link time hides behind the rest of backward then stays in full
+precision, since compressing it would only add kernel time to the step; the last bucket, with
+nothing behind it, is compressed where that pays. Until then (the first step, or the first
+after DDP rebuilds its buckets) the call is decided by its size alone. A key that moves from a
+compressed method to "none" drops its residual: one call's quantization error, once.
 """
 from __future__ import annotations
 
@@ -25,6 +35,9 @@ from collections import OrderedDict
 import torch
 
 from ..runtime import per_level
+from ..tuning import compression as rule
+from ..tuning.compression import Decision
+from .backward_position import BackwardPositions
 
 SETTINGS = ("none", "int8", "onebit", "auto")
 # The option path compresses only tensors of at least this many bytes: DDP's buckets are 1 MiB
@@ -43,14 +56,17 @@ class LevelCompression:
 
     ``block``: the int8 quantization block; ``error_feedback``: keep what compression lost
     and send it with the next call of the same key. ``decisions``: every size decided so far
-    ({nbytes: tuning.compression.Decision}); ``residual_resets``: keys whose residual was
-    dropped because the tensor under them changed size or method."""
+    ({nbytes: tuning.compression.Decision}); ``positioned``: the calls decided by their place in
+    backward ({key: (nbytes, Decision)}, module doc); ``residual_resets``: keys whose residual
+    was dropped because the tensor under them changed size or method."""
 
     def __init__(self, comm, setting: str, *, block: int = 256, error_feedback: bool = True):
         if setting not in SETTINGS:
             raise ValueError(f"rank {comm.rank}: compression must be one of {', '.join(SETTINGS)}, got {setting!r}")
         self.comm, self.setting, self.block, self.error_feedback = comm, setting, block, bool(error_feedback)
         self.decisions: dict = {}
+        self.positioned: OrderedDict = OrderedDict()
+        self._positions = BackwardPositions()
         self.residual_resets = 0
         self._levels: per_level.Levels | None = None
         self._speeds = None
@@ -76,39 +92,47 @@ class LevelCompression:
         are ``comm`` itself): their ``transport_bytes`` count the bytes of per-level calls."""
         return list(self._levels._owned) if self._levels is not None else []
 
-    def decide(self, nbytes: int):
-        """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason."""
-        from ..tuning import compression as rule
-
+    def decide(self, nbytes: int, key=None):
+        """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason.
+        ``key``: the call's residual key, given once per call by a caller in backward (DDP's
+        bucket): "auto" then weighs its place in backward (module doc). Collective on first use,
+        and at a key's first positioned decision."""
+        behind = self._positions.observe(key) if key is not None and self.setting == "auto" else None
+        if behind is not None and self.levels.hosts > 1 and self.levels.uniform:
+            held = self.positioned.get(key)
+            if held is None or held[0] != nbytes:
+                held = self.positioned[key] = (nbytes, self._decide_auto(nbytes, self._agreed(behind)))
+                while len(self.positioned) > MAX_KEYS:
+                    self.positioned.popitem(last=False)
+            self.positioned.move_to_end(key)
+            return held[1]
         held = self.decisions.get(nbytes)
         if held is not None:
             return held
         lv = self.levels
         if self.setting == "none":
-            d = rule.Decision("none", "compression is off (Options.compression = none)")
+            d = Decision("none", "compression is off (Options.compression = none)")
         elif self.setting != "auto":
             d = rule.decide(nbytes, lv.hosts, lv.local_size, None, None, uniform=lv.uniform) \
-                if lv.hosts == 1 or not lv.uniform else rule.Decision(self.setting, f"named: {self.setting}")
+                if lv.hosts == 1 or not lv.uniform else Decision(self.setting, f"named: {self.setting}")
         else:
-            table = getattr(self.comm.planner, "table", None)
-            section = getattr(table, "compression", None) if table is not None else None
-            d = rule.from_table(section, nbytes, lv.hosts) if section else None
-            if d is None:
-                if lv.hosts > 1 and lv.uniform and self._speeds is None:
-                    self._speeds = rule.probe(lv)
-                link, speed = self._speeds or (None, None)
-                d = rule.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform, block=self.block)
+            d = self._decide_auto(nbytes, 0.0)
         self.decisions[nbytes] = d
         return d
 
     def explain(self, nbytes: int) -> str:
-        """One line: what an ``nbytes`` allreduce sends between hosts, and why."""
+        """One line: what an ``nbytes`` allreduce sends between hosts, and why (and, for calls
+        decided by their place in backward, what each of that size sent)."""
+        placed = [d for n, d in self.positioned.values() if n == nbytes]
+        if placed:
+            return "; ".join(f"{nbytes} B: {d.method} between hosts ({d.reason})" for d in placed)
         d = self.decide(nbytes)
         return f"{nbytes} B: {d.method} between hosts ({d.reason})"
 
-    def allreduce(self, tensor: torch.Tensor, key, op: str = "avg", async_op: bool = True):
-        """Allreduce ``tensor`` in place with the method decided for its size; residuals under ``key``."""
-        method = self.decide(tensor.numel() * 4).method
+    def allreduce(self, tensor: torch.Tensor, key, op: str = "avg", async_op: bool = True, method: str | None = None):
+        """Allreduce ``tensor`` in place with ``method`` (default: the one decided for its size);
+        residuals under ``key``."""
+        method = method if method is not None else self.decide(tensor.numel() * 4).method
         if method == "none":
             return self.comm.allreduce(tensor, op=op, async_op=async_op)
         worker, server = self.residuals(key, method, tensor.numel()) if self.error_feedback else (None, None)
@@ -131,6 +155,27 @@ class LevelCompression:
         while len(self._residuals) > MAX_KEYS:
             self._residuals.popitem(last=False)
         return pair
+
+    def _decide_auto(self, nbytes: int, behind_us: float):
+        """auto's Decision: the table's if the communicator's has a compression section, else
+        the cost model's on the link probed at first use (collective)."""
+        lv = self.levels
+        table = getattr(self.comm.planner, "table", None)
+        section = getattr(table, "compression", None) if table is not None else None
+        d = rule.from_table(section, nbytes, lv.hosts, behind_us=behind_us) if section else None
+        if d is None:
+            if lv.hosts > 1 and lv.uniform and self._speeds is None:
+                self._speeds = rule.probe(lv)
+            link, speed = self._speeds or (None, None)
+            d = rule.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform, block=self.block,
+                            behind_us=behind_us)
+        return d
+
+    def _agreed(self, behind_us: float) -> float:
+        """The smallest ``behind_us`` over the ranks (collective): every rank decides alike."""
+        t = torch.tensor([behind_us], dtype=torch.float64)
+        self.comm.allreduce(t, op="min")
+        return float(t[0])
 
     def reset_residuals(self) -> None:
         self._residuals.clear()

@@ -117,10 +117,13 @@ class DdlProcessGroup(dist.ProcessGroup):
         _premultiply(wire, factor, "allreduce")
         lc = self._compression
         if lc is not None and lc.takes(wire, op):
-            lc.decide(wire.numel() * 4)  # here, not in the issue below: the first decision is collective
             key = buffer_key(tensor)     # DDP's bucket buffers persist: each keeps its residual
+            # Here, not in the issue below: a first decision is collective, and one inside backward
+            # is stamped with its place there (level_compression.py).
+            method = lc.decide(wire.numel() * 4, key).method
             # woken at once: its Work is made outside the queue, so nothing would wake a held call
-            return self._run(lambda a: lc.allreduce(wire, key, op=op, async_op=a), [tensor], opts, finish, hold=False)
+            return self._run(lambda a: lc.allreduce(wire, key, op=op, async_op=a, method=method), [tensor], opts,
+                             finish, hold=False)
         return self._run(lambda a: self._comm.allreduce(wire, op=op, async_op=a), [tensor], opts, finish)
 
     def allreduce_coalesced(self, tensors, opts=None):

@@ -25,6 +25,21 @@ worth the time spent compressing. Two sources answer it, in this order:
    second at 1 MiB; a call does about two of them: the worker's, and the server's fused
    reduce-and-requantize with the final decompress; on two hosts, the two decompresses).
 
+**A call with backward still behind it.** The times above are the phase's whole time, what a
+call costs when the step waits for it (the last DDP bucket: backward has ended). A bucket issued
+mid-backward is different: its link time hides behind the backward that follows it, while the
+compression kernels' time does not (on a CPU rank with no core to spare they take the core
+backward needs; on a GPU, its SMs). So given ``behind_us``, the backward known to follow the
+call (measured by ddl_triton/torch/backward_position.py), the rule compares what each method
+*adds to the step*:
+
+    exposed(m) = kernels(m) + max(0, phase(m) - kernels(m) - behind_us)
+
+and a call whose full-precision phase fits in ``behind_us`` keeps full precision: nothing of it
+shows, and compressing could only add kernel time. ``behind_us = 0`` is the plain comparison.
+A table's entries are whole measured calls, kernels and wire together, so there the rule is
+``max(0, t(m) - behind_us)``: it cannot tell the kernels' share, and says so in its reason.
+
 ``auto`` picks among "none" and "int8" only: 1-bit's quality depends on the optimizer (it
 oscillates under momentum, docs/torch.md), which a rule measuring time cannot see; name
 ``onebit`` to use it. The table still records 1-bit's times, and ``Decision.estimates_us``
@@ -40,8 +55,8 @@ from dataclasses import dataclass, field
 
 from ..runtime import compressed
 
-__all__ = ["AUTO_METHODS", "CompressorSpeed", "Decision", "LinkSpeed", "decide", "from_table", "predict_us",
-           "probe", "sweep_compression"]
+__all__ = ["AUTO_METHODS", "CompressorSpeed", "Decision", "LinkSpeed", "decide", "exposed_us", "from_table",
+           "predict_us", "probe", "sweep_compression"]
 
 AUTO_METHODS = ("int8",)  # what auto may choose besides "none" (see the module doc for 1-bit)
 _PROBE_SMALL, _PROBE_FIXED, _PROBE_BIG = 8, 1 << 10, 1 << 20
@@ -80,32 +95,39 @@ class Decision:
 def predict_us(method: str, nbytes: int, hosts: int, local: int, link: LinkSpeed, speed: CompressorSpeed,
                block: int = 256) -> float:
     """The cost model's time (us) of the inter-host phase for an ``nbytes`` fp32 tensor (module doc)."""
-    if hosts == 1 or nbytes == 0:
-        return 0.0
-    c = -(-(nbytes // 4) // local)
-    steps = compressed.latency_steps(hosts) * link.latency_us
-    if method == "none":
-        return steps + 2 * (hosts - 1) / hosts * 4 * c / link.bytes_per_s * 1e6
-    wire = compressed.wire_bytes(method, c, hosts, block=block)
-    return steps + wire / link.bytes_per_s * 1e6 + 2 * (speed.fixed_us[method] + 4 * c / speed.bytes_per_s[method] * 1e6)
+    return _link_us(method, nbytes, hosts, local, link, block) + _kernels_us(method, nbytes, hosts, local, speed)
+
+
+def exposed_us(method: str, nbytes: int, hosts: int, local: int, link: LinkSpeed, speed: CompressorSpeed,
+               behind_us: float, block: int = 256) -> float:
+    """What the phase adds to the step (us) when ``behind_us`` of backward follows the call: the
+    kernels whole, the link time beyond ``behind_us`` (module doc)."""
+    return (_kernels_us(method, nbytes, hosts, local, speed)
+            + max(0.0, _link_us(method, nbytes, hosts, local, link, block) - behind_us))
 
 
 def decide(nbytes: int, hosts: int, local: int, link: LinkSpeed | None, speed: CompressorSpeed | None, *,
-           uniform: bool = True, methods=AUTO_METHODS, block: int = 256) -> Decision:
-    """auto's choice for an ``nbytes`` fp32 allreduce on ``hosts`` hosts of ``local`` ranks."""
+           uniform: bool = True, methods=AUTO_METHODS, block: int = 256, behind_us: float = 0.0) -> Decision:
+    """auto's choice for an ``nbytes`` fp32 allreduce on ``hosts`` hosts of ``local`` ranks, with
+    ``behind_us`` of backward known to follow the call (0: the step waits for it)."""
     if hosts == 1:
         return Decision("none", "one host: every level is shm, where compression never pays")
     if not uniform:
         return Decision("none", "hosts hold unequal rank counts: no per-level groups, full precision")
-    est = {m: predict_us(m, nbytes, hosts, local, link, speed, block) for m in ("none", *methods)}
-    best = min(est, key=lambda m: (est[m], m != "none"))  # a tie keeps full precision
-    shown = ", ".join(f"{m} {t:.0f} us" for m, t in sorted(est.items(), key=lambda kv: kv[1]))
-    return Decision(best, f"cost model of the inter-host phase on {link.describe()}: {shown}", est)
+    if behind_us <= 0:
+        est = {m: predict_us(m, nbytes, hosts, local, link, speed, block) for m in ("none", *methods)}
+        what = "cost model of the inter-host phase"
+    else:
+        est = {m: exposed_us(m, nbytes, hosts, local, link, speed, behind_us, block) for m in ("none", *methods)}
+        what = f"cost model of what the inter-host phase adds to the step, {behind_us / 1e3:.1f} ms of backward behind it,"
+    best = _fastest(est)
+    return Decision(best, f"{what} on {link.describe()}: {_shown(est)}", est)
 
 
-def from_table(section: dict, nbytes: int, hosts: int, methods=AUTO_METHODS) -> Decision | None:
+def from_table(section: dict, nbytes: int, hosts: int, methods=AUTO_METHODS, behind_us: float = 0.0) -> Decision | None:
     """The table's choice for ``nbytes`` (the entry measured nearest in log size), or None when
-    the section has no entries. ``section``: a tuning table's ``compression`` (module doc)."""
+    the section has no entries. ``section``: a tuning table's ``compression`` (module doc);
+    ``behind_us``: as for ``decide``."""
     rows = section.get("entries") or []
     if hosts == 1:
         return Decision("none", "one host: every level is shm, where compression never pays")
@@ -113,11 +135,15 @@ def from_table(section: dict, nbytes: int, hosts: int, methods=AUTO_METHODS) -> 
         return None
     row = min(rows, key=lambda r: (abs(math.log(max(r["bytes"], 1) / max(nbytes, 1))), r["bytes"]))
     times = {m: t for m, t in row["by_method"].items() if m == "none" or m in methods}
-    best = min(times, key=lambda m: (times[m], m != "none"))
-    shown = ", ".join(f"{m} {t:.0f} us" for m, t in sorted(row["by_method"].items(), key=lambda kv: kv[1]))
     inter = section.get("levels", {}).get("inter")
     link = f" on an inter-host link of {inter['bytes_per_s'] / 1e9:.3f} GB/s" if inter else ""
-    return Decision(best, f"tuning table: measured at {row['bytes']} B{link}: {shown}", dict(times))
+    if behind_us <= 0:
+        return Decision(_fastest(times), f"tuning table: measured at {row['bytes']} B{link}: "
+                                         f"{_shown(row['by_method'])}", dict(times))
+    shown = {m: max(0.0, t - behind_us) for m, t in times.items()}
+    return Decision(_fastest(shown), f"tuning table: measured at {row['bytes']} B{link}, less the "
+                                     f"{behind_us / 1e3:.1f} ms of backward behind the call (kernels' share "
+                                     f"not known, so hidden alike): {_shown(shown)}", shown)
 
 
 def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
@@ -174,6 +200,33 @@ def sweep_compression(levels, sizes: list[int], rounds: int = 5) -> dict:
 
 
 # -- private ----------------------------------------------------------------------------------
+def _link_us(method: str, nbytes: int, hosts: int, local: int, link: LinkSpeed, block: int) -> float:
+    """The phase's time on the link (us): its latency steps and its bytes (module doc)."""
+    if hosts == 1 or nbytes == 0:
+        return 0.0
+    c = -(-(nbytes // 4) // local)
+    steps = compressed.latency_steps(hosts) * link.latency_us
+    if method == "none":
+        return steps + 2 * (hosts - 1) / hosts * 4 * c / link.bytes_per_s * 1e6
+    return steps + compressed.wire_bytes(method, c, hosts, block=block) / link.bytes_per_s * 1e6
+
+
+def _kernels_us(method: str, nbytes: int, hosts: int, local: int, speed: CompressorSpeed) -> float:
+    """The phase's compression kernels (us): about two compress + decompress (module doc)."""
+    if method == "none" or hosts == 1 or nbytes == 0:
+        return 0.0
+    c = -(-(nbytes // 4) // local)
+    return 2 * (speed.fixed_us[method] + 4 * c / speed.bytes_per_s[method] * 1e6)
+
+
+def _fastest(times: dict) -> str:
+    return min(times, key=lambda m: (times[m], m != "none"))  # a tie keeps full precision
+
+
+def _shown(times: dict) -> str:
+    return ", ".join(f"{m} {t:.0f} us" for m, t in sorted(times.items(), key=lambda kv: kv[1]))
+
+
 def _time_allreduce(comm, nbytes: int, reps: int = 5) -> float:
     """Median seconds of an fp32 allreduce of ``nbytes`` on ``comm``, after one warm-up."""
     import torch

@@ -20,7 +20,11 @@ With more than one host (H hosts of L ranks):
    ``DDL_COMPRESSION=int8`` (no hook) give bitwise the same gradients (the same algorithm,
    residuals kept by bucket index or by buffer), within the int8 bound of the lossless ones,
    identical on every rank; a small tensor (< MIN_BYTES) and an int64 one stay exact on the
-   option path; ``auto`` decides alike on every rank.
+   option path; ``auto`` decides alike on every rank;
+6. DDP under ``auto_compress_hook`` with compression "auto", buckets decided by their place in
+   backward (ddl_triton/torch/backward_position.py): from the second step on every bucket has
+   a positioned decision, the same method on every rank, the last bucket's with no backward
+   behind it; the gradients are identical on every rank and within the int8 bound of lossless.
 
 On one host: it never compresses: ``per_level.allreduce`` is bitwise ``comm.allreduce``,
 residuals are (0, None), ``auto`` and ``int8`` both decide "none" without probing anything.
@@ -195,6 +199,39 @@ def ddp_paths(ck: Checker, comm) -> None:
         s.close()
 
 
+def auto_in_backward(ck: Checker, comm) -> None:
+    """Check 6 (module doc)."""
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                              torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    model = DDP(net, bucket_cap_mb=0.25)  # several buckets: some mid-backward, one last
+    torch.manual_seed(1)
+    reference = DDP(torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                                        torch.nn.ReLU(), torch.nn.Linear(256, 10)), bucket_cap_mb=0.25)
+    state, lossless = hooks.HookState(comm, compression="auto"), hooks.HookState(comm, compression="none")
+    model.register_comm_hook(state, hooks.auto_compress_hook)
+    reference.register_comm_hook(lossless, hooks.allreduce_hook)
+    lc = state._levels
+    for step in range(4):
+        x = torch.randn(16, 128, generator=torch.Generator().manual_seed(comm.rank * 100 + step))
+        grads = []
+        for m in (model, reference):
+            m.zero_grad()
+            m(x).square().sum().backward()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
+        ck.identical(f"auto, step {step}: replicas identical", grads[0])
+        bound = 2 * 2 / 254 * grads[1].abs().max().item() + 1e-6
+        ck.true(f"auto, step {step}: within the int8 bound of lossless", (grads[0] - grads[1]).abs().max().item() <= bound)
+    placed = list(lc.positioned.values())
+    ck.true("auto: every bucket of the later steps decided by its place", len(placed) >= 2, str(lc.positioned))
+    codes = torch.tensor([("none", "int8", "onebit").index(d.method) for _, d in placed] + [len(placed)])
+    ck.identical("auto: the same positioned decisions on every rank", codes)
+    ck.true("auto: one bucket is last, with no backward behind it",
+            sum("of backward behind it" not in d.reason for _, d in placed) == 1, str([d.reason for _, d in placed]))
+    for s in (state, lossless):
+        s.close()
+
+
 def auto_agrees(ck: Checker, comm) -> None:
     lc = LevelCompression(comm, "auto")
     codes = torch.tensor([("none", "int8", "onebit").index(lc.decide(b).method) for b in (4096, 4 << 20)])
@@ -237,6 +274,7 @@ def main() -> int:
             across_hosts(ck, comm, lv)
             dist.init_process_group("ddl")
             ddp_paths(ck, comm)
+            auto_in_backward(ck, comm)
             auto_agrees(ck, comm)
             dist.destroy_process_group()
         else:

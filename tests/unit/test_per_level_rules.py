@@ -6,6 +6,9 @@
   bucket compresses and a small tensor does not; on a fast link nothing does; the docstring's figures;
 - ``from_table``: the entry measured nearest in log size decides; a table's section round-trips through
   JSON and a malformed one is refused;
+- a bucket with backward behind it: its link time hides, its kernels' does not (``behind_us``, in the
+  rule and the table), and ``LevelCompression`` measures that time from the previous backward pass
+  (``BackwardPositions``, under real autograd) and agrees on it once per bucket;
 - ``per_level.Levels`` on a fake communicator: unequal hosts build no groups and ``allreduce`` refuses
   with the rank and the counts; one rank per host sizes the residuals like ``compressed``.
 """
@@ -20,7 +23,7 @@ import torch
 from ddl_triton.options import Options
 from ddl_triton.runtime import compressed, per_level
 from ddl_triton.tuning import table as tuning
-from ddl_triton.tuning.compression import CompressorSpeed, Decision, LinkSpeed, decide, from_table
+from ddl_triton.tuning.compression import CompressorSpeed, Decision, LinkSpeed, decide, exposed_us, from_table, predict_us
 
 GBIT = LinkSpeed(150.0, 0.114e9, "test")           # 1 Gbit/s through tbf, as the testbed measures it
 FAST = LinkSpeed(5.0, 10e9, "test")                 # a link faster than the compressor
@@ -62,6 +65,105 @@ def test_auto_compresses_a_bucket_on_a_slow_link_only():
     # 1-bit only when a caller allows it: it is never auto's pick by default
     assert decide(64 << 20, 2, 1, GBIT, SPEED).method == "int8"
     assert decide(64 << 20, 2, 1, GBIT, SPEED, methods=("int8", "onebit")).method == "onebit"
+
+
+def test_a_bucket_with_backward_behind_it_pays_only_its_kernels_and_the_link_time_left_over():
+    # 2 MiB at 1 Gbit/s: fp32 18.5 ms on the link; int8 4.3 ms of kernels (2 x (40 us + 2 MiB / 1 GB/s))
+    # and 4.8 ms on the link
+    n = 2 << 20
+    kernels = 2 * (40.0 + n / 1e9 * 1e6)
+    for m in ("none", "int8", "onebit"):
+        assert exposed_us(m, n, 2, 1, GBIT, SPEED, 0.0) == pytest.approx(predict_us(m, n, 2, 1, GBIT, SPEED))
+    assert exposed_us("int8", n, 2, 1, GBIT, SPEED, 20e3) == pytest.approx(kernels)   # its link time hidden
+    assert exposed_us("none", n, 2, 1, GBIT, SPEED, 20e3) == 0.0
+    assert decide(n, 2, 1, GBIT, SPEED, behind_us=0.0) == decide(n, 2, 1, GBIT, SPEED)
+    hidden = decide(n, 2, 1, GBIT, SPEED, behind_us=20e3)  # fp32 fits behind it: compressing only adds kernels
+    assert hidden.method == "none" and "20.0 ms of backward behind it" in hidden.reason
+    assert hidden.estimates_us == {"none": 0.0, "int8": pytest.approx(kernels)}
+    assert decide(n, 2, 1, GBIT, SPEED, behind_us=15e3).method == "none"   # 3.5 ms of fp32 left < 4.3 ms
+    assert decide(n, 2, 1, GBIT, SPEED, behind_us=10e3).method == "int8"   # 8.5 ms left > 4.3 ms
+    # a table's times are whole calls: the backward behind one is taken off every method alike
+    s = _section()
+    assert from_table(s, 3 << 20, 2, behind_us=40e3).method == "none"     # fp32's 38 ms fits
+    late = from_table(s, 3 << 20, 2, behind_us=30e3)
+    assert late.method == "int8" and late.estimates_us == {"none": 8000.0, "int8": 0.0}
+    assert "30.0 ms of backward" in late.reason and "not known" in late.reason
+
+
+def test_backward_positions_measure_the_backward_after_each_call_from_the_previous_pass():
+    import time
+
+    from ddl_triton.torch.backward_position import BackwardPositions
+
+    positions, seen = BackwardPositions(), []
+
+    def call_b(grad):
+        seen.append(("B", positions.observe("B")))
+
+    def call_a(grad):
+        time.sleep(0.06)
+        seen.append(("A", positions.observe("A")))
+
+    def one_pass():
+        x = torch.ones(4, requires_grad=True)
+        reached_last = x * 2                 # a chain: backward reaches the tensor nearer the loss first
+        reached_first = reached_last * 3
+        # B's call, then A's 60 ms later
+        reached_first.register_hook(call_b)
+        reached_last.register_hook(call_a)
+        reached_first.sum().backward()
+
+    assert positions.observe("outside") is None  # not in backward: nothing known
+    one_pass()
+    assert seen == [("B", None), ("A", None)]    # no pass completed yet
+    seen.clear()
+    one_pass()
+    (b, behind_b), (a, behind_a) = seen
+    assert (b, a) == ("B", "A") and behind_a == 0.0 and behind_b >= 60e3  # A came last, 60 ms after B
+    assert behind_b < 10e6
+
+
+def test_level_compression_decides_a_bucket_by_its_place_in_backward_once_and_alike_on_every_rank():
+    import time
+
+    from ddl_triton.torch.level_compression import LevelCompression
+
+    agreed = []
+    comm = _fake(0, (0, 1))
+    comm.planner = SimpleNamespace(table=SimpleNamespace(compression=_section()))
+    comm.allreduce = lambda t, op: agreed.append((op, float(t[0])))  # the other rank: the same figure
+    lc = LevelCompression(comm, "auto")
+    n = 3 << 20  # the table: fp32 38 ms, int8 12 ms
+    methods = []
+
+    def early_bucket(grad):
+        methods.append(("early", lc.decide(n, "early").method))
+
+    def last_bucket(grad):
+        time.sleep(0.05)
+        methods.append(("last", lc.decide(n, "last").method))
+
+    def one_pass():
+        x = torch.ones(4, requires_grad=True)
+        reached_last = x * 2                 # a chain: backward reaches the tensor nearer the loss first
+        reached_first = reached_last * 3
+        reached_first.register_hook(early_bucket)
+        reached_last.register_hook(last_bucket)
+        reached_first.sum().backward()
+
+    one_pass()
+    assert methods == [("early", "int8"), ("last", "int8")] and agreed == []  # by size, until a pass is known
+    methods.clear()
+    one_pass()
+    assert methods == [("early", "none"), ("last", "int8")]  # 50 ms of backward hides fp32's 38 ms
+    assert [op for op, _ in agreed] == ["min", "min"] and agreed[0][1] >= 50e3 and agreed[1][1] == 0.0
+    methods.clear()
+    one_pass()
+    assert methods == [("early", "none"), ("last", "int8")] and len(agreed) == 2  # decided once per bucket
+    said = lc.explain(n)
+    assert "none between hosts" in said and "int8 between hosts" in said and "of backward" in said
+    # a named method, or a call outside backward, is decided by size alone
+    assert LevelCompression(comm, "int8").decide(n, "early").method == "int8" and lc.decide(n, "x").method == "int8"
 
 
 def _section():
