@@ -8,18 +8,23 @@ so it needs, per bucket, the backward time that follows its issue. :class:`Backw
 measures it:
 
 - every call is stamped with autograd's graph task (one per ``backward()``:
-  ``torch._C._current_graph_task_id()``, -1 outside backward) and the time of its issue;
-- when a call of a new graph task arrives, the previous pass is complete; each of its keys
+  ``torch._C._current_graph_task_id()``, -1 outside backward), its place in that pass (the
+  k-th call) and its size, and the time of its issue;
+- when a call of a new graph task arrives, the previous pass is complete; each of its calls
   gets ``behind = issue time of the pass's last call - its own issue time`` (the last call of
-  a pass is issued as backward finishes, so its own ``behind`` is 0);
-- ``observe(key)`` returns the key's ``behind`` from the last complete pass that held it, or
-  None: outside backward, or before a pass with the key has completed (the first step, and
-  the first after DDP rebuilds its buckets, whose buffers are new keys).
+  a pass is issued as backward finishes, so its own ``behind`` is 0), kept under its place and
+  size;
+- ``observe(nbytes)`` stamps a call and returns its place and the ``behind`` of the call with
+  the same place and size in the passes completed so far (the latest), or None: outside
+  backward, or before such a pass has completed (the first step, and the first after DDP
+  rebuilds its buckets).
 
-The issue times are this rank's; ranks agree on one figure before they decide
-(ddl_triton/torch/level_compression.py takes the smallest over the ranks).
-Example: a pass issues key A at 10 ms and key B at 150 ms; in the next pass observe(A) is
-140_000.0 (us) and observe(B) is 0.0.
+A call is known by its place and size, never by its buffer's address: ranks must agree on which
+calls have a figure, because agreeing on the figure is a collective (the smallest over the
+ranks: ddl_triton/torch/level_compression.py), and DDP issues the same buckets in the same order
+on every rank, while the allocator may give a new bucket an old address on one rank only.
+Example: a pass issues 1.4 MB at 10 ms and 2.1 MB at 150 ms; in the next pass the first call
+observes ((0, 1436200), 140_000.0) (us) and the second ((1, 2115712), 0.0).
 """
 from __future__ import annotations
 
@@ -28,36 +33,39 @@ from collections import OrderedDict
 
 import torch
 
-MAX_KEYS = 256  # keys remembered at most: DDP's buckets are a few hundred at the most
+MAX_KEYS = 256  # places remembered at most: DDP's buckets are a few hundred at the most
 
 
 class BackwardPositions:
-    """Per key, the backward time (us) that followed its call in the last complete pass (module doc)."""
+    """Per place and size in a backward pass, the backward time (us) that followed the call in
+    the latest complete pass (module doc)."""
 
     def __init__(self):
-        self._task = None                      # the graph task of the pass being recorded
-        self._issued: dict = {}                # its calls so far: key -> issue time (s)
-        self._behind: OrderedDict = OrderedDict()  # key -> us, from completed passes
+        self._task = None                          # the graph task of the pass being recorded
+        self._issued: dict = {}                    # its calls so far: (place, nbytes) -> issue time (s)
+        self._behind: OrderedDict = OrderedDict()  # (place, nbytes) -> us, from completed passes
 
-    def observe(self, key) -> float | None:
-        """Stamp a call of ``key`` now; its ``behind`` (us) from the last complete pass, or None."""
+    def observe(self, nbytes: int) -> tuple[tuple[int, int] | None, float | None]:
+        """Stamp a call of ``nbytes`` now: its place ``(k, nbytes)`` (None outside backward) and
+        its ``behind`` (us) from a complete pass (None when none is known)."""
         task = torch._C._current_graph_task_id()
         if task < 0:
-            return None
+            return None, None
         now = time.perf_counter()
         if task != self._task:
             self._close_pass()
             self._task = task
-        self._issued[key] = now
-        return self._behind.get(key)
+        place = (len(self._issued), nbytes)
+        self._issued[place] = now
+        return place, self._behind.get(place)
 
     def _close_pass(self) -> None:
         if not self._issued:
             return
         last = max(self._issued.values())
-        for key, issued in self._issued.items():
-            self._behind[key] = (last - issued) * 1e6
-            self._behind.move_to_end(key)
+        for place, issued in self._issued.items():
+            self._behind[place] = (last - issued) * 1e6
+            self._behind.move_to_end(place)
         while len(self._behind) > MAX_KEYS:
             self._behind.popitem(last=False)
         self._issued = {}

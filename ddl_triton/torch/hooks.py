@@ -243,7 +243,7 @@ def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
     """
     buf = bucket.buffer()
     lc = state._levels
-    method = lc.decide(buf.numel() * 4, ("bucket", bucket.index(), buf.numel())).method  # and its place in backward
+    method = lc.decide(buf.numel() * 4, calling=True).method  # by its size and its place in backward
     if method == "none" or buf.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return allreduce_hook(state, bucket)
     levels = lc.levels

@@ -18,14 +18,14 @@ compressed call always is): it builds the per-level groups (``per_level.Levels``
 "auto" without a table, probes the link. Every rank then makes the same choices, because the
 probe's figures (or the table) are the same everywhere.
 
-Under "auto", a call made from inside backward with a ``key`` (a DDP bucket) is decided by its
-place in backward too: once a backward pass holding the key has completed, the backward time
-that followed its call (ddl_triton/torch/backward_position.py; the smallest over the ranks, by
-one collective 8-byte allreduce per key, made at the same call everywhere) goes to the rule as
-``behind_us``. A bucket whose link time hides behind the rest of backward then stays in full
+Under "auto", an allreduce made from inside backward (a DDP bucket) is decided by its place in
+backward too: once a backward pass with a call of that place and size has completed, the
+backward time that followed it (ddl_triton/torch/backward_position.py; the smallest over the
+ranks, by one collective 8-byte allreduce per place, made at the same call everywhere) goes to
+the rule as ``behind_us``. A bucket whose link time hides behind the rest of backward then stays in full
 precision, since compressing it would only add kernel time to the step; the last bucket, with
 nothing behind it, is compressed where that pays. Until then (the first step, or the first
-after DDP rebuilds its buckets) the call is decided by its size alone. A key that moves from a
+after DDP rebuilds its buckets) the call is decided by its size alone. A bucket that moves from a
 compressed method to "none" drops its residual: one call's quantization error, once.
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ class LevelCompression:
     ``block``: the int8 quantization block; ``error_feedback``: keep what compression lost
     and send it with the next call of the same key. ``decisions``: every size decided so far
     ({nbytes: tuning.compression.Decision}); ``positioned``: the calls decided by their place in
-    backward ({key: (nbytes, Decision)}, module doc); ``residual_resets``: keys whose residual
+    backward ({(place, nbytes): Decision}, module doc); ``residual_resets``: keys whose residual
     was dropped because the tensor under them changed size or method."""
 
     def __init__(self, comm, setting: str, *, block: int = 256, error_feedback: bool = True):
@@ -92,20 +92,20 @@ class LevelCompression:
         are ``comm`` itself): their ``transport_bytes`` count the bytes of per-level calls."""
         return list(self._levels._owned) if self._levels is not None else []
 
-    def decide(self, nbytes: int, key=None):
+    def decide(self, nbytes: int, calling: bool = False):
         """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason.
-        ``key``: the call's residual key, given once per call by a caller in backward (DDP's
-        bucket): "auto" then weighs its place in backward (module doc). Collective on first use,
-        and at a key's first positioned decision."""
-        behind = self._positions.observe(key) if key is not None and self.setting == "auto" else None
+        ``calling``: this is an allreduce being made (once per call): inside backward, "auto" then
+        weighs its place there (module doc). Collective on first use, and at a place's first
+        positioned decision."""
+        place, behind = self._positions.observe(nbytes) if calling and self.setting == "auto" else (None, None)
         if behind is not None and self.levels.hosts > 1 and self.levels.uniform:
-            held = self.positioned.get(key)
-            if held is None or held[0] != nbytes:
-                held = self.positioned[key] = (nbytes, self._decide_auto(nbytes, self._agreed(behind)))
+            held = self.positioned.get(place)
+            if held is None:
+                held = self.positioned[place] = self._decide_auto(nbytes, self._agreed(behind))
                 while len(self.positioned) > MAX_KEYS:
                     self.positioned.popitem(last=False)
-            self.positioned.move_to_end(key)
-            return held[1]
+            self.positioned.move_to_end(place)
+            return held
         held = self.decisions.get(nbytes)
         if held is not None:
             return held
@@ -123,7 +123,7 @@ class LevelCompression:
     def explain(self, nbytes: int) -> str:
         """One line: what an ``nbytes`` allreduce sends between hosts, and why (and, for calls
         decided by their place in backward, what each of that size sent)."""
-        placed = [d for n, d in self.positioned.values() if n == nbytes]
+        placed = [d for (_, n), d in self.positioned.items() if n == nbytes]
         if placed:
             return "; ".join(f"{nbytes} B: {d.method} between hosts ({d.reason})" for d in placed)
         d = self.decide(nbytes)

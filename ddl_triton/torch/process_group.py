@@ -120,7 +120,7 @@ class DdlProcessGroup(dist.ProcessGroup):
             key = buffer_key(tensor)     # DDP's bucket buffers persist: each keeps its residual
             # Here, not in the issue below: a first decision is collective, and one inside backward
             # is stamped with its place there (level_compression.py).
-            method = lc.decide(wire.numel() * 4, key).method
+            method = lc.decide(wire.numel() * 4, calling=True).method
             # woken at once: its Work is made outside the queue, so nothing would wake a held call
             return self._run(lambda a: lc.allreduce(wire, key, op=op, async_op=a, method=method), [tensor], opts,
                              finish, hold=False)

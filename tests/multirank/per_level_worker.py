@@ -25,6 +25,10 @@ With more than one host (H hosts of L ranks):
    backward (ddl_triton/torch/backward_position.py): from the second step on every bucket has
    a positioned decision, the same method on every rank, the last bucket's with no backward
    behind it; the gradients are identical on every rank and within the int8 bound of lossless.
+   The same on the option path (a "ddl" group with ``DDL_COMPRESSION=auto``) with two models in
+   turn, rank 0 keeping the first alive and the others not, so that only some ranks' allocators
+   may hand the second model's buckets the first one's addresses: the decisions go by place in
+   backward, never by address, so every rank makes the same collectives.
 
 On one host: it never compresses: ``per_level.allreduce`` is bitwise ``comm.allreduce``,
 residuals are (0, None), ``auto`` and ``int8`` both decide "none" without probing anything.
@@ -33,6 +37,7 @@ Prints "per_level_worker: N ranks, M checks, 0 failures" on rank 0.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -224,12 +229,39 @@ def auto_in_backward(ck: Checker, comm) -> None:
         ck.true(f"auto, step {step}: within the int8 bound of lossless", (grads[0] - grads[1]).abs().max().item() <= bound)
     placed = list(lc.positioned.values())
     ck.true("auto: every bucket of the later steps decided by its place", len(placed) >= 2, str(lc.positioned))
-    codes = torch.tensor([("none", "int8", "onebit").index(d.method) for _, d in placed] + [len(placed)])
+    codes = torch.tensor([("none", "int8", "onebit").index(d.method) for d in placed] + [len(placed)])
     ck.identical("auto: the same positioned decisions on every rank", codes)
     ck.true("auto: one bucket is last, with no backward behind it",
-            sum("of backward behind it" not in d.reason for _, d in placed) == 1, str([d.reason for _, d in placed]))
+            sum("of backward behind it" not in d.reason for d in placed) == 1, str([d.reason for d in placed]))
     for s in (state, lossless):
         s.close()
+    before = os.environ.get("DDL_COMPRESSION")
+    os.environ["DDL_COMPRESSION"] = "auto"  # a new group reads the DDL_* variables when it is made
+    try:
+        group = dist.new_group(backend="ddl")
+    finally:
+        os.environ["DDL_COMPRESSION"] = before if before is not None else ""
+        if before is None:
+            del os.environ["DDL_COMPRESSION"]
+    kept = []
+    for turn in range(2):
+        torch.manual_seed(2)
+        m = DDP(torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)),
+                process_group=group, bucket_cap_mb=0.25)
+        for step in range(3):
+            m.zero_grad()
+            m(torch.randn(8, 128, generator=torch.Generator().manual_seed(comm.rank + step))).square().sum().backward()
+            ck.identical(f"auto option path, model {turn}, step {step}: replicas identical",
+                         torch.cat([q.grad.reshape(-1) for q in m.parameters()]))
+        if comm.rank == 0:
+            kept.append(m)  # its buffers stay allocated on rank 0 only
+        del m
+    del kept
+    placed = list(group.compression.positioned.values())
+    codes = torch.tensor([("none", "int8", "onebit").index(d.method) for d in placed] + [len(placed)])
+    ck.true("auto option path: buckets decided by their place", len(placed) >= 2, str(group.compression.positioned))
+    ck.identical("auto option path: the same positioned decisions on every rank", codes)
+    dist.destroy_process_group(group)
 
 
 def auto_agrees(ck: Checker, comm) -> None:

@@ -97,12 +97,12 @@ def test_backward_positions_measure_the_backward_after_each_call_from_the_previo
 
     positions, seen = BackwardPositions(), []
 
-    def call_b(grad):
-        seen.append(("B", positions.observe("B")))
+    def call_b(grad):  # the pass's first call, 2000 B
+        seen.append(positions.observe(2000))
 
-    def call_a(grad):
+    def call_a(grad):  # its second and last, 1000 B
         time.sleep(0.06)
-        seen.append(("A", positions.observe("A")))
+        seen.append(positions.observe(1000))
 
     def one_pass():
         x = torch.ones(4, requires_grad=True)
@@ -113,13 +113,13 @@ def test_backward_positions_measure_the_backward_after_each_call_from_the_previo
         reached_last.register_hook(call_a)
         reached_first.sum().backward()
 
-    assert positions.observe("outside") is None  # not in backward: nothing known
+    assert positions.observe(2000) == (None, None)  # not in backward: nothing known
     one_pass()
-    assert seen == [("B", None), ("A", None)]    # no pass completed yet
+    assert seen == [((0, 2000), None), ((1, 1000), None)]  # no pass completed yet
     seen.clear()
     one_pass()
     (b, behind_b), (a, behind_a) = seen
-    assert (b, a) == ("B", "A") and behind_a == 0.0 and behind_b >= 60e3  # A came last, 60 ms after B
+    assert (b, a) == ((0, 2000), (1, 1000)) and behind_a == 0.0 and behind_b >= 60e3  # A came last, 60 ms after B
     assert behind_b < 10e6
 
 
@@ -137,11 +137,11 @@ def test_level_compression_decides_a_bucket_by_its_place_in_backward_once_and_al
     methods = []
 
     def early_bucket(grad):
-        methods.append(("early", lc.decide(n, "early").method))
+        methods.append(("early", lc.decide(n, calling=True).method))
 
     def last_bucket(grad):
         time.sleep(0.05)
-        methods.append(("last", lc.decide(n, "last").method))
+        methods.append(("last", lc.decide(n, calling=True).method))
 
     def one_pass():
         x = torch.ones(4, requires_grad=True)
@@ -163,7 +163,8 @@ def test_level_compression_decides_a_bucket_by_its_place_in_backward_once_and_al
     said = lc.explain(n)
     assert "none between hosts" in said and "int8 between hosts" in said and "of backward" in said
     # a named method, or a call outside backward, is decided by size alone
-    assert LevelCompression(comm, "int8").decide(n, "early").method == "int8" and lc.decide(n, "x").method == "int8"
+    assert LevelCompression(comm, "int8").decide(n, calling=True).method == "int8"
+    assert lc.decide(n, calling=True).method == "int8"
 
 
 def _section():
