@@ -15,16 +15,16 @@ not with the package, which every rank imports: see _lazy_kernels.py.
 """
 from . import launch_configs
 from ._dispatch import get_backend, set_backend
-from .int8 import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_reference, reduce_int8,
-                   reduce_int8_reference)
+from .int8 import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_keep_error,
+                   quantize_int8_reference, reduce_int8, reduce_int8_reference)
 from .onebit import sign_compress, sign_compress_reference, sign_decompress, sign_decompress_reference
 from .pack import pack, pack_reference, unpack, unpack_reference
 from .reduce import REDUCE_OPS, reduce, reduce_reference
 
 __all__ = [
     "REDUCE_OPS", "dequantize_int8", "dequantize_int8_reference", "get_backend", "launch_configs", "pack",
-    "pack_reference", "quantize_int8", "quantize_int8_reference", "reduce", "reduce_int8", "reduce_int8_reference",
-    "reduce_reference", "set_backend", "sign_compress", "sign_compress_reference", "sign_decompress",
+    "pack_reference", "quantize_int8", "quantize_int8_keep_error", "quantize_int8_reference", "reduce",
+    "reduce_int8", "reduce_int8_reference", "reduce_reference", "set_backend", "sign_compress", "sign_compress_reference", "sign_decompress",
     "sign_decompress_reference", "sweep", "unpack", "unpack_reference",
 ]
 

@@ -1,4 +1,5 @@
-"""Blockwise int8 quantization of gradients: ``quantize_int8``, ``dequantize_int8``, ``reduce_int8``.
+"""Blockwise int8 quantization of gradients: ``quantize_int8``, ``dequantize_int8``, ``reduce_int8``
+(and ``quantize_int8_keep_error``, error feedback's quantize-and-subtract).
 
 Per block of ``block``
 consecutive elements of the flattened tensor (the last block may be short):
@@ -116,8 +117,10 @@ def _n_blocks(n: int, block: int) -> int:
 
 
 def quantize_int8_reference(x: torch.Tensor, *, block: int = 256,
-                            out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch-ops implementation of :func:`quantize_int8`; also the CPU fast path.
+                            out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            _keep_error: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch-ops implementation of :func:`quantize_int8`; also the CPU fast path (and, with
+    ``_keep_error``, :func:`quantize_int8_keep_error`'s).
 
     torch.round is round-half-to-even, the rule the kernel implements with floor and compares.
     """
@@ -130,20 +133,25 @@ def quantize_int8_reference(x: torch.Tensor, *, block: int = 256,
     # The whole blocks as a view and the short last block on its own: padding a copy of the
     # tensor to whole blocks cost more than the quantization itself (0.6 of 1.4 ms at 2 MB).
     if full:
-        _quantize_blocks(flat[:full].view(-1, block), q_flat[:full].view(-1, block), s[: full // block])
+        _quantize_blocks(flat[:full].view(-1, block), q_flat[:full].view(-1, block), s[: full // block], _keep_error)
     if full < n:
-        _quantize_blocks(flat[full:].view(1, -1), q_flat[full:].view(1, -1), s[full // block:])
+        _quantize_blocks(flat[full:].view(1, -1), q_flat[full:].view(1, -1), s[full // block:], _keep_error)
     return q, s
 
 
-def _quantize_blocks(xb: torch.Tensor, qb: torch.Tensor, s: torch.Tensor) -> None:
-    """Quantize the rows of ``xb`` (one block each) into ``qb``, their scales into ``s``."""
+def _quantize_blocks(xb: torch.Tensor, qb: torch.Tensor, s: torch.Tensor, keep_error: bool = False) -> None:
+    """Quantize the rows of ``xb`` (one block each) into ``qb``, their scales into ``s``; with
+    ``keep_error`` (xb fp32), subtract the dequantized values from ``xb``."""
     # max(amax, -amin) is |x|'s max exactly, without the fp32 temporary abs() would write.
     torch.div(torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg_()), _QMAX, out=s)
     s.masked_fill_(s < _MIN_NORMAL, 0.0)
     safe = torch.where(s > 0, s, torch.ones_like(s))
     v = torch.div(xb, safe[:, None])
     qb.copy_(v.round_().clamp_(-_QMAX, _QMAX))  # in place: one fp32 temporary, not three
+    if keep_error:
+        # v holds q exactly (integers up to 127), so v * s is dequantize_int8's fp32(q * s), bit
+        # for bit, without converting q back from int8.
+        xb.sub_(v.mul_(s[:, None]))
 
 
 def dequantize_int8_reference(q: torch.Tensor, scales: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -216,6 +224,29 @@ def quantize_int8(x: torch.Tensor, *, block: int = 256,
     if n == 0:
         return q, s
     _launch("quantize_int8", x, nb, block, (x, q, s, n, nb))
+    return q, s
+
+
+def quantize_int8_keep_error(v: torch.Tensor, *, out: tuple[torch.Tensor, torch.Tensor],
+                             block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Error feedback's step: ``quantize_int8(v, out=out)``, then ``v -= dequantize_int8(q, s)``,
+    so that ``v`` keeps what the quantization lost (to be sent with the next call). Returns out.
+
+    v: contiguous fp32, overwritten. The same bits as the two calls. On the CPU fast path it
+    reuses the rounded values quantize_int8 computes, instead of converting q back from int8
+    into a temporary: 1.61 against 2.27 ms for a 2.1 MB bucket on this project's CPU VM.
+    Example (block=4): v = [1.0, -0.5, 0.25, 0.0] -> q = [127, -64, 32, 0], s = [1/127],
+             v = [0.0, 0.003937, -0.001969, 0.0]
+    """
+    _check_block("quantize_int8_keep_error", block)
+    if v.dtype != torch.float32:
+        raise TypeError(f"quantize_int8_keep_error: v must be fp32 (it keeps the error), got {v.dtype}")
+    check_contiguous("quantize_int8_keep_error", v=v)
+    _check_out("quantize_int8_keep_error", out, v.numel(), _n_blocks(v.numel(), block), v.device)
+    if not use_triton(v):
+        return quantize_int8_reference(v, block=block, out=out, _keep_error=True)
+    q, s = quantize_int8(v, block=block, out=out)
+    v.sub_(dequantize_int8(q, s, block=block))
     return q, s
 
 

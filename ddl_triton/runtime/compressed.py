@@ -92,7 +92,8 @@ import torch
 from . import gathered, gpu_path, scratch_pool
 from .compressed_layout import (ONEBIT_ALIGN, align, chunk_bounds, chunk_elems, nbytes, segments, slot_words,
                                 whole_slot_words)
-from ..kernels import dequantize_int8, quantize_int8, reduce_int8, sign_compress, sign_decompress
+from ..kernels import (dequantize_int8, quantize_int8, quantize_int8_keep_error, reduce_int8, sign_compress,
+                       sign_decompress)
 from .work import Work
 
 __all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps", "wire_bytes"]
@@ -152,15 +153,11 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
     sb, sf = send.view(torch.int8), send.view(torch.float32)
     if residual is not None:
         residual.add_(flat)  # v = x + residual: x upcast exactly
-        # The dequantized values only feed the residual, and flat's own values are spent (they are in
-        # v now): an fp32 flat holds them, and is overwritten by the result at the end.
-        lost = flat if flat.dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=flat.device)
     for p, (a, b) in enumerate(bounds):  # chunk p straight into slot p: values, then scales
         nb = -(-(b - a) // block)
         qp, sp = sb[p * words * 4: p * words * 4 + b - a], sf[p * words + sq: p * words + sq + nb]
         if residual is not None:
-            quantize_int8(residual[a:b], block=block, out=(qp, sp))
-            residual[a:b].sub_(dequantize_int8(qp, sp, out=lost[a:b], block=block))  # lost now, sent next call
+            quantize_int8_keep_error(residual[a:b], block=block, out=(qp, sp))  # what it lost is sent next call
         else:
             quantize_int8(flat[a:b], block=block, out=(qp, sp))
     a, b = bounds[comm.rank]

@@ -25,7 +25,7 @@ import torch
 
 from . import scratch_pool
 from .compressed_layout import ONEBIT_ALIGN, chunk_elems, nbytes, segments, slot_words
-from ..kernels import dequantize_int8, quantize_int8, sign_compress, sign_decompress
+from ..kernels import dequantize_int8, quantize_int8, quantize_int8_keep_error, sign_compress, sign_decompress
 from .work import Work
 
 
@@ -38,9 +38,7 @@ def int8(comm, tensor, flat, op, block, residual, async_op):
     qb, sf = gin.view(torch.int8)[:n], gin.view(torch.float32)[sq: sq + nb]
     if residual is not None:
         residual.add_(flat)  # v = x + residual, as the two-shot worker
-        quantize_int8(residual, block=block, out=(qb, sf))
-        lost = flat if flat.dtype == torch.float32 else torch.empty(n, dtype=torch.float32, device=flat.device)
-        residual.sub_(dequantize_int8(qb, sf, out=lost, block=block))  # lost now, sent next call
+        quantize_int8_keep_error(residual, block=block, out=(qb, sf))  # what it lost is sent next call
     else:
         quantize_int8(flat, block=block, out=(qb, sf))
 

@@ -211,6 +211,27 @@ def test_quantize_and_reduce_int8_write_into_out(backend, n):
     assert_bitwise(r_out[1], r_new[1], "reduce out= scales")
 
 
+@pytest.mark.parametrize("n", SIZES)
+def test_quantize_int8_keep_error_is_quantize_then_subtract_bitwise(backend, n):
+    """Error feedback's step equals quantize_int8 then v -= dequantize_int8(q, s), bit for bit,
+    including a block flushed to scale 0 (its values stay in v whole)."""
+    v = make(n, torch.float32, 11)
+    if n > 300:
+        v[256:300] *= 1e-38  # a block of tiny values: scale 0, q 0
+    expect_q, expect_s = K.quantize_int8(v)
+    expect_v = v - K.dequantize_int8(expect_q, expect_s)
+    nb = (n + 255) // 256
+    out = (poisoned(n, torch.int8), poisoned(nb, torch.float32))
+    got = v.clone()
+    q, s = K.quantize_int8_keep_error(got, out=out)
+    assert q is out[0] and s is out[1]
+    assert_bitwise(q, expect_q, "keep_error q")
+    assert_bitwise(s, expect_s, "keep_error scales")
+    assert_bitwise(got, expect_v, "keep_error: what is left in v")
+    with pytest.raises(TypeError, match="fp32"):
+        K.quantize_int8_keep_error(v.to(torch.float16), out=(torch.empty(n, dtype=torch.int8), torch.empty(nb)))
+
+
 def test_int8_out_is_checked(backend):
     x = torch.ones(300)
     with pytest.raises(TypeError, match=r"out must be \(int8, fp32\)"):
