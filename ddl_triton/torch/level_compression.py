@@ -22,9 +22,9 @@ Under "auto", an allreduce made from inside backward (a DDP bucket) is decided b
 backward too: once a backward pass with a call of that place and size has completed, the
 backward time that followed it (ddl_triton/torch/backward_position.py; the smallest over the
 ranks, by one collective 8-byte allreduce per place, made at the same call everywhere) goes to
-the rule as ``behind_us``. A bucket whose link time hides behind the rest of backward then stays in full
-precision, since compressing it would only add kernel time to the step; the last bucket, with
-nothing behind it, is compressed where that pays. Until then (the first step, or the first
+the rule as ``behind_us``. A bucket whose link time hides behind the rest of backward then
+stays in full precision, since compressing it would only add kernel time to the step; the last
+bucket, with nothing behind it, is compressed where that pays. Until then (the first step, or the first
 after DDP rebuilds its buckets) the call is decided by its size alone. A bucket that moves from a
 compressed method to "none" drops its residual: one call's quantization error, once.
 """
