@@ -90,28 +90,37 @@ def test_a_bucket_with_backward_behind_it_pays_only_its_kernels_and_the_link_tim
     assert "30.0 ms of backward" in late.reason and "not known" in late.reason
 
 
-def test_backward_positions_measure_the_backward_after_each_call_from_the_previous_pass():
+def _backward_calling(first, last, gap_s: float) -> None:
+    """One real backward pass that calls ``first()``, then, ``gap_s`` later, ``last()``, from
+    gradient hooks (as DDP issues its buckets)."""
     import time
 
+    x = torch.ones(4, requires_grad=True)
+    reached_last = x * 2                 # a chain: backward reaches the tensor nearer the loss first
+    reached_first = reached_last * 3
+
+    def later(grad) -> None:
+        time.sleep(gap_s)
+        last()
+
+    reached_first.register_hook(lambda grad: first())
+    reached_last.register_hook(later)
+    reached_first.sum().backward()
+
+
+def test_backward_positions_measure_the_backward_after_each_call_from_the_previous_pass():
     from ddl_triton.torch.backward_position import BackwardPositions
 
     positions, seen = BackwardPositions(), []
 
-    def call_b(grad):  # the pass's first call, 2000 B
+    def call_b():  # the pass's first call, 2000 B
         seen.append(positions.observe(2000))
 
-    def call_a(grad):  # its second and last, 1000 B
-        time.sleep(0.06)
+    def call_a():  # its second and last, 1000 B, 60 ms later
         seen.append(positions.observe(1000))
 
     def one_pass():
-        x = torch.ones(4, requires_grad=True)
-        reached_last = x * 2                 # a chain: backward reaches the tensor nearer the loss first
-        reached_first = reached_last * 3
-        # B's call, then A's 60 ms later
-        reached_first.register_hook(call_b)
-        reached_last.register_hook(call_a)
-        reached_first.sum().backward()
+        _backward_calling(call_b, call_a, gap_s=0.06)
 
     assert positions.observe(2000) == (None, None)  # not in backward: nothing known
     one_pass()
@@ -124,8 +133,6 @@ def test_backward_positions_measure_the_backward_after_each_call_from_the_previo
 
 
 def test_level_compression_decides_a_bucket_by_its_place_in_backward_once_and_alike_on_every_rank():
-    import time
-
     from ddl_triton.torch.level_compression import LevelCompression
 
     agreed = []
@@ -136,20 +143,14 @@ def test_level_compression_decides_a_bucket_by_its_place_in_backward_once_and_al
     n = 3 << 20  # the table: fp32 38 ms, int8 12 ms
     methods = []
 
-    def early_bucket(grad):
+    def early_bucket():
         methods.append(("early", lc.decide(n, calling=True).method))
 
-    def last_bucket(grad):
-        time.sleep(0.05)
+    def last_bucket():  # 50 ms later
         methods.append(("last", lc.decide(n, calling=True).method))
 
     def one_pass():
-        x = torch.ones(4, requires_grad=True)
-        reached_last = x * 2                 # a chain: backward reaches the tensor nearer the loss first
-        reached_first = reached_last * 3
-        reached_first.register_hook(early_bucket)
-        reached_last.register_hook(last_bucket)
-        reached_first.sum().backward()
+        _backward_calling(early_bucket, last_bucket, gap_s=0.05)
 
     one_pass()
     assert methods == [("early", "int8"), ("last", "int8")] and agreed == []  # by size, until a pass is known
