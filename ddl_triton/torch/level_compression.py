@@ -129,10 +129,9 @@ class LevelCompression:
         d = self.decide(nbytes)
         return f"{nbytes} B: {d.method} between hosts ({d.reason})"
 
-    def allreduce(self, tensor: torch.Tensor, key, op: str = "avg", async_op: bool = True, method: str | None = None):
-        """Allreduce ``tensor`` in place with ``method`` (default: the one decided for its size);
-        residuals under ``key``."""
-        method = method if method is not None else self.decide(tensor.numel() * 4).method
+    def allreduce(self, tensor: torch.Tensor, key, method: str, op: str = "avg", async_op: bool = True):
+        """Allreduce ``tensor`` in place with ``method``, as ``decide`` chose it for this call on
+        the calling thread; residuals under ``key``."""
         if method == "none":
             return self.comm.allreduce(tensor, op=op, async_op=async_op)
         worker, server = self.residuals(key, method, tensor.numel()) if self.error_feedback else (None, None)

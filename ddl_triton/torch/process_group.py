@@ -122,8 +122,8 @@ class DdlProcessGroup(dist.ProcessGroup):
             # is stamped with its place there (level_compression.py).
             method = lc.decide(wire.numel() * 4, calling=True).method
             # woken at once: its Work is made outside the queue, so nothing would wake a held call
-            return self._run(lambda a: lc.allreduce(wire, key, op=op, async_op=a, method=method), [tensor], opts,
-                             finish, hold=False)
+            return self._run(lambda a: lc.allreduce(wire, key, method, op=op, async_op=a), [tensor], opts, finish,
+                             hold=False)
         return self._run(lambda a: self._comm.allreduce(wire, op=op, async_op=a), [tensor], opts, finish)
 
     def allreduce_coalesced(self, tensors, opts=None):
