@@ -52,6 +52,16 @@ _BACKGROUND_YIELD_SECONDS = 100e-6
 # as soon as its spin ends where the peer wakes it (see _wait_slowly).
 _FIRST_NAP_SECONDS = 20e-6
 _LONGEST_NAP_SECONDS = 100e-6
+# A background thread's polled wait (MPI) that has already lasted a while naps longer: up to an
+# eighth of the time it has waited so far, and at most this. Such a wait is on a transfer of
+# milliseconds (a bucket across hosts), whose bytes queue in the kernel's socket buffers while it
+# naps; the wake-ups, each with its MPI tests, are what cost the core backward computes on.
+# Measured on the testbed (2 hosts x 1 rank, 1 Gbit/s, a 2.1 MB exchange beside a 30 ms sleep):
+# naps of 100 us cost 6.0 ms of CPU per exchange, naps of 1 ms 3.3 ms, for a finish 0.5 ms later
+# (the socket itself: 2.4-3.0 ms). At most an eighth of the wait so far keeps a late answer to
+# an eighth of the wait.
+_LONGEST_BACKGROUND_NAP_SECONDS = 1e-3
+_BACKGROUND_NAP_SHARE = 1 / 8
 # The longest nap when the waker wakes the sleeper (a futex: transports/futex.py): the timer then
 # only bounds a missed wake-up and paces the liveness checks.
 _LONGEST_WOKEN_NAP_SECONDS = 5e-3
@@ -163,12 +173,13 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
     # wakes it (a futex) or no core is spare, else after at most 100 us of yielding, spare core or
     # not (_BACKGROUND_YIELD_SECONDS). A yielding thread keeps a share of a core, which it takes
     # from the application's compute for as long as the transfer lasts (across hosts: milliseconds
-    # per bucket); a nap of at most 100 us still calls into MPI often enough for a transfer to
-    # progress (1 Gbit/s moves 12.5 KB in that time, well within a socket's buffer). An
-    # application-thread wait yields for its first millisecond, then naps only while no core is spare.
+    # per bucket); a nap of at most 100 us, or up to 1 ms once the wait has lasted 8 ms, still
+    # calls into MPI often enough for a transfer to progress (1 Gbit/s moves 125 KB in 1 ms, well
+    # within a socket's buffer). An application-thread wait yields for its first millisecond, then
+    # naps only while no core is spare.
     woken = sleep is not None
     background = getattr(_background, "on", False)
-    now = time.monotonic()
+    now = began = time.monotonic()
     if not background:
         start_napping = now + _YIELD_SECONDS
     elif woken or not _host_has_a_spare_core():
@@ -176,6 +187,7 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
     else:
         start_napping = now + _BACKGROUND_YIELD_SECONDS
     longest = _LONGEST_WOKEN_NAP_SECONDS if woken else _LONGEST_NAP_SECONDS
+    stretch = background and not woken  # a polled background wait: naps grow with the wait (above)
     sleep = sleep or time.sleep
     nap = 0.0
     while True:
@@ -183,6 +195,9 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
             sleep(nap)  # releases the GIL and the core
             if ready():
                 return
+            if stretch:
+                longest = min(_LONGEST_BACKGROUND_NAP_SECONDS,
+                              max(_LONGEST_NAP_SECONDS, (time.monotonic() - began) * _BACKGROUND_NAP_SHARE))
             nap = min(2 * nap, longest)
         else:
             for _ in range(_CHECKS_PER_CLOCK):

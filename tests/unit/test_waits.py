@@ -3,7 +3,8 @@
 transports/base.py: a wait spins briefly, then yields; a background thread's wait (a
 communicator's, overlapping DDP's backward) naps right after its spin where its peer wakes it,
 and any wait naps after 1 ms of yielding while every core of the host has a runnable thread.
-A background wait naps after 100 us of yielding even where a core is spare.
+A background wait naps after 100 us of yielding even where a core is spare, and a polled one
+naps longer as it lasts (up to 1 ms, never past an eighth of the wait so far).
 These tests wait half a second for a condition and look at the CPU time the waiting thread
 used: a spinning or yielding wait uses nearly all of it. Where a core is spare, a timed wait on
 the application thread keeps yielding (a napping wait answers late, once per round trip of a
@@ -69,6 +70,33 @@ def test_a_background_wait_naps_after_a_short_yield_even_with_a_spare_core(monke
     cpu, wall = _wait_in_thread(True, WAIT_S)
     assert wall >= WAIT_S * 0.9
     assert cpu < 0.25 * wall, f"a background wait used {cpu:.3f} s of CPU in {wall:.3f} s with a spare core"
+
+
+def test_a_long_polled_background_wait_naps_longer_but_never_past_an_eighth_of_its_wait(monkeypatch):
+    # A background wait on a transfer of milliseconds (MPI, across hosts) wakes less often as it
+    # lasts: each wake-up's tests cost the core backward computes on. A nap never exceeds an
+    # eighth of the wait so far (bounding how late it answers), nor 1 ms.
+    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: False)
+    naps = []
+    real_sleep = time.sleep
+    began = []
+
+    def recorded(seconds):
+        naps.append((seconds, time.monotonic() - began[0]))
+        real_sleep(seconds)
+
+    monkeypatch.setattr(base.time, "sleep", recorded)
+    began.append(time.monotonic())
+    _wait_in_thread(True, 0.06)
+    longest = max(n for n, _ in naps)
+    assert base._LONGEST_NAP_SECONDS < longest <= base._LONGEST_BACKGROUND_NAP_SECONDS, naps
+    for nap, elapsed in naps:  # elapsed from before the thread started: the wait's own is shorter
+        assert nap <= max(base._LONGEST_NAP_SECONDS, elapsed * base._BACKGROUND_NAP_SHARE) + 1e-9, (nap, elapsed)
+    # The application thread's timed naps stay short: it answers its peer at once.
+    naps.clear()
+    began[0] = time.monotonic()
+    _wait_in_thread(False, 0.06)
+    assert naps and max(n for n, _ in naps) <= base._LONGEST_NAP_SECONDS, naps
 
 
 @pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
