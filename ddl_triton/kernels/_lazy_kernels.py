@@ -22,12 +22,23 @@ A launcher module declares its kernels once, and launches them through the decla
 A kernel is looked up as an attribute of the launcher module at every launch, so what is launched
 is what ``reduce._reduce_kernel`` is now: the jit function once loaded, or whatever replaced it
 there (a test's spy, set with monkeypatch).
+
+Under ``TRITON_INTERPRET=1`` launches through ``_KERNELS[...]`` run one at a time, process-wide:
+the interpreter patches ``triton.language`` while a kernel runs, so two threads interpreting at
+once (a communicator's background thread dequantizing one bucket's gathered int8 while the
+training thread quantizes the next: ddl_triton/runtime/gathered.py) fail with "Did you forget to
+add @triton.jit ?". Compiled kernels launch as they are.
 """
 from __future__ import annotations
 
 import importlib
 import sys
+import threading
 from collections.abc import Iterable
+
+from ._dispatch import interpreting
+
+_INTERPRETER_LOCK = threading.Lock()  # one interpreted kernel at a time (module doc)
 
 
 class LazyKernels:
@@ -56,7 +67,28 @@ class LazyKernels:
         """The kernel ``name`` as the launcher module holds it now, loaded if need be."""
         if name not in self._names:
             raise KeyError(f"{self._module}: {name!r} is not one of its Triton kernels {sorted(self._names)}")
-        return getattr(sys.modules[self._module], name)
+        kernel = getattr(sys.modules[self._module], name)
+        return _OneAtATime(kernel) if interpreting() else kernel
+
+
+class _OneAtATime:
+    """``kernel[grid](...)`` under the interpreter's lock (module doc)."""
+
+    __slots__ = ("_kernel",)
+
+    def __init__(self, kernel):
+        self._kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self._kernel[grid]
+
+        def locked(*args, **kwargs):
+            with _INTERPRETER_LOCK:
+                return launch(*args, **kwargs)
+        return locked
+
+    def __getattr__(self, name: str):  # the kernel's other attributes (fn, arg_names, ...)
+        return getattr(self._kernel, name)
 
 
 def cdiv(n: int, d: int) -> int:

@@ -245,3 +245,32 @@ def test_int8_out_is_checked(backend):
     q, s = K.quantize_int8_reference(x)
     with pytest.raises(ValueError, match="300 values and 2 scales"):
         K.reduce_int8([q], [s], out=(torch.empty(299, dtype=torch.int8), torch.empty(2)))
+
+
+def test_interpreted_kernels_may_launch_from_two_threads_at_once(monkeypatch):
+    # The interpreter patches triton.language while a kernel runs: two threads interpreting at
+    # once (a background thread's dequantize beside the next bucket's quantize) failed with
+    # "Did you forget to add @triton.jit ?". Launches through LazyKernels take turns instead.
+    import threading
+
+    from ddl_triton.kernels import _dispatch
+    monkeypatch.setattr(_dispatch, "_backend", "triton")
+    inputs = [torch.randn(8192, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    alone = [K.dequantize_int8(*K.quantize_int8(x)) for x in inputs]
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            for _ in range(4):
+                results[i] = K.dequantize_int8(*K.quantize_int8(inputs[i]))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    for i in range(2):
+        assert torch.equal(results[i], alone[i])
