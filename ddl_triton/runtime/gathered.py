@@ -15,6 +15,12 @@ Nothing is compressed twice, so int8 loses only the workers' s_w(1/2 + 2**-16) p
 move half of the compressed tensor, so one all_gather of all of it sends the same bytes with
 one exchange's latency and machinery fewer, and no server step.
 
+int8 "avg" multiplies each slot's scales by the fp32(1/2) instead of the sum: a power of two, so
+every product is the same number (but for blocks of scale below 2**-125, whose halves are
+subnormal and may differ in the last bit; both ranks compute the same bits either way), and the
+sum costs one pass over the tensor fewer (about 0.4 ms of 2.4 for a 2.1 MB bucket on the
+project's CPU VM).
+
 Example (int8, block 4, "avg"): rank 0 [1, 2, 3, 4], rank 1 [3, 2, 1, 0] -> q [32, 64, 95, 127]
 s 4/127 and q [127, 85, 42, 0] s 3/127 -> both ranks [2.003937, 2.011811, 1.992126, 2.0].
 The slot layout is compressed_layout.py's (``whole_slot_words``: the whole tensor as one chunk).
@@ -42,12 +48,16 @@ def int8(comm, tensor, flat, op, block, residual, async_op):
     else:
         quantize_int8(flat, block=block, out=(qb, sf))
 
+    half = torch.tensor(0.5, dtype=torch.float32, device=flat.device) if op == "avg" else None
+
     def decompress(p: int, out: torch.Tensor) -> None:
         ob, of = gout.view(torch.int8), gout.view(torch.float32)
-        dequantize_int8(ob[p * words * 4: p * words * 4 + n], of[p * words + sq: p * words + sq + nb],
+        scales = of[p * words + sq: p * words + sq + nb]
+        dequantize_int8(ob[p * words * 4: p * words * 4 + n], scales if half is None else scales * half,
                         out=out, block=block)
 
-    return _exchange(comm, tensor, flat, gin, gout, decompress, op,
+    # "avg" is in the scales (module doc): the sum is not scaled again
+    return _exchange(comm, tensor, flat, gin, gout, decompress, "sum",
                      f"allreduce_int8({op}, {n} x {tensor.dtype}, block {block}, gathered)", async_op)
 
 

@@ -109,11 +109,26 @@ def _worked_examples(comm, ck: Checker) -> None:
     ck.true("bf16 hook example", got.tolist() == [1.0, 0.2001953125], str(got))
 
 
+def _int8_gathered_bits(comm, ck: Checker) -> None:
+    """Two ranks: int8's result is exactly dequant(rank 0) + dequant(rank 1), times fp32(1/2) for
+    "avg" (gathered.py, which halves the scales instead: the same bits for normal scales)."""
+    for numel in (1, 255, 5003, 40013):
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(7 * comm.rank + numel)) * torch.logspace(-3, 1, numel)
+        both = MPI.COMM_WORLD.allgather(x)
+        terms = [dequantize_int8(*quantize_int8(v)) for v in both]
+        for op in ("avg", "sum"):
+            want = terms[0] + terms[1]
+            if op == "avg":
+                want = want * torch.tensor(0.5)
+            ck.equal(f"int8 gathered bits, {numel}, {op}", compressed.allreduce_int8(comm, x.clone(), op=op), want)
+
+
 def _collectives(comm, ck: Checker) -> None:
     """Identity across ranks, exact bytes, error bounds, error feedback; many shapes."""
     r, n = comm.rank, comm.size
     if n == 2:
         _worked_examples(comm, ck)
+        _int8_gathered_bits(comm, ck)
     for numel in (0, 1, 5, 31, 33, 257, 1000, 4099, 40000):
         g = torch.Generator().manual_seed(1000 * r + numel)
         x32 = torch.randn(numel, generator=g) * torch.logspace(-3, 1, numel)  # blocks of many magnitudes
