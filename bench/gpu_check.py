@@ -4,23 +4,35 @@
 
 Sections, each wrapped so that a failure in one does not stop the others:
 
-1. install      if ``import nvshmem.core`` fails and ``.whl/`` exists at the repository root, pip
-                installs those wheels into /tmp/site (no index, no dependencies) and puts /tmp/site
-                first on the path of this process and of every child process. The project itself is
-                made importable from the checkout when it is not installed (see
-                ``make_project_importable``).
+1. install      if ``.whl/`` exists at the repository root, pip installs its wheels (nvshmem4py, and
+                the ``mpich`` and ``mpi4py`` wheels: MPI for the GPU path) under the prefix
+                /tmp/ddl-gpu-prefix (no index, no dependencies; a prefix, not ``--target``, because
+                pip's ``--target`` drops the ``mpich`` wheel's lib/, where libmpi lives), and puts
+                its site-packages, lib/ and bin/ first on the paths of this process's children.
+                A ``cuda_core`` wheel there is installed only when nvshmem.core does not import
+                with the machine's own. The project itself is made importable from the checkout
+                when it is not installed (see ``make_project_importable``).
 2. cuda tests   ``pytest -q --noconftest tests/gpu/test_gpu.py`` in a child process without
                 TRITON_INTERPRET, so the Triton kernels run compiled (tests/conftest.py would set
                 TRITON_INTERPRET=1 for the CPU tier, hence --noconftest).
-3. nvshmem      ``ddl_triton.transports.nvshmem.smoke_test()`` at 1 PE, in a child process: NVSHMEM
+3. cuda ranks   ``mpiexec -n 2 tests/gpu/cuda_ranks_worker.py`` with ``DDL_TRANSPORT=mpi``: two ranks on
+                the one GPU, every schedule, the other collectives, the compressed allreduces
+                (bitwise the CPU path's) and DDP on the "ddl" backend, through the GPU path with
+                host-staged MPI (transports/mpi_device.py); its exact checks' count and failures.
+4. bandwidth    (below: 7.)
+5. nvshmem      ``ddl_triton.transports.nvshmem.smoke_test()`` at 1 PE, in a child process: NVSHMEM
                 can end its process on an error, and its init/finalize state must not leak into the
                 other sections. One row per check it reports. This section and the next are
                 skipped, with the import error, when nvshmem4py cannot be imported.
-4. collectives  world size 1 (a singleton MPI process, no mpiexec) through
+6. collectives  world size 1 (a singleton MPI process, no mpiexec) through
                 ``ddl.init(transport="nvshmem")``: allreduce (sum, max), reduce_scatter, all_gather and
                 broadcast on integer-valued CUDA tensors, each compared with ``torch.equal`` against the
                 exact world-size-1 result, in a child process.
-5. bandwidth    device copy bandwidth (clone of a 1 GiB tensor, GB/s = 2 * bytes / median time), then
+7. nvshmem x2   the cuda ranks worker at 2 ranks with ``DDL_TRANSPORT=nvshmem`` (two PEs on one GPU,
+                NVSHMEM's LIMITED MPG mode without MPS): what works there and what ends the process
+                is reported, not assumed (shared/GPU_NOTES.md reads the source as: on-stream waits
+                end it).
+8. bandwidth    device copy bandwidth (clone of a 1 GiB tensor, GB/s = 2 * bytes / median time), then
                 the reduce kernel (fp32, bf16) and the int8 kernels at >= 1 GiB per input, each against
                 the same operation written with plain torch ops. Every time is measured by
                 ``ddl_triton.kernels.bandwidth.measure``, as bench/kernels.py measures: CUDA events
@@ -66,7 +78,9 @@ import torch
 THIS_FILE = Path(__file__).resolve()
 REPO_ROOT = THIS_FILE.parent.parent
 WHEEL_DIR = REPO_ROOT / ".whl"
-WHEEL_TARGET = "/tmp/site"
+WHEEL_PREFIX = "/tmp/ddl-gpu-prefix"
+WHEEL_SITE = f"{WHEEL_PREFIX}/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+RANKS_WORKER = REPO_ROOT / "tests" / "gpu" / "cuda_ranks_worker.py"
 GPU_TEST_FILE = REPO_ROOT / "tests" / "gpu" / "test_gpu.py"
 
 TIME_LIMIT_S = 8 * 60
@@ -79,13 +93,20 @@ BANDWIDTH_MIN_SECONDS = 0.2   # and seconds of timed rounds, at least (up to 10 
 INT8_BLOCK = 256
 COLLECTIVE_SIZES = (0, 1, 7, 4099, 1 << 20)
 
-# Seconds each later section needs at least; the CUDA test tier's timeout leaves them this much.
-SMOKE_BUDGET_S = 45
-COLLECTIVES_BUDGET_S = 75
-BANDWIDTH_BUDGET_S = 75
+# Seconds each section may take at most (a child past it is killed and reported as timed out).
+CUDA_TESTS_BUDGET_S = 130
+RANKS_BUDGET_S = 120
+SMOKE_BUDGET_S = 40
+COLLECTIVES_BUDGET_S = 60
+NVSHMEM_RANKS_BUDGET_S = 60
+BANDWIDTH_BUDGET_S = 60
 FINISH_RESERVE_S = 15  # table and JSON
+# The environment of the two-PE NVSHMEM run on one GPU (shared/GPU_NOTES.md): no multicast, no
+# remote transport, the UID bootstrap on loopback, a small symmetric heap.
+NVSHMEM_ONE_GPU_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "NVSHMEM_REMOTE_TRANSPORT": "none",
+                       "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME": "lo", "NVSHMEM_SYMMETRIC_SIZE": "536870912"}
 
-SECTIONS = ("install", "cuda tests", "nvshmem smoke", "collectives", "bandwidth")
+SECTIONS = ("install", "cuda tests", "cuda ranks", "bandwidth", "nvshmem smoke", "collectives", "nvshmem x2")
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,13 +141,29 @@ def make_project_importable() -> str:
     return how
 
 
-def child_env() -> dict[str, str]:
-    """The environment of every child process: compiled Triton kernels, /tmp/site first if used."""
+_WHEELS_INSTALLED = False
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of every child process: compiled Triton kernels, and the wheels' prefix
+    first on the paths once they are installed (site-packages, libmpi, mpiexec)."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    if WHEEL_TARGET in sys.path:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (WHEEL_TARGET, env.get("PYTHONPATH")) if p)
+    if _WHEELS_INSTALLED:
+        for var, path in (("PYTHONPATH", WHEEL_SITE), ("LD_LIBRARY_PATH", f"{WHEEL_PREFIX}/lib"),
+                          ("PATH", f"{WHEEL_PREFIX}/bin")):
+            env[var] = os.pathsep.join(p for p in (path, env.get(var)) if p)
+    env.update(extra)
     return env
+
+
+def mpiexec() -> str | None:
+    """The mpiexec of the installed mpich wheel, else one on the PATH."""
+    ours = Path(WHEEL_PREFIX) / "bin" / "mpiexec"
+    if _WHEELS_INSTALLED and ours.exists():
+        return str(ours)
+    import shutil
+    return shutil.which("mpiexec")
 
 
 def run_child(child: str, timeout_s: float, *extra: str) -> dict:
@@ -276,37 +313,61 @@ def probe_nvshmem() -> tuple[bool, str]:
     return False, _one_line(proc.stderr) or f"exit status {proc.returncode}"
 
 
+def _pip_install(wheels: list[str]) -> str:
+    """pip-install ``wheels`` under WHEEL_PREFIX; returns "" or the error's last line."""
+    # --ignore-installed: the same version in the machine's own site-packages would otherwise count as
+    # installed, and nothing would land under the prefix (a warm machine's prefix is overwritten).
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--ignore-installed", "--prefix", WHEEL_PREFIX, *wheels]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "pip install took over 120 s"
+    return "" if proc.returncode == 0 else (_one_line(proc.stderr) or f"pip exit status {proc.returncode}")
+
+
+_MPI_PROBE = "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
+
+
+def probe_mpi() -> tuple[bool, str]:
+    """Whether mpi4py finds an MPI library in a child process: (ok, its version line or the error)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _MPI_PROBE], env=child_env(), capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        return False, "MPI init took over 60 s"
+    if proc.returncode == 0:
+        return True, proc.stdout.strip().splitlines()[-1]
+    return False, _one_line(proc.stderr) or f"exit status {proc.returncode}"
+
+
 def section_install(report: Report) -> None:
+    global _WHEELS_INSTALLED
     data = report.data("install")
     data["ddl_triton"] = make_project_importable()
     spec = importlib.util.find_spec("ddl_triton")
     report.row("install", "ddl_triton", f"{data['ddl_triton']}: {spec.origin if spec else '?'}", "ok")
 
+    wheels = sorted(glob.glob(str(WHEEL_DIR / "*.whl")))
+    fallback = [w for w in wheels if os.path.basename(w).startswith("cuda_core")]
+    first = [w for w in wheels if w not in fallback]
+    data["wheels"] = [os.path.basename(w) for w in wheels]
+    if first:
+        error = _pip_install(first)
+        _WHEELS_INSTALLED = not error
+        data["pip_error"] = error
+        print(f"pip install --prefix {WHEEL_PREFIX}: {', '.join(map(os.path.basename, first))} -> "
+              f"{'ok' if not error else 'failed: ' + error}", flush=True)
+        report.row("install", f"{len(first)} wheels from .whl/ -> {WHEEL_PREFIX}",
+                   ", ".join(map(os.path.basename, first)) if not error else error, "ok" if not error else "FAILED")
     ok, detail = probe_nvshmem()
-    if not ok and WHEEL_DIR.is_dir():
-        wheels = sorted(glob.glob(str(WHEEL_DIR / "*.whl")))
-        data["wheels"] = [os.path.basename(w) for w in wheels]
-        # --upgrade: a warm machine may hold /tmp/site from an earlier run.
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-               "--upgrade", "--target", WHEEL_TARGET, *wheels]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            pip_error = ""
-            if proc.returncode != 0:
-                pip_error = _one_line(proc.stderr) or f"pip exit status {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            pip_error = "pip install took over 120 s"
-        installed = not pip_error and bool(wheels)
-        data["pip_error"] = pip_error
-        print(f"pip install into {WHEEL_TARGET}: {', '.join(data['wheels']) or '(no wheels in .whl/)'}"
-              f" -> {'ok' if installed else 'failed: ' + (pip_error or 'no wheels')}", flush=True)
-        report.row("install", f"{len(wheels)} wheels from .whl/ -> {WHEEL_TARGET}",
-                   ", ".join(data["wheels"]) if installed else pip_error or "no wheels",
-                   "ok" if installed else "FAILED")
-        if installed:
-            sys.path.insert(0, WHEEL_TARGET)
-            importlib.invalidate_caches()
-            ok, detail = probe_nvshmem()
+    if not ok and fallback and _WHEELS_INSTALLED:
+        print(f"nvshmem.core does not import ({detail}); installing {', '.join(map(os.path.basename, fallback))}",
+              flush=True)
+        error = _pip_install(fallback)
+        report.row("install", "fallback wheels", ", ".join(map(os.path.basename, fallback)) if not error else error,
+                   "ok" if not error else "FAILED")
+        ok, detail = probe_nvshmem() if not error else (False, detail)
     data["nvshmem_importable"] = ok
     if ok:
         info = json.loads(detail)
@@ -317,6 +378,9 @@ def section_install(report: Report) -> None:
     else:
         data["nvshmem_error"] = detail
         report.row("install", "nvshmem.core", f"not importable ({detail})", "SKIP")
+    ok, detail = probe_mpi()
+    data["mpi_importable"], data["mpi"] = ok, detail
+    report.row("install", "mpi4py", detail, "ok" if ok else "SKIP")
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,8 +389,9 @@ def section_install(report: Report) -> None:
 
 def section_cuda_tests(report: Report) -> None:
     data = report.data("cuda tests")
-    later = SMOKE_BUDGET_S + COLLECTIVES_BUDGET_S + BANDWIDTH_BUDGET_S + FINISH_RESERVE_S
-    timeout = min(300.0, report.remaining() - later)
+    later = (RANKS_BUDGET_S + BANDWIDTH_BUDGET_S + SMOKE_BUDGET_S + COLLECTIVES_BUDGET_S + NVSHMEM_RANKS_BUDGET_S
+             + FINISH_RESERVE_S)
+    timeout = min(CUDA_TESTS_BUDGET_S, report.remaining() - later)
     with tempfile.TemporaryDirectory() as tmp:
         junit = os.path.join(tmp, "junit.xml")
         child = run_child("pytest", timeout, "--junit", junit)
@@ -391,6 +456,63 @@ def child_pytest(junit: str) -> int:
     # --durations: the slowest tests (Triton compilation and autotuning included), to keep the tier short.
     return int(pytest.main(["-q", "-rs", "--durations=8", "--noconftest", f"--junitxml={junit}",
                             str(GPU_TEST_FILE)]))
+
+
+# --------------------------------------------------------------------------------------------
+# 3. several ranks on the GPU path (and 7., the same over NVSHMEM)
+# --------------------------------------------------------------------------------------------
+
+def run_ranks(report: Report, section: str, ranks: int, budget_s: float, **env: str) -> None:
+    """``mpiexec -n ranks cuda_ranks_worker.py`` with ``env``: a PASS row with the worker's count of
+    exact checks, or a FAIL row with its failures / the output's tail."""
+    data = report.data(section)
+    launcher = mpiexec()
+    if launcher is None or not report.data("install").get("mpi_importable"):
+        why = f"skipped: no MPI ({report.data('install').get('mpi', 'install section did not run')})"
+        print(why, flush=True)
+        data["skipped"] = why
+        report.row(section, "-", why, "SKIP")
+        return
+    timeout = max(1.0, min(budget_s, report.remaining() - FINISH_RESERVE_S))
+    cmd = [launcher, "-n", str(ranks), sys.executable, str(RANKS_WORKER), "--device", "cuda"]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(**env), capture_output=True, text=True,
+                              timeout=timeout)
+        rc, out, timed_out = proc.returncode, proc.stdout + proc.stderr, False
+    except subprocess.TimeoutExpired as e:
+        rc, out, timed_out = None, _text(e.stdout) + _text(e.stderr), True
+    seconds = time.monotonic() - start
+    data.update(rc=rc, timed_out=timed_out, env=env, seconds=round(seconds, 1), output_tail=_tail(out, 80))
+    print(_tail(out, 40), flush=True)
+    summary = next((line for line in reversed(out.splitlines()) if line.startswith("cuda ranks:")), "")
+    item = f"{ranks} ranks, " + ", ".join(f"{k}={v}" for k, v in env.items() if k.startswith("DDL_"))
+    if timed_out:
+        report.row(section, item, f"timed out after {timeout:.0f} s", "TIMEOUT", failure=True)
+    elif summary.endswith(" 0 failures") and rc == 0:
+        report.row(section, item, summary.split(", ")[-2] + f" exact, in {seconds:.0f} s", "PASS")
+    else:
+        report.row(section, item, summary or f"exit status {rc}: {_one_line(out)}", "FAIL", failure=True)
+        for line in [line for line in out.splitlines() if line.startswith("FAIL")][:5]:
+            report.row(section, "failed", line[5:], "FAIL")
+    for line in out.splitlines():  # the worker's timing table, for the JSON
+        if line.strip().endswith("algbw"):
+            data.setdefault("timings", []).append(line.strip())
+
+
+def section_cuda_ranks(report: Report) -> None:
+    run_ranks(report, "cuda ranks", 2, RANKS_BUDGET_S, DDL_TRANSPORT="mpi")
+
+
+def section_nvshmem_ranks(report: Report) -> None:
+    missing = _nvshmem_missing(report)
+    if missing:
+        print(missing, flush=True)
+        report.data("nvshmem x2")["skipped"] = missing
+        report.row("nvshmem x2", "-", missing, "SKIP")
+        return
+    run_ranks(report, "nvshmem x2", 2, NVSHMEM_RANKS_BUDGET_S, DDL_TRANSPORT="nvshmem",
+              CUDA_RANKS_STAGES="others,schedules", **NVSHMEM_ONE_GPU_ENV)
 
 
 # --------------------------------------------------------------------------------------------
@@ -668,11 +790,12 @@ def main() -> int:
     print(f"GPU: {report.env['gpu_name']}, {report.env['gpu_memory_gib']} GiB; torch {torch.__version__}, "
           f"triton {report.env['triton']}", flush=True)
     report.run_section("install", section_install, needs_s=60)
-    report.run_section("cuda tests", section_cuda_tests, needs_s=60 + SMOKE_BUDGET_S + COLLECTIVES_BUDGET_S
-                       + BANDWIDTH_BUDGET_S + FINISH_RESERVE_S)
+    report.run_section("cuda tests", section_cuda_tests, needs_s=60 + FINISH_RESERVE_S)
+    report.run_section("cuda ranks", section_cuda_ranks, needs_s=30 + FINISH_RESERVE_S)
+    report.run_section("bandwidth", section_bandwidth, needs_s=30 + FINISH_RESERVE_S)
     report.run_section("nvshmem smoke", section_nvshmem_smoke, needs_s=20 + FINISH_RESERVE_S)
     report.run_section("collectives", section_collectives, needs_s=30 + FINISH_RESERVE_S)
-    report.run_section("bandwidth", section_bandwidth, needs_s=30 + FINISH_RESERVE_S)
+    report.run_section("nvshmem x2", section_nvshmem_ranks, needs_s=20 + FINISH_RESERVE_S)
     report.row("overall", "correctness", "a check failed" if report.failed else "every check passed or was skipped",
                "FAIL" if report.failed else "PASS")
     report.write_json(args.json, gpu=True)

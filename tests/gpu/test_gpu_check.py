@@ -1,4 +1,5 @@
-"""bench/gpu_check.py on a machine without a CUDA GPU: it must skip every section, quickly and cleanly.
+"""bench/gpu_check.py on a machine without a CUDA GPU: it must skip every section, quickly and cleanly;
+and its multi-rank worker (tests/gpu/cuda_ranks_worker.py) must pass on CPU tensors.
 
 Runs the script in a child process with CUDA_VISIBLE_DEVICES="" and checks: exit status 0, the last
 non-empty line of its output is exactly ``no GPU: skipped``, the JSON it writes says ``"gpu": false``,
@@ -55,3 +56,17 @@ def test_skips_without_a_gpu(tmp_path):
 def test_default_json_lands_in_the_working_directory(tmp_path):
     proc, seconds = run_gpu_check(tmp_path, "--quick")
     check_skipped_run(proc, seconds, tmp_path / "gpu_check.json")
+
+
+def test_cuda_ranks_worker_logic_on_cpu_tensors():
+    """The worker gpu_check.py runs on a GPU at 2 ranks, here on CPU tensors at 3 ranks (the
+    two-shot compressed path, the one_shot/two_shot split of an odd world): every check runs and
+    passes, so a failure on the GPU is the GPU path's, not the worker's."""
+    from support.launch import assert_clean_run, ddl_segments, run_ranks
+    before = ddl_segments()
+    proc = run_ranks(3, "gpu/cuda_ranks_worker.py", "--device", "cpu", env={"DDL_TUNING_FILE": "off"})
+    assert_clean_run(proc, before)
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("cuda ranks:")]
+    assert summary and summary[-1].endswith(" 0 failures"), proc.stdout[-3000:]
+    checks = int(summary[-1].split(", ")[-2].split()[0])
+    assert checks > 2000, summary  # every stage ran: schedules, others, compressed, DDP
