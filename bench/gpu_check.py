@@ -94,7 +94,7 @@ INT8_BLOCK = 256
 COLLECTIVE_SIZES = (0, 1, 7, 4099, 1 << 20)
 
 # Seconds each section may take at most (a child past it is killed and reported as timed out).
-CUDA_TESTS_BUDGET_S = 130
+CUDA_TESTS_BUDGET_S = 200
 RANKS_BUDGET_S = 120
 SMOKE_BUDGET_S = 40
 COLLECTIVES_BUDGET_S = 60
@@ -389,16 +389,15 @@ def section_install(report: Report) -> None:
 
 def section_cuda_tests(report: Report) -> None:
     data = report.data("cuda tests")
-    later = (RANKS_BUDGET_S + BANDWIDTH_BUDGET_S + SMOKE_BUDGET_S + COLLECTIVES_BUDGET_S + NVSHMEM_RANKS_BUDGET_S
-             + FINISH_RESERVE_S)
-    timeout = min(CUDA_TESTS_BUDGET_S, report.remaining() - later)
+    # Leave the next section its time; the later ones check what is left when they start.
+    timeout = min(CUDA_TESTS_BUDGET_S, report.remaining() - RANKS_BUDGET_S - FINISH_RESERVE_S)
     with tempfile.TemporaryDirectory() as tmp:
         junit = os.path.join(tmp, "junit.xml")
         child = run_child("pytest", timeout, "--junit", junit)
         counts, failing = _junit_counts(junit) if os.path.exists(junit) else (_summary_counts(child["stdout"]), [])
     output = child["stdout"] + child["stderr"]
     data.update(counts, failing=failing, rc=child["rc"], timed_out=child["timed_out"], timeout_s=round(timeout),
-                output_tail=_tail(output, 60))
+                output_tail=_tail(output, 200))
     summary = _summary_line(output)
     print(summary or "(no pytest summary line)", flush=True)
     value = (f"{counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, {counts.get('errors', 0)} errors, "
@@ -430,8 +429,11 @@ def _junit_counts(path: str) -> tuple[dict, list[str]]:
         counts["errors"] += int(suite.get("errors", 0))
         counts["skipped"] += int(suite.get("skipped", 0))
     counts["passed"] = counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"]
-    failing = [f"{case.get('classname')}::{case.get('name')}" for case in root.iter("testcase")
-               if case.find("failure") is not None or case.find("error") is not None]
+    failing = []
+    for case in root.iter("testcase"):
+        problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if problem is not None:
+            failing.append(f"{case.get('classname')}::{case.get('name')}: {(problem.get('message') or '')[:400]}")
     return counts, failing
 
 
@@ -454,7 +456,7 @@ def child_pytest(junit: str) -> int:
     # --noconftest: tests/conftest.py sets TRITON_INTERPRET=1 for the CPU tier; here the kernels
     # must run compiled. Nothing else in it concerns test_gpu.py.
     # --durations: the slowest tests (Triton compilation and autotuning included), to keep the tier short.
-    return int(pytest.main(["-q", "-rs", "--durations=8", "--noconftest", f"--junitxml={junit}",
+    return int(pytest.main(["-q", "-rfEs", "--tb=short", "--durations=8", "--noconftest", f"--junitxml={junit}",
                             str(GPU_TEST_FILE)]))
 
 
@@ -462,9 +464,9 @@ def child_pytest(junit: str) -> int:
 # 3. several ranks on the GPU path (and 7., the same over NVSHMEM)
 # --------------------------------------------------------------------------------------------
 
-def run_ranks(report: Report, section: str, ranks: int, budget_s: float, **env: str) -> None:
-    """``mpiexec -n ranks cuda_ranks_worker.py`` with ``env``: a PASS row with the worker's count of
-    exact checks, or a FAIL row with its failures / the output's tail."""
+def launch_ranks(report: Report, section: str, ranks: int, budget_s: float, **env: str) -> dict | None:
+    """``mpiexec -n ranks cuda_ranks_worker.py --device cuda`` with ``env``; returns rc, output,
+    timed_out, seconds and the worker's summary line, or None (after a SKIP row) without MPI."""
     data = report.data(section)
     launcher = mpiexec()
     if launcher is None or not report.data("install").get("mpi_importable"):
@@ -472,47 +474,81 @@ def run_ranks(report: Report, section: str, ranks: int, budget_s: float, **env: 
         print(why, flush=True)
         data["skipped"] = why
         report.row(section, "-", why, "SKIP")
-        return
+        return None
     timeout = max(1.0, min(budget_s, report.remaining() - FINISH_RESERVE_S))
     cmd = [launcher, "-n", str(ranks), sys.executable, str(RANKS_WORKER), "--device", "cuda"]
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=child_env(**env), capture_output=True, text=True,
                               timeout=timeout)
-        rc, out, timed_out = proc.returncode, proc.stdout + proc.stderr, False
+        run = {"rc": proc.returncode, "output": proc.stdout + proc.stderr, "timed_out": False}
     except subprocess.TimeoutExpired as e:
-        rc, out, timed_out = None, _text(e.stdout) + _text(e.stderr), True
-    seconds = time.monotonic() - start
-    data.update(rc=rc, timed_out=timed_out, env=env, seconds=round(seconds, 1), output_tail=_tail(out, 80))
-    print(_tail(out, 40), flush=True)
-    summary = next((line for line in reversed(out.splitlines()) if line.startswith("cuda ranks:")), "")
-    item = f"{ranks} ranks, " + ", ".join(f"{k}={v}" for k, v in env.items() if k.startswith("DDL_"))
-    if timed_out:
-        report.row(section, item, f"timed out after {timeout:.0f} s", "TIMEOUT", failure=True)
-    elif summary.endswith(" 0 failures") and rc == 0:
-        report.row(section, item, summary.split(", ")[-2] + f" exact, in {seconds:.0f} s", "PASS")
+        run = {"rc": None, "output": _text(e.stdout) + _text(e.stderr), "timed_out": True}
+    run["seconds"] = round(time.monotonic() - start, 1)
+    run["timeout"] = timeout
+    run["summary"] = next((line for line in reversed(run["output"].splitlines()) if line.startswith("cuda ranks:")), "")
+    run["item"] = f"{ranks} ranks, " + ", ".join(f"{k}={v}" for k, v in env.items() if k.startswith("DDL_"))
+    data.setdefault("runs", []).append({k: (_tail(v, 80) if k == "output" else v) for k, v in run.items()}
+                                       | {"env": env})
+    print(_tail(run["output"], 40), flush=True)
+    return run
+
+
+def passed(run: dict) -> bool:
+    """The worker ran every check and none failed."""
+    return run["rc"] == 0 and run["summary"].endswith(" 0 failures")
+
+
+def report_ranks(report: Report, section: str, run: dict) -> None:
+    """A PASS row with the count of exact checks, or FAIL rows with the failures / the output's tail."""
+    if run["timed_out"]:
+        report.row(section, run["item"], f"timed out after {run['timeout']:.0f} s", "TIMEOUT", failure=True)
+    elif passed(run):
+        report.row(section, run["item"], run["summary"].split(", ")[-2] + f" exact, in {run['seconds']:.0f} s", "PASS")
     else:
-        report.row(section, item, summary or f"exit status {rc}: {_one_line(out)}", "FAIL", failure=True)
-        for line in [line for line in out.splitlines() if line.startswith("FAIL")][:5]:
+        report.row(section, run["item"], run["summary"] or f"exit status {run['rc']}: {_one_line(run['output'])}",
+                   "FAIL", failure=True)
+        for line in [line for line in run["output"].splitlines() if line.startswith("FAIL")][:5]:
             report.row(section, "failed", line[5:], "FAIL")
-    for line in out.splitlines():  # the worker's timing table, for the JSON
-        if line.strip().endswith("algbw"):
-            data.setdefault("timings", []).append(line.strip())
+    for line in run["output"].splitlines():  # the worker's path line and timing table, for the JSON
+        if line.startswith("allreduce on ") or line.strip().endswith("algbw"):
+            report.data(section).setdefault("timings", []).append(line.strip())
 
 
 def section_cuda_ranks(report: Report) -> None:
-    run_ranks(report, "cuda ranks", 2, RANKS_BUDGET_S, DDL_TRANSPORT="mpi")
+    run = launch_ranks(report, "cuda ranks", 2, RANKS_BUDGET_S, DDL_TRANSPORT="mpi")
+    if run is not None:
+        report_ranks(report, "cuda ranks", run)
 
 
 def section_nvshmem_ranks(report: Report) -> None:
+    """Two PEs on the one GPU: NVSHMEM's LIMITED MPG mode. Under "auto" the GPU path must fall back
+    to MPI (and pass); under "nvshmem" it must either work or refuse on every rank with an error
+    naming the mode, never end the process inside NVSHMEM."""
+    section = "nvshmem x2"
     missing = _nvshmem_missing(report)
     if missing:
         print(missing, flush=True)
-        report.data("nvshmem x2")["skipped"] = missing
-        report.row("nvshmem x2", "-", missing, "SKIP")
+        report.data(section)["skipped"] = missing
+        report.row(section, "-", missing, "SKIP")
         return
-    run_ranks(report, "nvshmem x2", 2, NVSHMEM_RANKS_BUDGET_S, DDL_TRANSPORT="nvshmem",
-              CUDA_RANKS_STAGES="others,schedules", **NVSHMEM_ONE_GPU_ENV)
+    quick = dict(CUDA_RANKS_STAGES="others", **NVSHMEM_ONE_GPU_ENV)
+    run = launch_ranks(report, section, 2, NVSHMEM_RANKS_BUDGET_S / 2, DDL_TRANSPORT="auto", **quick)
+    if run is None:
+        return
+    report_ranks(report, section, run)
+    path = next((line for line in run["output"].splitlines() if line.startswith("allreduce on ")), "")
+    report.row(section, "auto: intra-node path", path.split("intra-node: ")[-1] if path else "?", "info")
+    run = launch_ranks(report, section, 2, NVSHMEM_RANKS_BUDGET_S / 2, DDL_TRANSPORT="nvshmem", **quick)
+    if passed(run):
+        report_ranks(report, section, run)
+    elif "LIMITED MPG mode" in run["output"] and "not supported with limited MPG" not in run["output"]:
+        report.row(section, run["item"], "refused on every rank: " + _one_line(
+            "\n".join(line for line in run["output"].splitlines() if "LIMITED MPG mode" in line)), "PASS")
+    else:
+        report_ranks(report, section, run)
+        if not run["timed_out"] and passed(run) is False:
+            report.row(section, "expected", "a clear refusal naming LIMITED MPG mode, or a pass", "FAIL", failure=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -763,6 +799,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", default="gpu_check.json", help="results file (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="half the kernel sizes (the copy stays at 1 GiB)")
+    ap.add_argument("--sections", default=",".join(SECTIONS[1:]),
+                    help="comma-separated sections to run after install (default: all): %(default)s")
     # Internal: the parts that run in child processes.
     ap.add_argument("--child", choices=["pytest", "smoke", "collectives"], help=argparse.SUPPRESS)
     ap.add_argument("--junit", help=argparse.SUPPRESS)
@@ -775,6 +813,10 @@ def main() -> int:
     if args.child == "collectives":
         return child_collectives()
 
+    wanted = [name.strip() for name in args.sections.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in SECTIONS[1:]]
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(unknown)}; valid: {', '.join(SECTIONS[1:])}")
     report = Report(args.quick)
     gpu = torch.cuda.is_available()
     report.env = environment(gpu)
@@ -789,13 +831,15 @@ def main() -> int:
 
     print(f"GPU: {report.env['gpu_name']}, {report.env['gpu_memory_gib']} GiB; torch {torch.__version__}, "
           f"triton {report.env['triton']}", flush=True)
+    runs = {"cuda tests": (section_cuda_tests, 60), "cuda ranks": (section_cuda_ranks, 30),
+            "bandwidth": (section_bandwidth, 30), "nvshmem smoke": (section_nvshmem_smoke, 20),
+            "collectives": (section_collectives, 30), "nvshmem x2": (section_nvshmem_ranks, 20)}
     report.run_section("install", section_install, needs_s=60)
-    report.run_section("cuda tests", section_cuda_tests, needs_s=60 + FINISH_RESERVE_S)
-    report.run_section("cuda ranks", section_cuda_ranks, needs_s=30 + FINISH_RESERVE_S)
-    report.run_section("bandwidth", section_bandwidth, needs_s=30 + FINISH_RESERVE_S)
-    report.run_section("nvshmem smoke", section_nvshmem_smoke, needs_s=20 + FINISH_RESERVE_S)
-    report.run_section("collectives", section_collectives, needs_s=30 + FINISH_RESERVE_S)
-    report.run_section("nvshmem x2", section_nvshmem_ranks, needs_s=20 + FINISH_RESERVE_S)
+    for name in SECTIONS[1:]:
+        if name in wanted:
+            fn, needs = runs[name]
+            report.run_section(name, fn, needs_s=needs + FINISH_RESERVE_S)
+            report.write_json(args.json, gpu=True)  # so far: a run cut short still leaves its results
     report.row("overall", "correctness", "a check failed" if report.failed else "every check passed or was skipped",
                "FAIL" if report.failed else "PASS")
     report.write_json(args.json, gpu=True)

@@ -27,8 +27,11 @@ communicator spanning every rank of its node may use this transport (the communi
 checks; others stage device buffers through MPI).
 
 Several PEs on one GPU (a test machine) work only in NVSHMEM's LIMITED MPG mode, where
-on-stream waits end the process: there, run the 1-PE smoke test (``smoke_test``) and
-world-size-1 collectives, not multi-PE collectives.
+on-stream waits and barriers end the process (seen on an H200: exit 255 at the first on-stream
+barrier). The runtime detects that mode right after init and refuses with a ValueError on every
+PE, so the GPU path falls back to MPI (``DDL_TRANSPORT=auto``) or says why it cannot
+(``DDL_TRANSPORT=nvshmem``). There, the 1-PE smoke test (``smoke_test``) and world-size-1
+collectives are what can run.
 """
 from __future__ import annotations
 
@@ -92,10 +95,24 @@ def _current_stream() -> _StreamRef:
     return _cuda.stream()
 
 
+_LIMITED_MPG = 3  # nvshmemx_init_status_t's NVSHMEM_STATUS_LIMITED_MPG, where the bindings do not name it
+
+
+def _limited_mpg(nvshmem) -> bool:
+    """Whether NVSHMEM came up in LIMITED MPG mode: several PEs share a GPU without MPS."""
+    try:
+        from nvshmem import bindings  # noqa: PLC0415
+        limited = int(bindings.Init_status.STATUS_LIMITED_MPG)
+    except (ImportError, AttributeError):
+        limited = _LIMITED_MPG
+    return int(nvshmem.init_status()) == limited
+
+
 class NvshmemRuntime:
     """The process's NVSHMEM job: initialised once over a node communicator, finalised at close."""
 
     _instance: "NvshmemRuntime | None" = None
+    _refused: str = ""  # why NVSHMEM cannot serve this process, once found: it is not initialised again
 
     def __init__(self, node_comm, device: torch.device, world_ranks: list[int]):
         nvshmem = _core()
@@ -106,13 +123,30 @@ class NvshmemRuntime:
         self.my_pe = int(nvshmem.my_pe())
         self.n_pes = int(nvshmem.n_pes())
         self.users = 0
+        if self.n_pes > 1 and _limited_mpg(nvshmem):
+            # Every PE of the node sees the same mode, so every one refuses here, before any
+            # on-stream call: in this mode NVSHMEM ends the process at the first one
+            # ("Called NVSHMEM API not supported with limited MPG", exit 255, seen on an H200
+            # with two PEs) instead of returning an error.
+            nvshmem.finalize()
+            raise ValueError(f"NVSHMEM came up in LIMITED MPG mode ({self.n_pes} PEs share a GPU without CUDA "
+                             "MPS), where its on-stream waits and barriers, which this transport needs, end the "
+                             "process; give each rank its own GPU, or use DDL_TRANSPORT=mpi")
 
     @classmethod
     def get(cls, node_comm, device: torch.device, world_ranks: list[int]) -> "NvshmemRuntime":
         """The process's runtime, initialised over ``node_comm`` on first use; ``world_ranks``
-        (COMM_WORLD rank of each rank of ``node_comm``) must be those it was initialised over."""
+        (COMM_WORLD rank of each rank of ``node_comm``) must be those it was initialised over.
+        Raises ValueError where NVSHMEM cannot serve (then again at every later call, without
+        initialising it again)."""
+        if cls._refused:
+            raise ValueError(cls._refused)
         if cls._instance is None:
-            cls._instance = cls(node_comm, device, world_ranks)
+            try:
+                cls._instance = cls(node_comm, device, world_ranks)
+            except ValueError as e:
+                cls._refused = str(e)
+                raise
         runtime = cls._instance
         if runtime.world_ranks != list(world_ranks):
             raise ValueError(f"NVSHMEM runs over world ranks {runtime.world_ranks} of this node, but this "

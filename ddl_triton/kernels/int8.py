@@ -139,11 +139,25 @@ def quantize_int8_reference(x: torch.Tensor, *, block: int = 256,
     return q, s
 
 
+_QMAX_TENSORS: dict[torch.device, torch.Tensor] = {}
+
+
+def _qmax_on(device: torch.device) -> torch.Tensor:
+    """127.0 as a 0-dim fp32 tensor on ``device`` (one per device, made once)."""
+    t = _QMAX_TENSORS.get(device)
+    if t is None:
+        t = _QMAX_TENSORS[device] = torch.tensor(_QMAX, dtype=torch.float32, device=device)
+    return t
+
+
 def _quantize_blocks(xb: torch.Tensor, qb: torch.Tensor, s: torch.Tensor, keep_error: bool = False) -> None:
     """Quantize the rows of ``xb`` (one block each) into ``qb``, their scales into ``s``; with
     ``keep_error`` (xb fp32), subtract the dequantized values from ``xb``."""
     # max(amax, -amin) is |x|'s max exactly, without the fp32 temporary abs() would write.
-    torch.div(torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg_()), _QMAX, out=s)
+    # The divisor is a tensor on the data's device, not a Python number: CUDA torch divides by a
+    # CPU scalar as a multiplication by its reciprocal (up to one bit off the IEEE quotient the
+    # kernel computes with div_rn; the first GPU run found scales one ulp apart).
+    torch.div(torch.maximum(xb.amax(dim=1), xb.amin(dim=1).neg_()), _qmax_on(xb.device), out=s)
     s.masked_fill_(s < _MIN_NORMAL, 0.0)
     safe = torch.where(s > 0, s, torch.ones_like(s))
     v = torch.div(xb, safe[:, None])

@@ -251,10 +251,24 @@ def autotuned(kernel: str, fn: Callable, *, key: Sequence[str], restore_value: S
 
         configs = triton_configs(kernel)
         wrapper = triton.autotune(configs=configs, key=list(key),
-                                  restore_value=None if restore_value is None else list(restore_value))(fn)
+                                  restore_value=None if restore_value is None else list(restore_value),
+                                  do_bench=lambda kernel_call, quantiles: _trial_timer(kernel_call, quantiles))(fn)
         if cache_key is not None:
             _WRAPPERS[cache_key] = wrapper
     return wrapper
+
+
+# How long autotuning times each candidate: Triton's default (25 ms of warm-up, then 100 ms of
+# calls, per candidate) made every new size of a collective's chunk cost about 0.5 s at its first
+# launch, and the CUDA test tier, which meets ~100 sizes, ran past two minutes on an H200. These
+# kernels stream memory, so a few milliseconds of calls rank the candidates as well.
+AUTOTUNE_WARMUP_MS = 2
+AUTOTUNE_REP_MS = 10
+
+
+def _trial_timer(kernel_call, quantiles):
+    import triton.testing  # on first use, not with this module: see _lazy_kernels.py
+    return triton.testing.do_bench(kernel_call, warmup=AUTOTUNE_WARMUP_MS, rep=AUTOTUNE_REP_MS, quantiles=quantiles)
 
 
 def interpreter_meta(kernel: str, **fallback: int) -> dict[str, int]:

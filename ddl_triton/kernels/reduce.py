@@ -44,6 +44,10 @@ __getattr__ = _KERNELS.module_getattr  # reduce._reduce_kernel: the @triton.jit 
 
 # Launch configurations (BLOCK, num_warps, num_stages) are data: launch_configs.py, kernel "reduce".
 _AUTOTUNE_KEY = ["n_elements", "NUM_INPUTS"]
+# Autotuning runs every candidate on the live arguments, and ``out`` may alias an input (the ring
+# accumulates in place), so ``out`` is restored between trials: without it, the first launch of
+# each size returned inputs[0] + ~7000 x the others (seen on an H200, the first GPU run).
+_AUTOTUNE_RESTORE = ["out_ptr"]
 _INTERPRETER_BLOCK = 1024  # unless "reduce" is pinned: see launch_configs.interpreter_meta
 
 
@@ -165,6 +169,12 @@ def _reduce_triton(out: torch.Tensor, inputs: list[torch.Tensor], op: str, scale
     return out
 
 
+def _tuned():
+    """The autotuned wrapper of the reduce kernel over its launch configurations as they are now."""
+    return launch_configs.autotuned("reduce", _KERNELS["_reduce_kernel"], key=_AUTOTUNE_KEY,
+                                    restore_value=_AUTOTUNE_RESTORE)
+
+
 def _launch(out: torch.Tensor, inputs: list[torch.Tensor], op: str, scale: float | None) -> None:
     n = out.numel()
     ptrs = list(inputs) + [inputs[0]] * (_MAX_ARITY - len(inputs))
@@ -175,8 +185,7 @@ def _launch(out: torch.Tensor, inputs: list[torch.Tensor], op: str, scale: float
     kernel = _KERNELS["_reduce_kernel"]
     if out.is_cuda and not interpreting():
         grid = lambda meta: (cdiv(n, meta["BLOCK"]),)  # noqa: E731
-        tuned = launch_configs.autotuned("reduce", kernel, key=_AUTOTUNE_KEY)
-        tuned[grid](out, *ptrs, n, scale_value, **args)
+        _tuned()[grid](out, *ptrs, n, scale_value, **args)
     else:
         block = launch_configs.interpreter_meta("reduce", BLOCK=_INTERPRETER_BLOCK)["BLOCK"]
         kernel[(cdiv(n, block),)](out, *ptrs, n, scale_value, BLOCK=block, **args)

@@ -14,6 +14,7 @@ of a 1xN or 2x2 grid, close). What does not: kernels on a GPU, NVLink, stream ti
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -157,6 +158,46 @@ def run_gpu_path(rank: int, size: int, failures: list[str]) -> int:
         if nodes > 1 and not moved["mpi"]["sent"]:
             failures.append(f"rank {rank} {label}: nothing crossed nodes over MPI: {moved}")
         comm.close()
+    if size > 1:
+        cases += run_limited_mpg(rank, size, failures)
+    return cases
+
+
+def run_limited_mpg(rank: int, size: int, failures: list[str]) -> int:
+    """NVSHMEM in LIMITED MPG mode (several PEs on one GPU, no MPS; an H200 ended the process at
+    the first on-stream barrier there): under transport "auto" the GPU path falls back to MPI and
+    says why; under "nvshmem" every rank gets a ValueError naming the mode, and NVSHMEM is not
+    initialised again for a later communicator."""
+    world = MPI.COMM_WORLD
+    os.environ[_fake_nvshmem.LIMITED_MPG_ENV] = "1"
+    cases = 0
+    try:
+        comm = ddl.init(world.Dup(), topology=f"{size}x1", chunk_bytes=CHUNK_BYTES, pipeline_depth=DEPTH)
+        comm._executor = comm._gpu.executor(torch.device("cpu"))
+        comm._small = None
+        t = data(4099, rank, torch.float32)
+        comm.allreduce(t)
+        cases += 2
+        if not torch.equal(t, sum(data(4099, q, torch.int64) for q in range(size)).to(torch.float32)):
+            failures.append(f"rank {rank} limited MPG fallback: allreduce wrong")
+        if comm._gpu.intra_node != "mpi" or "LIMITED MPG" not in comm._gpu.why:
+            failures.append(f"rank {rank} limited MPG fallback: intra-node {comm._gpu.intra_node!r}, why "
+                            f"{comm._gpu.why!r}")
+        comm.close()
+        for attempt in range(2):  # the second refusal comes from the remembered reason
+            comm = ddl.init(world.Dup(), topology=f"{size}x1", transport="nvshmem", chunk_bytes=CHUNK_BYTES,
+                            pipeline_depth=DEPTH)
+            cases += 1
+            try:
+                comm._gpu.executor(torch.device("cpu"))
+                failures.append(f"rank {rank} limited MPG, transport nvshmem: no error (attempt {attempt})")
+            except ValueError as e:
+                if "LIMITED MPG" not in str(e) or f"rank {rank}" not in str(e):
+                    failures.append(f"rank {rank} limited MPG, transport nvshmem: unclear error {e}")
+            comm.close()
+    finally:
+        del os.environ[_fake_nvshmem.LIMITED_MPG_ENV]
+        nvshmem_transport.NvshmemRuntime._refused = ""
     return cases
 
 

@@ -67,6 +67,14 @@ def init(device=None, mpi_comm=None, initializer_method="", **_) -> None:
                   job=comm.bcast(f"{os.getpid()}", root=0))
 
 
+STATUS_IS_INITIALIZED, STATUS_LIMITED_MPG = 2, 3  # nvshmemx_init_status_t's values
+LIMITED_MPG_ENV = "FAKE_NVSHMEM_LIMITED_MPG"  # set to 1: init comes up as several PEs sharing a GPU without MPS
+
+
+def init_status() -> int:
+    return STATUS_LIMITED_MPG if os.environ.get(LIMITED_MPG_ENV) == "1" and _state["n"] > 1 else STATUS_IS_INITIALIZED
+
+
 def my_pe() -> int:
     return _state["pe"]
 

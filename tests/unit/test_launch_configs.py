@@ -214,6 +214,30 @@ def test_autotuned_wrapper_follows_the_data():
     assert blocks == [256] and same_bits(out, a + b)
 
 
+def test_autotuning_an_in_place_reduce_leaves_the_result_of_one_launch(monkeypatch):
+    """The first launch of a size autotunes: every candidate runs on the live arguments. With
+    ``out`` aliasing inputs[0] (the ring's in-place accumulation) each trial would add the other
+    inputs once more; the wrapper must restore ``out`` between trials. Run under the interpreter
+    with a stand-in timer that launches each candidate three times."""
+    trials = []
+
+    def timer(kernel_call, quantiles):
+        for _ in range(3):
+            kernel_call()
+        trials.append(1)
+        return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(lc, "_trial_timer", timer)
+    lc.set_candidates("reduce", [{"BLOCK": 64}, {"BLOCK": 128}])
+    n = 1000
+    a, b = torch.arange(n, dtype=torch.float32), torch.full((n,), 3.0)
+    want = a + b
+    reduce_mod._tuned()[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
+        a, a, b, *[a] * 6, n, torch.ones(1), NUM_INPUTS=2, OP=0, HAS_SCALE=False, ACC_FP32=False)
+    assert len(trials) == 2, "both candidates were timed"
+    assert same_bits(a, want), f"in-place result after autotuning: {a[:4].tolist()}, want {want[:4].tolist()}"
+
+
 def test_compress_kernels_keep_their_autotuning_arguments():
     for kernel, restore in [("quantize_int8", []), ("dequantize_int8", []), ("reduce_int8", []),
                             ("add_into", ["r_ptr"]), ("sign_pack", ["v_ptr"]), ("sign_unpack", [])]:
