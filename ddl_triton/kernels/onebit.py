@@ -23,7 +23,9 @@ Each launcher's Triton kernel and torch reference produce bitwise-identical resu
 device: the same fp32 operations in the same order, 16-bit stores rounded by hand
 (``_rounding.round_to``), and the one whole-tensor reduction (the scale) done by the same torch
 call on both paths, because a Triton tree reduction would sum in another order. (Checked under
-the interpreter; on a GPU the same reasoning applies but has not been run.)
+the interpreter, and compiled on an H200: bench/results/gpu.md.) Across devices the scale's
+sum runs in another order (torch's CPU and CUDA reductions differ), so a CPU and a GPU rank
+would not agree bit for bit: a job's ranks must share one kind of device.
 
 The Triton path is three passes: v = x + residual (kernel), the scale (torch), then signs,
 bits and the new residual (kernel). Traffic: x read once, the fp32 residual (then v) read three

@@ -75,7 +75,7 @@ class GpuPath:
             record, tracer) -> None:
         """Run ``schedule`` on CUDA tensors (``Executor.run_widened``), labelling ``record``'s steps.
         With a ``tracer``, the call is also a span timed by CUDA events, resolved when the trace
-        is written (no host synchronisation added). Not yet run on a GPU."""
+        is written (no host synchronisation added). The tracer's span has not yet run on a GPU."""
         executor = self.executor(inbuf.device)
         executor.record, executor.tracer = record, tracer
         if schedule.native:

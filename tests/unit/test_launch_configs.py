@@ -25,8 +25,8 @@ KERNELS = ["reduce", "quantize_int8", "dequantize_int8", "reduce_int8", "add_int
 # The configs the kernel modules hard-coded before they became data (num_stages: triton.Config's default).
 HARD_CODED = {
     "reduce": [("BLOCK", 1024, 4), ("BLOCK", 2048, 8), ("BLOCK", 4096, 8), ("BLOCK", 8192, 16)],
-    "quantize_int8": [("TILE", 2048, 4), ("TILE", 4096, 8), ("TILE", 8192, 8)],
-    "dequantize_int8": [("TILE", 2048, 4), ("TILE", 4096, 8), ("TILE", 8192, 8)],
+    "quantize_int8": [("TILE", 2048, 4), ("TILE", 4096, 8)],
+    "dequantize_int8": [("TILE", 2048, 4), ("TILE", 4096, 8)],
     "reduce_int8": [("TILE", 2048, 4), ("TILE", 4096, 8), ("TILE", 8192, 8)],
     "add_into": [("BLOCK", 1024, 4), ("BLOCK", 4096, 8)],
     "sign_pack": [("BYTES", 256, 4), ("BYTES", 512, 4), ("BYTES", 1024, 8)],
