@@ -1,6 +1,6 @@
 """One device check for a single NVIDIA GPU (an H200): correctness first, then kernel bandwidth.
 
-    python bench/gpu_check.py [--json PATH] [--quick]
+    python bench/gpu_check.py [--json PATH] [--quick] [--sections "cuda tests,cuda ranks,..."]
 
 Sections, each wrapped so that a failure in one does not stop the others:
 
@@ -16,23 +16,11 @@ Sections, each wrapped so that a failure in one does not stop the others:
                 TRITON_INTERPRET, so the Triton kernels run compiled (tests/conftest.py would set
                 TRITON_INTERPRET=1 for the CPU tier, hence --noconftest).
 3. cuda ranks   ``mpiexec -n 2 tests/gpu/cuda_ranks_worker.py`` with ``DDL_TRANSPORT=mpi``: two ranks on
-                the one GPU, every schedule, the other collectives, the compressed allreduces
-                (bitwise the CPU path's) and DDP on the "ddl" backend, through the GPU path with
-                host-staged MPI (transports/mpi_device.py); its exact checks' count and failures.
-4. bandwidth    (below: 7.)
-5. nvshmem      ``ddl_triton.transports.nvshmem.smoke_test()`` at 1 PE, in a child process: NVSHMEM
-                can end its process on an error, and its init/finalize state must not leak into the
-                other sections. One row per check it reports. This section and the next are
-                skipped, with the import error, when nvshmem4py cannot be imported.
-6. collectives  world size 1 (a singleton MPI process, no mpiexec) through
-                ``ddl.init(transport="nvshmem")``: allreduce (sum, max), reduce_scatter, all_gather and
-                broadcast on integer-valued CUDA tensors, each compared with ``torch.equal`` against the
-                exact world-size-1 result, in a child process.
-7. nvshmem x2   the cuda ranks worker at 2 ranks with ``DDL_TRANSPORT=nvshmem`` (two PEs on one GPU,
-                NVSHMEM's LIMITED MPG mode without MPS): what works there and what ends the process
-                is reported, not assumed (shared/GPU_NOTES.md reads the source as: on-stream waits
-                end it).
-8. bandwidth    device copy bandwidth (clone of a 1 GiB tensor, GB/s = 2 * bytes / median time), then
+                the one GPU through the GPU path with host-staged MPI (transports/mpi_device.py):
+                every schedule, the other collectives, the compressed allreduces (bitwise the torch
+                reference kernels' on the GPU, and int8's bitwise the CPU path's) and DDP on the
+                "ddl" backend; its exact checks' count and failures.
+4. bandwidth    device copy bandwidth (clone of a 1 GiB tensor, GB/s = 2 * bytes / median time), then
                 the reduce kernel (fp32, bf16) and the int8 kernels at >= 1 GiB per input, each against
                 the same operation written with plain torch ops. Every time is measured by
                 ``ddl_triton.kernels.bandwidth.measure``, as bench/kernels.py measures: CUDA events
@@ -42,9 +30,22 @@ Sections, each wrapped so that a failure in one does not stop the others:
                 compared with the torch result (a wrong result is a failure: its speed would mean
                 nothing). ``--quick`` halves the kernel sizes (the copy stays at 1 GiB), so its
                 verdicts are indicative only.
+5. nvshmem      ``ddl_triton.transports.nvshmem.smoke_test()`` at 1 PE, in a child process: NVSHMEM
+                can end its process on an error, and its init/finalize state must not leak into the
+                other sections. One row per check it reports. This section and the two after it are
+                skipped, with the import error, when nvshmem4py cannot be imported.
+6. collectives  world size 1 (a singleton MPI process, no mpiexec) through
+                ``ddl.init(transport="nvshmem")``: allreduce (sum, max), reduce_scatter, all_gather and
+                broadcast on integer-valued CUDA tensors, each compared with ``torch.equal`` against the
+                exact world-size-1 result, in a child process.
+7. nvshmem x2   the cuda ranks worker at 2 ranks, two PEs on the one GPU (NVSHMEM's LIMITED MPG mode
+                without MPS): with ``DDL_TRANSPORT=auto`` it must pass (over MPI, with the reason);
+                with ``DDL_TRANSPORT=nvshmem`` it must pass or refuse on every rank with an error
+                naming the mode, never end inside NVSHMEM.
 
 A short table (section, item, value, verdict) is printed last; the JSON file (``--json``, default
-gpu_check.json in the current directory) holds every number and the environment. The exit status is
+gpu_check.json in the current directory, rewritten after each section, so that a run cut short
+keeps what it measured) holds every number and the environment. The exit status is
 1 when a correctness check failed or could not complete, 0 otherwise. The whole run keeps under
 8 minutes: each section checks the time left first and is skipped, with the reason printed, when too
 little is left.
