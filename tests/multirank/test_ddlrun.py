@@ -35,10 +35,14 @@ if MPI.COMM_WORLD.Get_rank() == 1:
     sys.exit(3)
 """
 
+# A plain MPI program that ddlrun's signal ends: it makes no communicator, so it releases MPICH's
+# init segment itself (what ddl_triton.init does), or every run of the test left one in /dev/shm.
 WAIT_FOREVER = """\
 import os, sys, time
 from pathlib import Path
 from mpi4py import MPI
+from ddl_triton.runtime.mpich_segment import release_init_segment
+release_init_segment()
 ready = Path(sys.argv[1], f"ready-{MPI.COMM_WORLD.Get_rank()}")
 Path(f"{ready}.tmp").write_text(str(os.getpid()))
 os.replace(f"{ready}.tmp", ready)
