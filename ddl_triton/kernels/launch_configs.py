@@ -251,6 +251,7 @@ def autotuned(kernel: str, fn: Callable, *, key: Sequence[str], restore_value: S
         import triton  # on first use, not with this module: see _lazy_kernels.py
 
         configs = triton_configs(kernel)
+        # The timer is looked up at each trial, not bound here, so a test can stand in for it.
         wrapper = triton.autotune(configs=configs, key=list(key),
                                   restore_value=None if restore_value is None else list(restore_value),
                                   do_bench=lambda kernel_call, quantiles: _trial_timer(kernel_call, quantiles))(fn)
