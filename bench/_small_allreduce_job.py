@@ -1,0 +1,59 @@
+"""One timed job of bench/small_allreduce_ab.py, under any launcher: how long ``ddl_triton.init()``
+took, then the time per call of a small allreduce, each the slowest rank's.
+
+Prints one JSON line on rank 0: ``{"package": <ddl_triton's folder>, "ranks": n, "init_s": ...,
+"us_per_call": [one figure per block], "wrong": <elements off the exact answer, summed over ranks>}``.
+The package's folder says which checkout ran, so a mixed-up A/B run shows in its output.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+import ddl_triton as ddl
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bytes", type=int, default=128)
+    p.add_argument("--blocks", type=int, default=10)
+    p.add_argument("--calls", type=int, default=200, help="calls per timed block")
+    args = p.parse_args()
+
+    start = time.perf_counter()
+    comm = ddl.init()
+    init_s = time.perf_counter() - start
+    n = max(1, args.bytes // 4)
+    x = torch.ones(n, dtype=torch.float32)
+    for _ in range(50):  # warm: plans cached, lanes posted
+        comm.allreduce(x)
+    per_call = []
+    for _ in range(args.blocks):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            comm.allreduce(x)
+        per_call.append((time.perf_counter() - t0) / args.calls)
+    slowest = torch.tensor(per_call + [init_s], dtype=torch.float64)
+    comm.allreduce(slowest, op="max")
+
+    # Exact on integer-valued data after the timed calls: every rank holds sum(1..size).
+    x.fill_(comm.rank + 1)
+    comm.allreduce(x)
+    wrong = torch.tensor([int((x != comm.size * (comm.size + 1) // 2).sum())], dtype=torch.int64)
+    comm.allreduce(wrong)
+    if comm.rank == 0:
+        print(json.dumps({"package": os.path.dirname(ddl.__file__), "ranks": comm.size,
+                          "init_s": float(slowest[-1]), "us_per_call": [1e6 * float(v) for v in slowest[:-1]],
+                          "wrong": int(wrong[0])}), flush=True)
+    ddl.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
