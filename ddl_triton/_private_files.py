@@ -15,6 +15,11 @@ link), owned by this user and writable by nobody else, with mode 0700:
   instead. One line on stderr names ``what``, the refused path, why, and the folder used; the
   same fallback is returned for that path for the rest of the process, while it stays private.
 
+``chosen_folder(path)`` is for a folder the user named (``DDL_DUMP_DIR``, ``DDL_TRACE``, ``ddl-tune
+--out``): created like a private folder when missing, else used as it is, a link the user made
+included; the files in it are still created as below, so no link planted at a file's path is
+followed.
+
 ``create_private_file(path)`` creates a new file with mode 0600 (whatever the umask) and opens it
 for writing: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so an existing file, or a link planted at the path,
 is never opened (``FileExistsError``, or ``OSError(ELOOP)`` for a link on some systems).
@@ -42,7 +47,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 _FILE_FLAGS = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
 
 _fallbacks: dict[str, str] = {}  # refused path -> the mkdtemp folder used instead (see private_folder)
-_lock = threading.Lock()
+_lock = threading.RLock()  # a signal handler's dump may interrupt one on the same thread
 
 
 def private_folder(path: str, *, what: str) -> str:
@@ -61,6 +66,16 @@ def private_folder(path: str, *, what: str) -> str:
         _fallbacks[path] = fallback
     print(f"ddl_triton: {what}: not using {path}: {why}; using {fallback} instead", file=sys.stderr, flush=True)
     return fallback
+
+
+def chosen_folder(path: str) -> str:
+    """``path``, created with mode 0700 (and missing parents likewise) if missing, else as it is:
+    the user named it (see the module doc). Raises ``OSError`` if it cannot be created."""
+    try:
+        _mkdir_private(os.path.abspath(path))
+    except FileExistsError:
+        pass
+    return path
 
 
 def create_private_file(path: str, mode: str = "w"):

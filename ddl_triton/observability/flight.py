@@ -11,7 +11,12 @@ by every communicator of the process; the oldest records fall off). A record hol
     ddl_triton and torch, e.g. "train.py:88").
 
 ``dump`` writes every communicator's records, and this rank's identity, to
-``<dump_dir>/flight-rank<R>.json``. The communicator dumps on ``CollectiveTimeout`` and
+``<dump_dir>/flight-rank<R>.json``: a new file of mode 0600 renamed onto that name, so a link
+planted there is replaced, never written through (ddl_triton/_private_files.py). ``dump_dir`` is
+``Options.dump_dir`` (``DDL_DUMP_DIR``; created 0700 if missing, else used as the user made it)
+or by default ``$TMPDIR/ddl_triton-flight-<uid>``, which must be this user's own directory, not a
+link and writable by nobody else: otherwise a fresh ``mkdtemp`` folder is used, and named on stderr
+as well as in the path ``dump`` returns. The communicator dumps on ``CollectiveTimeout`` and
 ``CollectiveMismatch``; ``SIGUSR2`` dumps at once (``ddlrun`` sends it to every rank when a
 rank is lost, and passes on a SIGUSR2 it receives). ``python -m ddl_triton.trace why DIR``
 reads the dumps (ddl_triton/observability/diagnose.py).
@@ -30,6 +35,8 @@ import tempfile
 import threading
 import time
 from collections import deque
+
+from .._private_files import chosen_folder, private_folder, write_private_file
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # ddl_triton/, above observability/
 _SKIP = (_PACKAGE_DIR, os.path.dirname(_PACKAGE_DIR) + os.sep + "transports",
@@ -111,8 +118,8 @@ class FlightRecorder:
         self.records: deque[Record] = deque(maxlen=max(1, capacity))
         self.rank = -1
         self.size = 0
-        self.dump_dir = ""
-        self._lock = threading.Lock()
+        self.dump_dir = ""  # the user's folder; "" for the default (see default_dump_dir)
+        self._lock = threading.RLock()  # SIGUSR2's dump may interrupt a dump on the same thread
         self._skip = _SKIP + (_torch_dir(),)
         self._ours: dict = {}  # id(code object) -> (the code object, whether it is ddl_triton's or torch's)
         self.dumped: list[str] = []
@@ -120,7 +127,7 @@ class FlightRecorder:
     def configure(self, *, rank: int, size: int, capacity: int, dump_dir: str) -> None:
         """Called by the world communicator's init: who this rank is and where dumps go."""
         self.rank, self.size = rank, size
-        self.dump_dir = dump_dir or default_dump_dir()
+        self.dump_dir = dump_dir
         if capacity != self.records.maxlen:
             self.records = deque(self.records, maxlen=max(1, capacity))
 
@@ -168,12 +175,10 @@ class FlightRecorder:
                     "pid": os.getpid(), "host": os.uname().nodename, "time": time.time(), "reason": reason,
                     "capacity": self.records.maxlen, "records": rows}
             try:
-                os.makedirs(self.dump_dir, exist_ok=True)
-                path = os.path.join(self.dump_dir, f"flight-rank{self.rank}.json")
-                tmp = f"{path}.{os.getpid()}.tmp"
-                with open(tmp, "w") as f:
-                    json.dump(data, f, indent=1)
-                os.replace(tmp, path)
+                folder = chosen_folder(self.dump_dir) if self.dump_dir else \
+                    private_folder(default_dump_dir(), what=f"rank {self.rank}: flight-recorder dumps")
+                path = os.path.join(folder, f"flight-rank{self.rank}.json")
+                write_private_file(path, json.dumps(data, indent=1))
             except OSError:
                 return ""
             self.dumped.append(path)
@@ -201,7 +206,8 @@ def stuck_wait():
 
 
 def default_dump_dir() -> str:
-    """``$DDL_DUMP_DIR`` is read into Options at init; without it dumps go here."""
+    """``$DDL_DUMP_DIR`` is read into Options at init; without it dumps go here (when this folder
+    is private: see the module doc)."""
     return os.path.join(tempfile.gettempdir(), f"ddl_triton-flight-{os.getuid()}")
 
 

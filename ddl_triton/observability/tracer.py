@@ -2,7 +2,9 @@
 
 Semantics: with ``Options.trace`` / ``DDL_TRACE=DIR``, each rank writes
 ``DIR/trace-rank<R>.json`` (the Chrome trace event format, which Perfetto and
-chrome://tracing open) when its world communicator closes or the process exits:
+chrome://tracing open) when its world communicator closes or the process exits. ``DIR`` is
+created 0700 if missing; the file is a new one of mode 0600 renamed onto that name, so a link
+planted there is replaced, never written through (ddl_triton/_private_files.py). The timeline:
 
 - one complete event ("X") per collective on the thread that ran it, named
   "allreduce #57", with bytes, schedule, dtype, sequence number and call site;
@@ -30,6 +32,8 @@ import os
 import threading
 import time
 from collections import deque
+
+from .._private_files import chosen_folder, write_private_file
 
 MAX_EVENTS = 2_000_000
 
@@ -124,11 +128,8 @@ class Tracer:
                              "clock_offset_us": self.clock_offset_us, "offset_bound_us": self.offset_bound_us,
                              "dropped_events": max(0, self.appended - len(self.events))}}
         try:
-            os.makedirs(self.folder, exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.path)
+            chosen_folder(self.folder)
+            write_private_file(self.path, json.dumps(data))
         except OSError:
             return ""
         return self.path

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import schedules
+from .._private_files import chosen_folder, write_private_file
 from ..planning.costmodel import CostModel
 
 FORMAT = "ddl_triton-tuning"
@@ -150,12 +151,12 @@ class TuningTable:
                 "measurements": self.measurements}
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (a reader never sees half a table)."""
+        """Write atomically (a reader never sees half a table): a new 0600 file renamed onto
+        ``path``, so a link planted there is replaced, not written through; a missing folder is
+        created 0700 (ddl_triton/_private_files.py)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
-        os.replace(tmp, path)
+        chosen_folder(str(path.parent))
+        write_private_file(str(path), json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
 
 
 def load(path: str | os.PathLike) -> TuningTable:
