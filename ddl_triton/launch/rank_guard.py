@@ -26,6 +26,8 @@ Semantics:
   ``rank<r>.returncode``.
 - Heartbeat: while the rank runs, the guard rewrites ``rank<r>.alive`` every second, so that
   ddlrun can tell a rank whose host is gone (its guard fell silent) from one still working.
+- Relay: at each beat, a ``rank<r>.signal`` file naming SIGUSR2 (ddlrun's request for a rank it
+  cannot signal itself, as one on another host) is removed and the signal passed to the rank.
 - Across hosts, a guard whose rank exited 0 outlasts the job: it waits until every rank of the
   job has recorded its end, then ``_OUTLAST_MARGIN_S`` more (at most ``_OUTLAST_CAP_S`` in all).
 
@@ -99,15 +101,36 @@ def _record(rank: int, event: str, text: str) -> None:
 def _wait_beating(child: subprocess.Popen, rank: int) -> int:
     """Wait for the rank, rewriting ``rank<r>.alive`` every ``HEARTBEAT_SECONDS`` meanwhile: a
     guard that stops (its host died, or its link to the shared folder was cut) is how ddlrun
-    tells a rank that is gone from one that is only slow (supervision.py)."""
-    beating = bool(os.environ.get("DDL_STATUS_DIR"))
+    tells a rank that is gone from one that is only slow (supervision.py). Each beat also passes
+    on a signal ddlrun asked for (``_relay_signal``)."""
+    folder = os.environ.get("DDL_STATUS_DIR", "")
     while True:
-        if beating:
+        if folder:
             _record(rank, "alive", "")
+            _relay_signal(folder, rank, child)
         try:
-            return child.wait(_HEARTBEAT_SECONDS if beating else None)
+            return child.wait(_HEARTBEAT_SECONDS if folder else None)
         except subprocess.TimeoutExpired:
             pass
+
+
+_RELAYED = {"SIGUSR2"}  # dump the flight recorder: the only signal ddlrun asks a guard to pass on
+
+
+def _relay_signal(folder: str, rank: int, child: subprocess.Popen) -> None:
+    """Pass on the signal ddlrun asked for in ``rank<r>.signal`` (status.request_signal) to this
+    guard's own rank, which it started and has not reaped (so the pid cannot be another
+    process's): how ddlrun reaches a rank on another host without using a pid from there.
+    Anything but a name in ``_RELAYED`` is dropped."""
+    path = os.path.join(folder, f"rank{rank}.signal")
+    try:
+        with open(path) as f:
+            name = f.read(16).strip()
+        os.unlink(path)
+    except OSError:
+        return
+    if name in _RELAYED:
+        child.send_signal(getattr(signal, name))  # a no-op once the rank has ended
 
 
 def _close_pmi_socket() -> None:

@@ -5,18 +5,23 @@ rank of the world communicator writes there:
 
     rank<r>.start   its pid, at init
     rank<r>.host    its host name, at init (ddlrun names the host of a rank on another host)
+    rank<r>.identity  JSON, at init: who that pid is (``identity``): host, boot id, PID namespace,
+                    the process's start time and command line; ddlrun signals a rank only when
+                    this still describes a live process of its own host (``signallable``)
     rank<r>.error   the message of a collective error (timeout, lost peer, mismatch)
     rank<r>.exit    at interpreter exit, however it ends short of being killed
 
 A rank with a ``start`` file and no ``exit`` file was killed (SIGKILL, OOM, a crash).
 The rank guard (rank_guard.py) adds ``rank<r>.killed`` and ``rank<r>.returncode``, and rewrites
-``rank<r>.alive`` every second while the rank runs (``silent_ranks``: whose guard fell silent,
+``rank<r>.alive`` every second while the rank runs; ddlrun writes ``rank<r>.signal`` (``SIGUSR2``)
+for a rank it cannot signal itself, and that rank's guard passes it on (``request_signal``) (``silent_ranks``: whose guard fell silent,
 as when its host died); ``ddlrun`` reads them all back with ``read``. The rank guard loads this file by path (it imports no package),
 so it imports nothing beyond the standard library.
 """
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import socket
 import time
@@ -33,6 +38,7 @@ def start(folder: str, rank: int) -> None:
         return
     _folder, _rank = folder, rank
     _write("host", socket.gethostname())
+    _write("identity", json.dumps(identity(os.getpid())))
     _write("start", str(os.getpid()))
     atexit.register(lambda: _write("exit", "") if _folder else None)
 
@@ -59,6 +65,62 @@ def record(folder: str, rank: int, event: str, text: str) -> None:
             f.write(text)
     except OSError:
         pass  # status is advisory: never fail a job over it
+
+
+def identity(pid: int) -> dict:
+    """Who process ``pid`` of this host is, as far as another process can check it later: this
+    host's name and boot id, the PID namespace the pid is counted in, and from ``/proc/<pid>``
+    its start time (``stat`` field 22, in clock ticks since boot: a reused pid gets a later one)
+    and command line. Values that cannot be read are empty, and then match nothing."""
+    return {"host": socket.gethostname(), "boot_id": _read("/proc/sys/kernel/random/boot_id").strip(),
+            "pid_ns": _link("/proc/self/ns/pid"), "pid": pid, "start_time": _start_time(pid),
+            "cmdline": _read(f"/proc/{pid}/cmdline")}
+
+
+def signallable(events: dict[str, str]) -> int | None:
+    """The pid to signal for a rank whose records are ``events`` (``read``'s), or None: only
+    when its ``identity`` record says this host, this boot and this PID namespace, and the
+    process now at that pid has the recorded start time and command line. A pid recorded on
+    another host means some unrelated process here; one recorded here may have been reused."""
+    try:
+        claimed = json.loads(events.get("identity", ""))
+    except ValueError:
+        return None
+    if not isinstance(claimed, dict) or not isinstance(claimed.get("pid"), int) or claimed["pid"] <= 0:
+        return None
+    pid = claimed["pid"]
+    if not all(claimed.get(key) for key in ("host", "boot_id", "pid_ns", "start_time", "cmdline")):
+        return None  # a field that could not be read proves nothing
+    if identity(pid) != claimed or events.get("start", "").strip() != str(pid):
+        return None
+    return pid
+
+
+def request_signal(folder: str, rank: int, name: str = "SIGUSR2") -> None:
+    """Ask ``rank``'s guard (rank_guard.py) to pass signal ``name`` to its rank: how ddlrun
+    reaches a rank on another host, whose pid means nothing here."""
+    record(folder, rank, "signal", name)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of ``/proc/<pid>/stat`` (after the command name, which may hold spaces and parentheses)."""
+    fields = _read(f"/proc/{pid}/stat").rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else ""
 
 
 def read(folder: str) -> dict[int, dict[str, str]]:

@@ -5,7 +5,10 @@ the ranks left running long after one was lost.
   line by line, noting the pids MPICH's "BAD TERMINATION" banner names as the first to fail.
 - Signals: Ctrl-C in a terminal reaches mpiexec directly (it runs in ddlrun's process group),
   so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and SIGTERM,
-  are passed on to mpiexec. SIGUSR2 goes to every rank, which dumps its flight recorder.
+  are passed on to mpiexec. SIGUSR2 goes to every rank, which dumps its flight recorder: to a
+  rank of this host directly, once its start record proves the pid is still that rank (host,
+  boot id, PID namespace, start time, command line: status.signallable); to a rank of another
+  host through that host's rank guard (status.request_signal), never by a pid from there.
 - Survivors' grace: once a rank is lost, the others get one collective deadline (DDL_TIMEOUT,
   else Options' default) plus time to report, to notice and exit by themselves; then ddlrun asks
   those still running for their flight recorders and ends the job.
@@ -139,11 +142,22 @@ def _a_rank_was_lost(folder: str) -> bool:
 
 
 def _signal_ranks(folder: str, signum: int) -> None:
-    """Send ``signum`` to every rank that recorded its start and no end (same host only)."""
+    """Send ``signum`` to every rank that recorded its start and no end, only where it is provably
+    that rank: a rank of this host whose identity record still matches the live process
+    (status.signallable: host, boot id, PID namespace, start time, command line) is signalled
+    here; any other (another host's, whose pid means an unrelated process here) is asked through
+    its own host's rank guard (status.request_signal), which signals only its own child while it
+    runs. A pid that is no longer the rank's (it ended, the pid was reused) is never signalled."""
+    name = signal.Signals(signum).name
     for rank, events in status.read(folder).items():
-        if "start" in events and "returncode" not in events and events["start"].isdigit():
+        if "start" not in events or "returncode" in events:
+            continue
+        pid = status.signallable(events)
+        if pid is not None:
             with contextlib.suppress(OSError):
-                os.kill(int(events["start"]), signum)
+                os.kill(pid, signum)
+        else:  # its guard knows its own child; a rank that has ended is signalled by nobody
+            status.request_signal(folder, rank, name)
 
 
 @contextlib.contextmanager
