@@ -13,29 +13,40 @@ hosts one 16-byte exchange took 170 us and 0.45 ms of that thread's CPU; on a so
 28 us and 15 us (build measurement, 2026-12-02). The lane runs once per collective, so under
 torchrun a DDP bucket paid that before gloo's own allreduce could start.
 
-Connecting (collective over the store's ranks, at ``connect``): every rank listens on an
-ephemeral port of every address it has (``_addresses``: those of ``GLOO_SOCKET_IFNAME``'s
-interfaces when set, as gloo's, else every non-loopback IPv4 address, else 127.0.0.1), publishes
-them in the store, and connects to each lower rank, trying its addresses in turn, then accepts
-one connection from each higher rank. The first 8 bytes a connector sends name its rank.
+Connecting (collective over the store's ranks, at ``connect``): rank 0 draws the lane's secret and
+publishes it in the store (lane_handshake.py). Every rank listens on an ephemeral port of each
+address it publishes, and only there (``_addresses``: those of ``GLOO_SOCKET_IFNAME``'s interfaces
+when set, as gloo's, else every non-loopback IPv4 address, else 127.0.0.1), never on 0.0.0.0: one
+listener per published address, because a store does not say which of a host's interfaces its
+peers reach it by (a HashStore, a FileStore have no host), and a connector tries the addresses in
+turn. It publishes them in the store, accepts the higher ranks' connections on a thread of its own
+from then on, and connects to each lower rank. Each connection is proven both ways with the
+secret before it counts (lane_handshake.py: a handshake of its own deadline per connection);
+one that does not prove itself is dropped and logged, and the rank waits on for the real peer.
+The handshake is all the connection costs: a call's messages cross it as before.
 
 Failures: a peer whose process dies closes its end; the read returns nothing and raises
 ``PeerTimeout(dead=True)`` at once. A peer silent past the deadline raises ``PeerTimeout`` (the
 call checker names the call). At ``connect``, a peer that neither publishes its addresses nor
-connects within the deadline is a ``CollectiveTimeout`` naming both ranks; addresses none of
-which answers, a ``DDLError`` listing them.
+connects within the deadline is a ``CollectiveTimeout`` naming both ranks (and any connection
+that named the missing rank but failed its proof); addresses none of which answers and proves
+itself, a ``DDLError`` listing them, each with why.
 """
 from __future__ import annotations
 
 import fcntl
 import os
+import selectors
 import socket
 import struct
+import threading
 import time
 from datetime import timedelta
 
 from ..errors import CollectiveTimeout, DDLError
 from ..transports.base import PeerTimeout
+from . import lane_handshake
+from .lane_handshake import Greeting, Refused, log_drop
 
 _SIOCGIFADDR = 0x8915
 _SOCKET_BUFFER = 1 << 20  # two messages of the lane's largest fit in flight: a send never waits for a read
@@ -61,57 +72,63 @@ def _addresses() -> list[str]:
     return list(dict.fromkeys(found)) or ["127.0.0.1"]
 
 
+def _listen(rank: int, size: int) -> tuple[list[socket.socket], list[str]]:
+    """A listener on an ephemeral port of each published address, and the "address:port" entries."""
+    listeners, entries, failed = [], [], []
+    for address in _addresses():
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        _size_buffers(listener)  # accepted connections inherit them
+        try:
+            listener.bind((address, 0))
+            listener.listen(max(8, size))
+        except OSError as e:
+            listener.close()
+            failed.append(f"{address} ({e.strerror or e})")
+            continue
+        listeners.append(listener)
+        entries.append(f"{address}:{listener.getsockname()[1]}")
+    if not listeners:
+        raise DDLError(f"rank {rank}: the call lane cannot listen on any of this host's addresses: "
+                       + "; ".join(failed))
+    return listeners, entries
+
+
 class LaneSockets:
     """A connected TCP stream to every other rank (module doc). ``socks[p]``: the one to rank p."""
 
     def __init__(self, store, rank: int, size: int, timeout: float):
         self.rank, self.size, self.timeout = rank, size, timeout
         self.socks: dict[int, socket.socket] = {}
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        _size_buffers(listener)  # accepted connections inherit them
+        deadline = time.monotonic() + timeout
+        self._secret = lane_handshake.lane_secret(store, rank, deadline, timeout)
+        listeners, entries = _listen(rank, size)
+        acceptor = _Acceptor(listeners, self._secret, rank, size, deadline, timeout)
         try:
-            listener.bind(("0.0.0.0", 0))
-            listener.listen(max(1, size))
-            port = listener.getsockname()[1]
-            store.set(f"lane-{rank}", ",".join(f"{a}:{port}" for a in _addresses()))
-            deadline = time.monotonic() + timeout
+            store.set(f"lane-{rank}", ",".join(entries))
             for peer in range(rank):
                 self.socks[peer] = self._connect(store, peer, deadline)
-            listener.settimeout(max(0.1, deadline - time.monotonic()))
-            while len(self.socks) < size - 1:
-                try:
-                    sock, _ = listener.accept()
-                except socket.timeout:
-                    missing = [p for p in range(rank + 1, size) if p not in self.socks]
-                    raise CollectiveTimeout(f"rank {rank}: rank {missing[0]} did not connect to the call lane "
-                                            f"within {timeout:g} s") from None
-                sock.settimeout(max(0.1, deadline - time.monotonic()))
-                try:
-                    peer = struct.unpack("<q", _read_exactly(sock, 8, -1))[0]
-                except (OSError, PeerTimeout):
-                    peer = -1  # closed or silent before naming its rank
-                if not rank < peer < size or peer in self.socks:
-                    sock.close()
-                    continue  # not one of ours: ignore it
-                self.socks[peer] = sock
+            self.socks.update(acceptor.result())
         except BaseException:
+            acceptor.stop()
             self.close()
             raise
-        finally:
-            listener.close()
         for sock in self.socks.values():
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a header goes out alone, now
             sock.settimeout(timeout)  # every send and read: the lane's deadline
 
     def _connect(self, store, peer: int, deadline: float) -> socket.socket:
+        key = f"lane-{peer}"
         try:
-            store.wait([f"lane-{peer}"], timedelta(seconds=max(0.1, deadline - time.monotonic())))
+            store.wait([key], timedelta(seconds=max(0.1, deadline - time.monotonic())))
         except RuntimeError:  # the store's timeout: the peer never got as far as its lane
             raise CollectiveTimeout(f"rank {self.rank}: rank {peer} did not publish its call lane address "
                                     f"within {self.timeout:g} s") from None
         tried = []
-        for entry in store.get(f"lane-{peer}").decode().split(","):
-            host, port = entry.rsplit(":", 1)
+        for entry in store.get(key).decode(errors="replace").split(","):
+            host, _, port = entry.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise DDLError(f"rank {self.rank}: the store's {key!r} holds {entry!r}, not an address:port "
+                               f"of rank {peer}'s call lane")
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             _size_buffers(sock)  # before connecting: the receive window is agreed then
             sock.settimeout(min(_CONNECT_SECONDS, max(0.1, deadline - time.monotonic())))
@@ -121,10 +138,19 @@ class LaneSockets:
                 sock.close()
                 tried.append(f"{entry} ({e.strerror or e})")
                 continue
-            sock.sendall(struct.pack("<q", self.rank))
-            return sock
+            try:
+                lane_handshake.prove(sock, self._secret, self.rank, peer, self.size, deadline)
+                return sock
+            except Refused as e:
+                why = str(e)
+            except socket.timeout:
+                why = "connected, but no handshake within the handshake's deadline (another program's port?)"
+            except OSError as e:
+                why = f"the handshake failed: {e.strerror or e}"
+            sock.close()
+            tried.append(f"{entry} ({why})")
         raise DDLError(f"rank {self.rank}: the call lane cannot reach rank {peer} at any of its addresses: "
-                              + "; ".join(tried) + " (set GLOO_SOCKET_IFNAME to the interface between the hosts)")
+                       + "; ".join(tried) + " (set GLOO_SOCKET_IFNAME to the interface between the hosts)")
 
     def close(self) -> None:
         for sock in self.socks.values():
@@ -133,6 +159,119 @@ class LaneSockets:
             except OSError:
                 pass
         self.socks.clear()
+
+
+class _Acceptor:
+    """The higher ranks' connections, accepted and proven on a thread of its own from construction
+    until ``result`` or ``stop``, so a peer's handshake is answered at once whatever this rank's
+    own connects wait for. One selector loop serves the listeners and every handshake under way,
+    each with its own deadline; the wait is recomputed from the nearest deadline every turn."""
+
+    def __init__(self, listeners, secret: bytes, rank: int, size: int, deadline: float, timeout: float):
+        self._listeners, self._secret = listeners, secret
+        self._rank, self._size, self._deadline, self._timeout = rank, size, deadline, timeout
+        self._accepted: dict[int, socket.socket] = {}
+        self._error: BaseException | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._thread = threading.Thread(target=self._run, name=f"ddl-lane-accept-{rank}", daemon=True)
+        self._thread.start()
+
+    def result(self) -> dict[int, socket.socket]:
+        """The proven connection of every higher rank, once all are in; ``CollectiveTimeout`` at the deadline."""
+        self._thread.join(max(0.0, self._deadline - time.monotonic()) + 5.0)  # the loop ends by the deadline
+        if self._thread.is_alive():
+            raise CollectiveTimeout(f"rank {self._rank}: the call lane's accepting thread did not finish "
+                                    f"within {self._timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._accepted
+
+    def stop(self) -> None:
+        """End the loop (this rank failed) and close what it accepted."""
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(5.0)
+        for sock in self._accepted.values():
+            sock.close()
+
+    def _run(self) -> None:
+        pending: dict[socket.socket, Greeting] = {}
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            for listener in self._listeners:
+                listener.setblocking(False)
+                sel.register(listener, selectors.EVENT_READ, "listen")
+            self._loop(sel, pending)
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._error = e
+        finally:
+            for sock, greeting in pending.items():
+                log_drop(self._rank, greeting.remote, "had not proven itself when the lane stopped accepting")
+                sock.close()
+            sel.close()
+            for s in (*self._listeners, self._wake_r, self._wake_w):
+                s.close()
+
+    def _loop(self, sel, pending: dict) -> None:
+        rank, size = self._rank, self._size
+        refused: dict[int, str] = {}  # a rank still expected -> why a connection naming it was dropped
+        while len(self._accepted) < size - 1 - rank:
+            now = time.monotonic()
+            for sock in [s for s, g in pending.items() if g.deadline <= now]:
+                self._drop(sel, pending, sock, f"no handshake within {lane_handshake.HANDSHAKE_SECONDS:g} s")
+            if now >= self._deadline:
+                missing = [p for p in range(rank + 1, size) if p not in self._accepted][0]
+                raise CollectiveTimeout(f"rank {rank}: rank {missing} did not connect to the call lane within "
+                                        f"{self._timeout:g} s" + (f"; a connection naming it {refused[missing]}"
+                                                                   if missing in refused else ""))
+            wake = min([self._deadline, *(g.deadline for g in pending.values())])
+            for key, _ in sel.select(max(0.0, wake - now)):
+                if key.data == "wake":
+                    return
+                if key.data == "listen":
+                    self._accept(sel, pending, key.fileobj)
+                    continue
+                greeting = key.data
+                try:
+                    peer = greeting.feed()
+                except Refused as e:
+                    if e.claimed is not None:
+                        refused[e.claimed] = f"from {greeting.remote} {e}"
+                    self._drop(sel, pending, greeting.sock, str(e))
+                    continue
+                if peer is None:
+                    continue
+                if peer in self._accepted:
+                    self._drop(sel, pending, greeting.sock, f"proved itself as rank {peer}, which is connected")
+                    continue
+                sel.unregister(greeting.sock)
+                del pending[greeting.sock]
+                self._accepted[peer] = greeting.sock
+
+    def _accept(self, sel, pending: dict, listener: socket.socket) -> None:
+        try:
+            sock, (host, port) = listener.accept()
+        except OSError:  # gone before we took it (or nothing there after all): nothing to do
+            return
+        remote = f"{host}:{port}"
+        deadline = min(self._deadline, time.monotonic() + lane_handshake.HANDSHAKE_SECONDS)
+        try:
+            greeting = Greeting(sock, remote, self._secret, self._rank, self._size, deadline)
+        except Refused as e:
+            log_drop(self._rank, remote, str(e))
+            sock.close()
+            return
+        pending[sock] = greeting
+        sel.register(sock, selectors.EVENT_READ, greeting)
+
+    def _drop(self, sel, pending: dict, sock: socket.socket, why: str) -> None:
+        greeting = pending.pop(sock)
+        sel.unregister(sock)
+        sock.close()
+        log_drop(self._rank, greeting.remote, why)
 
 
 def _size_buffers(sock: socket.socket) -> None:

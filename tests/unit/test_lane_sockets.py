@@ -136,7 +136,7 @@ def test_a_lane_of_one_or_two_ranks_connects_and_closes(size):
 
 def test_a_peer_that_never_connects_is_a_timeout_naming_it():
     t0 = time.monotonic()
-    with pytest.raises(CollectiveTimeout, match="rank 1: rank 0 did not publish its call lane address within 0.5 s"):
+    with pytest.raises(CollectiveTimeout, match="rank 1: rank 0 did not publish the call lane's secret and address within 0.5 s"):
         LaneSockets(dist.HashStore(), 1, 2, 0.5)  # rank 0 never gets there
     assert time.monotonic() - t0 < 3
     with pytest.raises(CollectiveTimeout, match="rank 0: rank 1 did not connect to the call lane within 0.5 s"):
@@ -149,6 +149,7 @@ def test_addresses_that_do_not_answer_are_listed():
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()  # nobody listens there now
+    store.set("lane-secret", bytes(32))
     store.set("lane-0", f"127.0.0.1:{port}")
     with pytest.raises(DDLError, match=f"rank 1: the call lane cannot reach rank 0 at any of its addresses: 127.0.0.1:{port}"):
         LaneSockets(store, 1, 2, 2.0)
