@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import secrets
 
 import numpy as np
@@ -71,6 +72,18 @@ def process_alive(pid: int) -> bool:
 def _segment_path(creator_pid: int, token: str, local_rank: int) -> str:
     # The creator's pid in the name lets a later job tell a crashed job's segment from a live one.
     return os.path.join(_SHM_DIR, f"ddl_triton-{creator_pid}-{token}-{local_rank}")
+
+
+def _checked_leader(leader, rank: int) -> list:
+    """The [pid, token] the node's first rank sent, checked before it goes into a path: a
+    positive pid and 32 hex digits, nothing that could name another file."""
+    from ..runtime.bootstrap_values import BootstrapError, shaped
+
+    pid, token = shaped(leader, (int, str), "the shm segments' name from the node's first rank", rank)
+    if pid < 1 or not re.fullmatch(r"[0-9a-f]{32}", token):
+        raise BootstrapError(f"rank {rank}: shm: the node's first rank named its segments {leader!r:.100}, "
+                             "not a pid and 32 hex digits")
+    return leader
 
 
 def sweep_stale_segments() -> list[str]:
@@ -134,7 +147,8 @@ class ShmTransport:
 
         if self.local_rank == 0:
             self.swept = sweep_stale_segments()
-        leader = node.bcast((os.getpid(), secrets.token_hex(16)) if self.local_rank == 0 else None, root=0)
+        leader = _checked_leader(node.bcast([os.getpid(), secrets.token_hex(16)] if self.local_rank == 0 else None,
+                                            root=0), node.rank)
         path = _segment_path(leader[0], leader[1], self.local_rank)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:

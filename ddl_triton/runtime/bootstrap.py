@@ -5,9 +5,9 @@ more:
 
     rank, size             who this process is among the communicator's ranks
     world_rank, world_size who it is in the job (the flight recorder's and tracer's names)
-    allgather(obj)         every rank's small picklable object, in rank order (init-time
+    allgather(obj)         every rank's small JSON-able value, in rank order (init-time
                            control data: host names, tuning-table digests; never tensors)
-    bcast(obj, root)       the root's object on every rank
+    bcast(obj, root)       the root's value on every rank
     barrier()              return once every rank has entered
     host_of_rank()         for each rank, the lowest rank on its host (who can share memory)
     split(color)           the bootstrap of the ranks that passed the same ``color`` (collective
@@ -32,6 +32,11 @@ another's, two processes claiming one rank, or a rank out of range raise ``Value
 soon as the disagreeing ranks have arrived; a rank that never arrives raises
 ``BootstrapTimeout`` naming it.
 
+Values cross a bootstrap as JSON, checked on arrival and never unpickled (bootstrap_values.py):
+a tuple comes back as a list, and bytes that are not JSON raise ``BootstrapError`` naming the
+key (or the MPI step) and this rank. Every step of either bootstrap is bounded by ``timeout``
+(MPI's through nonblocking collectives), so a rank that fails init cannot hang the others.
+
 ``ddl_triton.init`` picks the bootstrap (see its docstring): an MPI launch means MPI;
 otherwise an explicit store, torch's default process group's store, or the standard
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables (``store_from_env``).
@@ -40,12 +45,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import socket
 import time
 from datetime import timedelta
 
+import numpy as np
+
 from ..errors import DDLError
+from .bootstrap_values import (BootstrapError, BootstrapTimeout, checked, decode, encode, mpi_allgather,
+                               mpi_barrier, mpi_bcast, mpi_wait, shaped)
+
+__all__ = ["BootstrapError", "BootstrapTimeout", "MpiBootstrap", "StoreBootstrap", "as_bootstrap", "host_id",
+           "launched_by_mpi", "store_from_env"]
 
 # Environment variables an MPI launcher (hydra's mpiexec, Open MPI's, MVAPICH's, srun with PMI/PMIx)
 # sets in every process it starts.
@@ -58,14 +69,7 @@ _POLL_MAX = 0.05
 # store went away, not why.
 _MISMATCH_LINGER = 5.0
 _HELLO = "hello (every rank's first contact)"
-
-
-class BootstrapError(DDLError):
-    """The ranks could not complete a bootstrap step (the store became unreachable, say)."""
-
-
-class BootstrapTimeout(BootstrapError):
-    """A rank did not arrive at a bootstrap step within Options.timeout."""
+_DEFAULT_TIMEOUT = 300.0  # Options.timeout's default, for bootstraps made without options
 
 
 def launched_by_mpi() -> bool:
@@ -73,52 +77,69 @@ def launched_by_mpi() -> bool:
     return any(v in os.environ for v in _MPI_LAUNCH_VARS)
 
 
-def as_bootstrap(comm_or_bootstrap):
+def as_bootstrap(comm_or_bootstrap, timeout: float = _DEFAULT_TIMEOUT):
     """A bootstrap as it is, or an mpi4py communicator wrapped (not duplicated) as one."""
     if isinstance(comm_or_bootstrap, (MpiBootstrap, StoreBootstrap)):
         return comm_or_bootstrap
-    return MpiBootstrap(comm_or_bootstrap, dup=False)
+    return MpiBootstrap(comm_or_bootstrap, dup=False, timeout=timeout)
 
 
 # -- MPI ---------------------------------------------------------------------------------------------
 class MpiBootstrap:
     """The bootstrap over an MPI communicator; ``comm`` is a private duplicate (``dup``), which
-    the MPI transport then uses too, so ddl_triton's messages never meet the application's."""
+    the MPI transport then uses too, so ddl_triton's messages never meet the application's.
+
+    Every step waits at most ``timeout`` seconds (Options.timeout), then raises
+    BootstrapTimeout: the collectives are MPI's nonblocking ones, and the two that have no
+    nonblocking form (``Split_type``, ``Split``) start only once a nonblocking barrier shows
+    that every rank has reached them."""
 
     kind = "mpi"
 
-    def __init__(self, mpi_comm, *, dup: bool = True):
+    def __init__(self, mpi_comm, *, dup: bool = True, timeout: float = _DEFAULT_TIMEOUT):
         from mpi4py import MPI
 
-        self.comm = mpi_comm.Dup() if dup else mpi_comm
+        self.timeout = float(timeout)
+        self.world_rank: int = MPI.COMM_WORLD.Get_rank()
+        self.world_size: int = MPI.COMM_WORLD.Get_size()
+        if dup:
+            self.comm, request = mpi_comm.Idup()
+            mpi_wait(request, self.timeout, "duplicating the communicator", mpi_comm.Get_rank(), mpi_comm.Get_size())
+        else:
+            self.comm = mpi_comm
         self._owned = dup
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
-        self.world_rank: int = MPI.COMM_WORLD.Get_rank()
-        self.world_size: int = MPI.COMM_WORLD.Get_size()
 
     def allgather(self, obj) -> list:
-        return self.comm.allgather(obj)  # control path: small objects, at init
+        return mpi_allgather(self.comm, obj, self.timeout, "allgather")  # control path: small values, at init
 
     def bcast(self, obj, root: int = 0):
-        return self.comm.bcast(obj, root=root)
+        return mpi_bcast(self.comm, obj, root, self.timeout, "bcast")
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        mpi_barrier(self.comm, self.timeout, "barrier")
 
     def host_of_rank(self) -> list[int]:
         from mpi4py import MPI
 
         if self.size == 1:
             return [0]
+        mpi_barrier(self.comm, self.timeout, "finding each rank's host")
         host = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
-            return self.comm.allgather(host.allreduce(self.rank, op=MPI.MIN))
+            lowest = np.zeros(1, dtype=np.int64)
+            mpi_wait(host.Iallreduce(np.array([self.rank], dtype=np.int64), lowest, op=MPI.MIN), self.timeout,
+                     "finding each rank's host", host.Get_rank(), host.Get_size())
+            first = self.allgather(int(lowest[0]))
+            return [checked(f, int, f"rank {r}'s host in finding each rank's host", self.rank)
+                    for r, f in enumerate(first)]
         finally:
             host.Free()
 
     def split(self, color: int) -> "MpiBootstrap":
-        sub = MpiBootstrap(self.comm.Split(color, self.rank), dup=False)
+        mpi_barrier(self.comm, self.timeout, "split")
+        sub = MpiBootstrap(self.comm.Split(color, self.rank), dup=False, timeout=self.timeout)
         sub._owned = True
         return sub
 
@@ -167,15 +188,16 @@ class StoreBootstrap:
 
     # -- the steps ------------------------------------------------------------------------------
     def allgather(self, obj) -> list:
-        return [pickle.loads(v) for v in self._exchange(pickle.dumps(obj), "allgather")]
+        values, keys = self._exchange(encode(obj), "allgather")
+        return [decode(v, f"store key {k!r}", self.rank) for v, k in zip(values, keys)]
 
     def bcast(self, obj, root: int = 0):
         key = self._namespace("bcast")
         with self._store_calls("bcast"):
             if self.rank == root:
-                self.store.set(key, pickle.dumps(obj))
+                self.store.set(key, encode(obj))
             self._wait([key], [root], "bcast")
-            return pickle.loads(self.store.get(key))
+            return decode(self.store.get(key), f"store key {key!r}", self.rank)
 
     def barrier(self) -> None:
         self._exchange(b"", "barrier")
@@ -185,7 +207,8 @@ class StoreBootstrap:
         return [first.setdefault(h, r) for r, h in enumerate(self._hosts)]
 
     def split(self, color: int) -> "StoreBootstrap":
-        colors = self.allgather(int(color))
+        colors = [checked(c, int, f"rank {r}'s color in split", self.rank)
+                  for r, c in enumerate(self.allgather(int(color)))]
         members = [r for r, c in enumerate(colors) if c == color]
         sub = object.__new__(StoreBootstrap)
         sub.store, sub.timeout = self.store, self.timeout
@@ -230,20 +253,21 @@ class StoreBootstrap:
                 "the process serving it (rank 0 under torchrun's env:// or RANK/MASTER_PORT) has probably "
                 "exited: see its error") from None
 
-    def _exchange(self, value: bytes, what: str) -> list[bytes]:
+    def _exchange(self, value: bytes, what: str) -> tuple[list[bytes], list[str]]:
+        """Every rank's ``value``, and the keys they were read from."""
         base = self._namespace(what)
         keys = [f"{base}/{r}" for r in range(self.size)]
         with self._store_calls(what):
             self.store.set(f"{base}/{self.rank}", value)
             self._wait(keys, list(range(self.size)), what)
-            return [self.store.get(k) for k in keys]
+            return [self.store.get(k) for k in keys], keys
 
     def _hello(self, host: str) -> list[str]:
         """Post (size, host, pid); return every rank's host once all have posted the same size."""
         base = self._namespace("hello")
         with self._store_calls(_HELLO):
             claims = self.store.add(f"{base}/claims/{self.rank}", 1)
-            me = pickle.dumps((self.size, host, os.getpid()))
+            me = encode([self.size, host, os.getpid()])
             self.store.set(f"{base}/{self.rank}", me)
             if claims > 1:
                 raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: another process already started as "
@@ -254,7 +278,7 @@ class StoreBootstrap:
             def check(arrived: list[int]) -> None:
                 for r in arrived:
                     if r not in seen:
-                        seen[r] = pickle.loads(self.store.get(keys[r]))
+                        seen[r] = self._hello_of(keys[r])
                         if seen[r][0] != self.size:
                             self._linger_after_mismatch(base, [a for a in arrived if a != self.rank])
                             raise ValueError(
@@ -264,7 +288,7 @@ class StoreBootstrap:
                 # A rank told of a larger world than ours writes a key we never wait for: look for it too.
                 extra = f"{base}/{self.size}"
                 if self.store.check([extra]):
-                    other = pickle.loads(self.store.get(extra))
+                    other = self._hello_of(extra)
                     self._linger_after_mismatch(base, [a for a in arrived if a != self.rank] + [self.size])
                     raise ValueError(f"rank {self.rank}: ddl_triton bootstrap: a process started as rank {self.size} "
                                      f"(world size {other[0]}), outside this rank's world of size {self.size}; "
@@ -272,6 +296,15 @@ class StoreBootstrap:
 
             self._wait(keys, list(range(self.size)), _HELLO, check)
             return [seen[r][1] for r in range(self.size)]
+
+    def _hello_of(self, key: str) -> list:
+        """The [size, host, pid] at ``key``, checked: nothing there runs, whoever wrote it."""
+        hello = shaped(decode(self.store.get(key), f"store key {key!r}", self.rank), (int, str, int),
+                       f"store key {key!r}", self.rank)
+        if hello[0] < 1 or hello[2] < 1:
+            raise BootstrapError(f"rank {self.rank}: ddl_triton bootstrap: store key {key!r} holds {hello!r:.200}: "
+                                 "a world size and a pid must be positive")
+        return hello
 
     def _linger_after_mismatch(self, base: str, others: list[int]) -> None:
         """Say that this rank found a world-size mismatch, then wait (at most _MISMATCH_LINGER

@@ -137,10 +137,12 @@ class GpuPath:
         Collective over the communicator: every rank takes the same branch."""
         from mpi4py import MPI
         from ..transports.nvshmem import NvshmemTransport
+        from .bootstrap_values import checked, mpi_allgather
         place, opts = self._placement, self._options
         node = self._control.Split(place.node_of_rank[place.rank], place.rank)
         try:
-            world_of_node = node.allgather(MPI.COMM_WORLD.Get_rank())
+            world_of_node = [checked(w, int, f"node rank {i}'s world rank", place.rank) for i, w in
+                             enumerate(mpi_allgather(node, MPI.COMM_WORLD.Get_rank(), opts.timeout, "NVSHMEM's node"))]
             return NvshmemTransport(node, on_node, slot_bytes=opts.chunk_bytes,
                                     depth=opts.pipeline_depth, device=device,
                                     world_ranks=world_of_node)

@@ -111,10 +111,20 @@ def place(bootstrap, options: Options) -> Placement:
     between = "mpi" if bootstrap.kind == "mpi" else "gloo"
     links = tuple("self" if p == rank else "shm" if use_shm and p in on_node else between for p in range(size))
     # Across hosts, errors name each rank's host, and tell a rank of this host that has exited (its pid).
-    names, pids = zip(*bootstrap.allgather((socket.gethostname(), os.getpid()))) if len(set(host_of_rank)) > 1 \
-        else ((), ())
+    names, pids = zip(*_every_name_and_pid(bootstrap)) if len(set(host_of_rank)) > 1 else ((), ())
     return Placement(rank, size, topology, node_of_rank, host_of_rank, on_node, links, options.transport,
                      tuple(names), tuple(pids))
+
+
+def _every_name_and_pid(bootstrap) -> list[list]:
+    """Every rank's [host name, pid], checked (they go into error messages and liveness checks)."""
+    from .bootstrap_values import BootstrapError, shaped
+
+    every = bootstrap.allgather([socket.gethostname(), os.getpid()])
+    for r, value in enumerate(every):
+        if shaped(value, (str, int), f"rank {r}'s host name and pid", bootstrap.rank)[1] < 1:
+            raise BootstrapError(f"rank {bootstrap.rank}: rank {r} sent pid {value[1]}")
+    return every
 
 
 _RECHECKS, _RECHECK_SECONDS = 6, 0.05  # an error path only: 0.3 s at most

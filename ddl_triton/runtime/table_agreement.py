@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..options import Options
 from ..planning.planner import Planner
 from ..tuning import table as tuning
+from .bootstrap_values import shaped
 from .placement import Placement
 
 
@@ -36,7 +37,8 @@ def agree_on_planner(bootstrap, placement: Placement, options: Options) -> tuple
                 tuning.warn_once(resolved.note)
         except tuning.TuningTableError as e:
             failure = str(e)  # raised below on every rank: a rank leaving alone would hang the others
-        digests = bootstrap.allgather((table.digest() if table else "none", source or "no table", failure))
+        digests = [shaped(d, (str, str, str), f"rank {r}'s tuning table digest", rank) for r, d in
+                   enumerate(bootstrap.allgather([table.digest() if table else "none", source or "no table", failure]))]
         failed = [(r, f) for r, (_, _, f) in enumerate(digests) if f]
         if failed:
             raise tuning.TuningTableError(f"rank {rank}: cannot use the tuning table (DDL_TUNING_FILE): "

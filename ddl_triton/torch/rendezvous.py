@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 import torch.distributed as dist
 
 from ..runtime.bootstrap import launched_by_mpi
+from ..runtime.bootstrap_values import BootstrapError, mpi_bcast, shaped
 
 RENDEZVOUS_SCHEME = "ddl"
 
@@ -66,10 +67,14 @@ def mpi_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwarg
         store = None
         if rank == 0:
             store = dist.TCPStore(host, 0, size, True, timeout, wait_for_workers=False)
-            address = (host, store.port)
+            address = [host, store.port]
         else:
             address = None
-        address = comm.bcast(address, root=0)  # control path: one small object, once
+        # Control path: one small value, once, as JSON, within the rendezvous's timeout.
+        address = shaped(mpi_bcast(comm, address, 0, timeout.total_seconds(), "the ddl:// store's address"),
+                         (str, int), "rank 0's store address", rank)
+        if not 0 < address[1] < 65536:
+            raise BootstrapError(f"rank {rank}: ddl:// rendezvous: rank 0 sent port {address[1]}")
         if rank != 0:
             peer_host = "127.0.0.1" if address[0] == host else address[0]
             store = dist.TCPStore(peer_host, address[1], size, False, timeout)

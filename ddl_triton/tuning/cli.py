@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ddl_triton as ddl
     from . import table as tuning
+    from ..runtime.bootstrap_values import mpi_bcast
     from ..options import Options
 
     world = MPI.COMM_WORLD
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
              for c in args.chunks for d in args.depths}
     any_comm = next(iter(comms.values()))
     if args.peers:
-        start_gloo(world)
+        start_gloo(world, base.timeout)
     sizes = geometric_sizes(args.min_bytes, args.max_bytes, args.factor)
     n_tasks = len(args.collectives) * len(args.dtypes) * len(sizes)
     if rank == 0:
@@ -161,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     table = None
     if rank == 0:
         table = build_table(args, rows, any_comm, size)
-    table = world.bcast(table, root=0)          # every rank holds the same table
+    # Every rank holds the same table: its JSON form crosses, and every rank (rank 0 too) rebuilds it.
+    table = tuning.from_json(mpi_bcast(world, table.to_json() if rank == 0 else None, 0, base.timeout,
+                                       "the tuned table"), "built by rank 0")
+    table.path = ""
     layout = (table.options["chunk_bytes"], table.options["pipeline_depth"])
     if not args.no_validate and rows:
         validation = validate(args, world, comms[layout], table, rows)

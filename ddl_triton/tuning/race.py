@@ -18,6 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ..runtime.bootstrap_values import BootstrapError, mpi_bcast
 from .timing import iterations, time_per_call
 
 
@@ -76,8 +77,9 @@ def calls_for(collective: str, numel: int, size: int, dtype):
 class Race:
     """Times the candidates of one call shape (see the module doc)."""
 
-    def __init__(self, world, target_s: float, rounds: int, finalists: int):
+    def __init__(self, world, target_s: float, rounds: int, finalists: int, timeout: float = 300.0):
         self.world, self.target_s, self.rounds, self.finalists = world, target_s, rounds, finalists
+        self.timeout = timeout  # the most any control exchange between the ranks may wait
 
     def measure(self, runner: Runner, iters: int) -> float:
         """Seconds per call of ``runner``, the slowest rank's, after a barrier. The warm call,
@@ -103,7 +105,11 @@ class Race:
             survivors = [c for i, c in enumerate(ranked) if i < keep or statistics.median(times[c]) <= 1.25 * best]
             if len(survivors) == len(alive):
                 survivors = ranked[:keep]  # every candidate is close: halve anyway, or this never ends
-            alive = self.world.bcast(survivors, root=0)
+            # Rank 0's ranking decides; candidates cross as their places in ``alive`` (the same list on every rank).
+            picked = mpi_bcast(self.world, [alive.index(c) for c in survivors], 0, self.timeout, "the race's survivors")
+            if not isinstance(picked, list) or not all(type(i) is int and 0 <= i < len(alive) for i in picked):
+                raise BootstrapError(f"rank {self.world.Get_rank()}: ddl-tune: rank 0 sent survivors {picked!r:.100}")
+            alive = [alive[i] for i in picked]
         extra = dict(peers or {})
         for name, run in extra.items():
             iters[name] = iterations(self.target_s, self.measure(run, 1))

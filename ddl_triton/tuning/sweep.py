@@ -18,6 +18,7 @@ import signal
 import statistics
 import time
 
+from ..runtime.bootstrap_values import mpi_bcast
 from .candidates import Candidate, candidates
 from .race import Race, Runner, calls_for, candidate_runner
 from .timing import quantile
@@ -55,9 +56,12 @@ class Stop:
         self.interrupted = True
 
     def wanted(self, world) -> bool:
+        import numpy as np
         from mpi4py import MPI
         mine = self.interrupted or (self.deadline is not None and time.monotonic() > self.deadline)
-        return bool(world.allreduce(int(mine), op=MPI.MAX))
+        anyone = np.zeros(1, dtype=np.int64)
+        world.Allreduce(np.array([int(mine)], dtype=np.int64), anyone, op=MPI.MAX)  # a buffer: nothing pickled
+        return bool(anyone[0])
 
 
 def sweep(args, world, comms: dict, progress) -> tuple[list[dict], bool]:
@@ -69,12 +73,12 @@ def sweep(args, world, comms: dict, progress) -> tuple[list[dict], bool]:
     size = world.Get_size()
     any_comm = next(iter(comms.values()))
     dims = any_comm.topology.dims
-    race = Race(world, args.target_ms / 1e3, args.rounds, args.finalists)
+    race = Race(world, args.target_ms / 1e3, args.rounds, args.finalists, any_comm.options.timeout)
     rows: list[dict] = []
     tasks = [(c, d, n) for c in args.collectives for d in args.dtypes
              for n in geometric_sizes(args.min_bytes, args.max_bytes, args.factor)]
     stopped = False
-    _warm_up(world, comms.values(), size)
+    _warm_up(world, comms.values(), size, timeout=any_comm.options.timeout)
     with Stop(args.budget) as stop:
         for collective, dtype_name, nbytes in tasks:
             if stop.wanted(world):
@@ -107,7 +111,7 @@ def sweep(args, world, comms: dict, progress) -> tuple[list[dict], bool]:
     return rows, stopped
 
 
-def _warm_up(world, comms, size: int, seconds: float = 1.0) -> None:
+def _warm_up(world, comms, size: int, seconds: float = 1.0, timeout: float = 300.0) -> None:
     """Run every collective on every communicator for about ``seconds``, untimed, so that the
     first size measured is not the one that pays for cold caches, lazy imports and first
     page faults."""
@@ -122,7 +126,7 @@ def _warm_up(world, comms, size: int, seconds: float = 1.0) -> None:
             for call in calls:
                 call(comm)
             # Every rank must run the same number of rounds: rank 0's clock decides.
-            if world.bcast(time.monotonic() > deadline, root=0):
+            if mpi_bcast(world, time.monotonic() > deadline, 0, timeout, "the warm-up's end") is True:
                 break
 
 

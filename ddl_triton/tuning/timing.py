@@ -24,6 +24,7 @@ import time
 
 def time_per_call(world, run, iters: int) -> float:
     """Seconds per call of ``run()`` on the slowest rank of ``world`` (see the module doc)."""
+    import numpy as np
     from mpi4py import MPI
 
     run()
@@ -31,7 +32,9 @@ def time_per_call(world, run, iters: int) -> float:
     t0 = time.perf_counter()
     for _ in range(iters):
         run()
-    return world.allreduce((time.perf_counter() - t0) / iters, op=MPI.MAX)
+    mine, slowest = np.array([(time.perf_counter() - t0) / iters]), np.zeros(1)
+    world.Allreduce(mine, slowest, op=MPI.MAX)  # a buffer collective: no pickled object crosses
+    return float(slowest[0])
 
 
 def iterations(target_s: float, seconds: float, most: int = 2000) -> int:
@@ -50,22 +53,29 @@ def quantile(values, q: float) -> float:
     return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
 
 
-def start_gloo(world):
+def start_gloo(world, timeout: float = 300.0):
     """Start torch's default process group on gloo over the ranks of ``world`` (an mpi4py
-    communicator) and return it; the caller destroys it (``dist.destroy_process_group()``)."""
+    communicator) and return it; the caller destroys it (``dist.destroy_process_group()``).
+    ``timeout`` bounds the exchange of rank 0's address."""
     import socket
 
     import torch.distributed as dist
 
+    from ..runtime.bootstrap_values import BootstrapError, checked, mpi_allgather, mpi_bcast
+
+    me = world.Get_rank()
     # One host: loopback. Across hosts: rank 0's host name, which every host resolves.
-    names = world.allgather(socket.gethostname())
+    names = [checked(n, str, f"rank {r}'s host name", me)
+             for r, n in enumerate(mpi_allgather(world, socket.gethostname(), timeout, "host names for gloo"))]
     address = "127.0.0.1" if len(set(names)) == 1 else names[0]
     port = None
     if world.Get_rank() == 0:
         with socket.socket() as s:
             s.bind((address if address == "127.0.0.1" else "", 0))
             port = s.getsockname()[1]
-    port = world.bcast(port, root=0)
+    port = checked(mpi_bcast(world, port, 0, timeout, "gloo's port"), int, "rank 0's port for gloo", me)
+    if not 0 < port < 65536:
+        raise BootstrapError(f"rank {me}: rank 0 sent port {port} for gloo")
     dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=world.Get_rank(),
                             world_size=world.Get_size())
     return dist.group.WORLD

@@ -271,4 +271,4 @@ def test_store_bootstrap_steps_on_one_store():
         t.join(30)
     assert not errors, errors
     for r in range(2):
-        assert results[r] == ([("x", 0), ("x", 1)], 10, None, [0, 0], 2, 1), results[r]
+        assert results[r] == ([["x", 0], ["x", 1]], 10, None, [0, 0], 2, 1), results[r]  # JSON: tuples come back as lists
