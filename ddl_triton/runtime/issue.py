@@ -46,10 +46,12 @@ class IssuePath:
     """The ordered queue, flight records, trace spans and failure state of one communicator.
 
     ``attach(record)`` tells whoever runs the collectives which call is running (None after).
-    ``tracer``: the timeline (observability/tracer.py) or None; settable."""
+    ``tracer``: the timeline (observability/tracer.py) or None; settable. ``timeout``: the
+    communicator's (``Options.timeout``), which bounds ``close``'s wait for the queue."""
 
-    def __init__(self, rank: int, comm_id: int, attach, tracer=None):
+    def __init__(self, rank: int, comm_id: int, attach, tracer=None, timeout: float | None = None):
         self.rank = rank
+        self.timeout = timeout
         self.comm_id = comm_id          # tells this communicator's records from others' in a dump
         self.runner = OrderedRunner(f"ddl_triton-rank{rank}")
         self.tracer = tracer
@@ -93,9 +95,12 @@ class IssuePath:
         record.state = "done"
 
     def close(self) -> None:
-        """Finish queued work, then refuse every later call."""
-        self.runner.close()
-        self.closed = True
+        """Finish queued work, then refuse every later call. A queue stuck for ``timeout`` raises
+        ``CollectiveTimeout`` (work.py: ``OrderedRunner.close``); the path is closed all the same."""
+        try:
+            self.runner.close(self.timeout)
+        finally:
+            self.closed = True
 
     def _guarded(self, job, record, flow: int = 0):
         """Run one collective with its record kept current; errors poison the communicator

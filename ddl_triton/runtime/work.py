@@ -17,14 +17,34 @@ of its Work, a ``wait()`` on it, a later call, or ``drain``. The torch backend
 does this for calls DDP's C++ reducer makes in backward, which asks for the
 call's future right after issuing it: a thread woken in between takes the GIL,
 and backward would wait for it (ddl_triton/torch/process_group.py).
+
+Callbacks (``Work.add_done_callback``) run when the Work completes, on the thread that completed
+it, before the queue moves on (the composite collectives chain their steps this way). A callback
+that raises an ``Exception`` changes nothing: not its Work, which is complete and whose waiters may
+already hold its result, nor the queue, whose state a callback cannot reach. The error is printed
+to stderr with the Work's name and the traceback, and the other callbacks and the later calls run
+as usual. This is what ``torch.futures.Future.add_done_callback`` does (NCCL's Work futures
+included); a caller that wants a callback's error delivered chains a Work whose waiter gets it
+(``Future.then``; ddl_triton/torch/futures.py). Anything else that escapes on the background
+thread (a ``BaseException`` such as ``SystemExit`` from a callback, or a bug) stops the queue
+loudly: every queued call fails with a ``DDLError`` naming the cause, later calls raise it, and
+``drain``/``close`` return.
+
+No wait without a deadline: ``drain(timeout)`` and ``close(timeout)`` (the communicator passes its
+``Options.timeout``) raise ``CollectiveTimeout`` when no call has finished for ``timeout`` seconds;
+``close`` then fails the calls still queued with that error and leaves the stuck one to its thread.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import time
+import traceback
 from collections import deque
 from typing import Callable, Iterator
 
+from ..errors import CollectiveTimeout, DDLError
 from ..transports.base import run_in_background
 
 
@@ -82,12 +102,14 @@ class Work:
         return self._error if self._done.is_set() else None
 
     def add_done_callback(self, fn: Callable[["Work"], None]) -> None:
-        """Call ``fn(work)`` once complete (immediately if already)."""
+        """Call ``fn(work)`` once complete (immediately if already). If ``fn`` raises an
+        ``Exception``, it is printed and ignored, as ``torch.futures.Future.add_done_callback``
+        does (see the module doc): the Work and the queue go on."""
         with self._lock:
             if not self._done.is_set():
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        self._call_back(fn)
 
     def set_result(self, value) -> None:
         """Complete this Work with ``value`` (for a Work made outside the queue, e.g. one that
@@ -103,8 +125,22 @@ class Work:
             self._result, self._error = result, error
             self._done.set()
             callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
+        escaped = None
+        for fn in callbacks:  # all of them, whatever one raises: a composite Work may be waiting on a later one
+            try:
+                self._call_back(fn)
+            except BaseException as e:  # noqa: BLE001 - re-raised below, once every callback ran
+                escaped = escaped or e
+        if escaped is not None:
+            raise escaped
+
+    def _call_back(self, fn: Callable[["Work"], None]) -> None:
+        try:
             fn(self)
+        except Exception as e:  # noqa: BLE001 - printed, not raised: see the module doc
+            text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+            print(f"ddl_triton: a done-callback of {self.description} raised; ignored (the Work and the "
+                  f"later calls are unaffected, as with torch.futures):\n{text}", end="", file=sys.stderr, flush=True)
 
     def __repr__(self) -> str:
         state = "done" if self._done.is_set() else "pending"
@@ -123,10 +159,14 @@ class OrderedRunner:
         self._stopping = False
         self._held = False  # queued calls the background thread was not woken for
         self._issuer = threading.local()  # .later: this thread issues waking_later
+        self._finished = 0  # jobs run to the end: drain's deadline counts from the latest
+        self._current: Work | None = None  # the running job's Work (None for an inline run_sync)
+        self._broken: DDLError | None = None  # why the background thread stopped (see the module doc)
 
     def run_sync(self, job: Callable[[], object], describe: Callable[[], str]):
         """Run ``job`` after everything issued before it; return its result."""
         with self._cond:
+            self._check_unbroken()
             inline = not self._queue and not self._running
             if inline:
                 self._running = True
@@ -144,6 +184,7 @@ class OrderedRunner:
         ``waking_later`` the thread, if idle, is not woken for it (see ``Work.release``)."""
         work = Work(description, self)
         with self._cond:
+            self._check_unbroken()
             if self._stopping:
                 raise RuntimeError(f"{self._name}: submit after close")
             self._queue.append((job, work))
@@ -174,17 +215,40 @@ class OrderedRunner:
                 self._held = False
                 self._cond.notify_all()
 
+    def _check_unbroken(self) -> None:
+        if self._broken is not None:
+            raise self._broken
+
     def _loop(self) -> None:
-        run_in_background()  # waits on this thread nap instead of competing for the application's cores
-        while True:
-            with self._cond:
-                while not self._stopping and (not self._queue or self._running):
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                job, work = self._queue.popleft()
-                self._running = True
-            self._execute(job, work)
+        try:
+            run_in_background()  # waits on this thread nap instead of competing for the application's cores
+            while True:
+                with self._cond:
+                    while not self._stopping and (not self._queue or self._running):
+                        self._cond.wait()
+                    if not self._queue:
+                        return
+                    job, work = self._queue.popleft()
+                    self._running = True
+                self._execute(job, work)
+        except BaseException as e:  # noqa: BLE001 - never a silent death that leaves waiters waiting
+            self._break(e)
+
+    def _break(self, cause: BaseException) -> None:
+        """The background thread cannot go on: fail every queued call, and every later one, with
+        an error naming ``cause``; say so on stderr."""
+        error = DDLError(f"{self._name}: the thread running async calls stopped: {cause!r}; "
+                         "no queued or later call on this communicator will run")
+        error.__cause__ = cause
+        with self._cond:
+            self._broken = error
+            queued = [work for _, work in self._queue]
+            self._queue.clear()
+            self._cond.notify_all()
+        text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+        print(f"ddl_triton: {error}\n{text}", end="", file=sys.stderr, flush=True)
+        for work in queued:
+            work._finish(error=error)
 
     def _run_until(self, target: Work) -> None:
         """Run queued jobs on the calling thread, in order, until ``target``'s is done; stop as
@@ -199,6 +263,7 @@ class OrderedRunner:
 
     def _execute(self, job: Callable[[], object], work: Work) -> None:
         """Run one dequeued job (``_running`` set) and complete its Work."""
+        self._current = work
         try:
             result = job()
         except BaseException as e:  # delivered to the waiter, never lost on the thread
@@ -208,20 +273,49 @@ class OrderedRunner:
         finally:
             with self._cond:
                 self._running = False
+                self._current = None
+                self._finished += 1
                 self._cond.notify_all()
 
-    def drain(self) -> None:
-        """Wait until every issued job has finished."""
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every issued job has finished. With ``timeout``: raise ``CollectiveTimeout``
+        once no job has finished for ``timeout`` seconds (each collective bounds its own waits by
+        the communicator's timeout, so a queue that stalls that long is stuck, not slow)."""
         self._wake_if_held()
         with self._cond:
+            finished, since = self._finished, time.monotonic()
             while self._queue or self._running:
-                self._cond.wait()
+                if timeout is None:
+                    self._cond.wait()
+                    continue
+                if self._finished != finished:
+                    finished, since = self._finished, time.monotonic()
+                left = since + timeout - time.monotonic()
+                if left <= 0:
+                    running = self._current.description if self._current is not None else "a synchronous call"
+                    raise CollectiveTimeout(
+                        f"{self._name}: {running} still running, {len(self._queue)} more queued, and no call "
+                        f"finished for {timeout:g} s (the communicator's timeout) while waiting for them to finish")
+                self._cond.wait(left)
 
-    def close(self) -> None:
-        self.drain()
+    def close(self, timeout: float | None = None) -> None:
+        """Finish every issued job (``drain``), then stop the background thread. With ``timeout``,
+        a stuck queue raises ``drain``'s ``CollectiveTimeout``; the calls still queued fail with it,
+        and the stuck one is left to its (daemon) thread: nothing more is waited for."""
+        try:
+            self.drain(timeout)
+        except CollectiveTimeout as e:
+            with self._cond:
+                self._stopping = True
+                queued = [work for _, work in self._queue]
+                self._queue.clear()
+                self._cond.notify_all()
+            for work in queued:
+                work._finish(error=e)
+            raise
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)  # the queue is empty: it leaves at once
             self._thread = None

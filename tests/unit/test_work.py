@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ddl_triton.torch import futures
+from ddl_triton.errors import CollectiveTimeout, DDLError
 from ddl_triton.runtime.work import OrderedRunner
 
 
@@ -180,3 +181,133 @@ def test_a_work_completed_by_its_maker_delivers_its_result_or_error_and_runs_its
     assert seen[-1] == ("bad", "ValueError")
     with pytest.raises(ValueError, match="boom"):
         bad.wait()
+
+
+# -- no wait without a deadline (issue 41, row 7) --------------------------------------------------
+
+def _returns_within(seconds: float, fn, *args):
+    """``fn(*args)`` on a helper thread: its result, or its error raised here; fails, instead of
+    hanging the suite, if it has not returned within ``seconds``."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{getattr(fn, '__name__', fn)} still waiting after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def _raise(_work):
+    raise ValueError("callback bug")
+
+
+def test_a_raising_callback_on_the_background_thread_neither_kills_the_queue_nor_hangs_close(capfd):
+    r = OrderedRunner("callback-runner")
+    ran, release = [], threading.Event()
+    first = r.submit(lambda: release.wait(5) and "a", "first call")  # the callback runs on the thread
+    first.add_done_callback(_raise)
+    seen = []
+    first.add_done_callback(lambda w: seen.append(w.wait()))  # the next callback still runs
+    second = r.submit(_job(ran, "b"), "second call")
+    release.set()
+    _returns_within(5, r.close)  # what finalize waits on; it waited forever
+    assert first.wait() == "a" and seen == ["a"]  # its Work keeps its result, as a torch Future does
+    assert second.wait(timeout=1) == "b" and ran == [("b", "callback-runner")]  # later calls run as usual
+    err = capfd.readouterr().err
+    assert "a done-callback of first call raised; ignored" in err and "ValueError: callback bug" in err, err
+
+
+def test_a_raising_callback_never_reaches_the_thread_that_completes_or_registers_it(runner, capfd):
+    queued = runner.submit(_job([], "q"), "queued call")
+    queued.add_done_callback(_raise)
+    assert queued.wait() == "q"  # run on this thread by the wait: the callback's error stays out of it
+    queued.add_done_callback(_raise)  # already complete: called at once, and printed
+    assert capfd.readouterr().err.count("a done-callback of queued call raised") == 2
+
+
+def test_finalize_of_a_communicators_queue_returns_after_a_raising_callback(capfd):
+    from ddl_triton.runtime.issue import IssuePath
+
+    issuer = IssuePath(0, 99, lambda record: None)
+    issuer.timeout = 2.0  # the communicator passes its Options.timeout
+    call = ("barrier", "", 0, None, None)
+    work = issuer.issue(lambda: "done", True, call)
+    work.add_done_callback(_raise)
+    later = issuer.issue(lambda: "later", True, call)
+    _returns_within(5, issuer.close)
+    assert work.wait() == "done" and later.wait(timeout=1) == "later" and issuer.closed
+    assert "ValueError: callback bug" in capfd.readouterr().err
+
+
+def test_a_stuck_call_makes_drain_and_close_raise_within_the_deadline():
+    r = OrderedRunner("stuck-runner")
+    release = threading.Event()
+    stuck = r.submit(lambda: release.wait(10), "allreduce(sum, 4 x int64)")
+    behind = r.submit(_job([], "behind"), "broadcast(root 0, 4 x int64)")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveTimeout, match=r"allreduce\(sum, 4 x int64\) still running, 1 more queued"):
+            _returns_within(5, r.drain, 0.3)
+        with pytest.raises(CollectiveTimeout, match="no call finished for 0.3 s"):
+            _returns_within(5, r.close, 0.3)
+        assert time.monotonic() - t0 < 3
+        with pytest.raises(CollectiveTimeout):  # the call queued behind it is told, never left waiting
+            behind.wait(timeout=1)
+        with pytest.raises(RuntimeError, match="submit after close"):
+            r.submit(_job([], "x"), "x")
+    finally:
+        release.set()
+    assert stuck.wait(timeout=5) is True  # the stuck call was left to finish on its own thread
+
+
+def test_finalize_of_a_communicators_stuck_queue_raises_within_its_timeout():
+    from ddl_triton.runtime.issue import IssuePath
+
+    issuer = IssuePath(0, 98, lambda record: None)
+    issuer.timeout = 0.3
+    release = threading.Event()
+    call = ("allreduce", "sum", 4, torch.int64, None)
+    issuer.issue(lambda: release.wait(10), True, call)
+    try:
+        with pytest.raises(CollectiveTimeout, match=r"allreduce\(sum, 4 x int64\) still running"):
+            _returns_within(5, issuer.close)
+        assert issuer.closed  # and stays closed: a second finalize does not wait again
+    finally:
+        release.set()
+
+
+def test_drains_deadline_counts_from_the_latest_finished_call():
+    r = OrderedRunner("slow-runner")
+    for i in range(4):
+        r.submit(lambda: time.sleep(0.15), f"call {i}")  # 0.6 s in all, each well within 0.4 s
+    _returns_within(5, r.drain, 0.4)
+    r.close(1.0)
+
+
+def test_an_escape_from_the_background_thread_fails_the_queued_and_later_calls(capfd):
+    r = OrderedRunner("broken-runner")
+    release = threading.Event()
+    first = r.submit(lambda: release.wait(5), "first call")
+
+    def leave(_work):
+        raise SystemExit(3)
+
+    first.add_done_callback(leave)
+    behind = r.submit(_job([], "behind"), "call behind")
+    release.set()
+    with pytest.raises(DDLError, match=r"stopped: SystemExit\(3\)"):
+        behind.wait(timeout=5)
+    with pytest.raises(DDLError, match="stopped"):
+        r.submit(_job([], "later"), "later")
+    with pytest.raises(DDLError, match="stopped"):
+        r.run_sync(_job([], "sync"), lambda: "sync")
+    _returns_within(5, r.close, 1.0)
+    assert "broken-runner: the thread running async calls stopped" in capfd.readouterr().err
