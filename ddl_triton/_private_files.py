@@ -27,7 +27,8 @@ is never opened (``FileExistsError``, or ``OSError(ELOOP)`` for a link on some s
 ``write_private_file(path, data)`` replaces the file at ``path`` with ``data``, atomically: the data
 goes to a new 0600 file of a fresh name beside it (``create_private_file``) that is then renamed
 onto ``path``. A rename replaces the directory entry, a link planted there included, and never
-writes through it. Used for dumps that are rewritten (the flight recorder's, the tracer's).
+writes through it. Used for every file the project writes: dumps that are rewritten (the flight
+recorder's, the tracer's), tuning tables, merged timelines; ``save_figure`` for plots.
 
 Standard library only: launch, observability and the testbed use it without torch or MPI.
 """
@@ -113,6 +114,15 @@ def write_private_file(path: str, data: str | bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def save_figure(fig, path: str, *, dpi: int) -> None:
+    """A matplotlib figure saved to ``path`` (format from its suffix, else PNG) as
+    ``write_private_file`` writes: matplotlib's own ``savefig(path)`` opens the path following links."""
+    import io
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=os.path.splitext(path)[1][1:].lower() or "png", dpi=dpi)
+    write_private_file(path, buffer.getvalue())
 
 
 def _make_private(path: str) -> str | None:

@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 
+from .._private_files import save_figure, write_private_file
 from ..tuning.plot import bus_factor
 
 
@@ -185,7 +186,7 @@ def plot(folder: str, path: str, first_ms: float = 0.0, span_ms: float | None = 
     ax.set_title(f"ddl_triton timeline ({len(merged['metadata']['ranks'])} ranks; clocks aligned within {bound:.0f} us)",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -207,8 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "merge":
         merged = merge(args.folder)
-        with open(args.out, "w") as f:
-            json.dump(merged, f)
+        write_private_file(args.out, json.dumps(merged))
         meta = merged["metadata"]
         print(f"merged {len(meta['ranks'])} ranks ({len(merged['traceEvents'])} events) into {args.out}; clocks "
               f"aligned to rank 0 within {meta['clock_alignment_bound_us']:.1f} us"

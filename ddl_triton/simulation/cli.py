@@ -27,6 +27,7 @@ import dataclasses
 import sys
 
 from . import iteration as scale
+from .._private_files import save_figure
 from ..runtime import small_allreduce
 from .cluster import load, local_model
 from ..planning.costmodel import Link
@@ -96,7 +97,7 @@ def _plot(curves: dict, args, cluster_name: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(args.plot, dpi=90)
+    save_figure(fig, args.plot, dpi=90)
     plt.close(fig)
 
 

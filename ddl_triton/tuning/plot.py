@@ -9,6 +9,7 @@ are marked with vertical lines and listed in the title. Needs matplotlib (``.[pl
 """
 from __future__ import annotations
 
+from .._private_files import save_figure
 from .table import TuningTable
 
 
@@ -63,5 +64,5 @@ def plot(table: TuningTable, path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, ncol=3)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    save_figure(fig, path, dpi=90)
     plt.close(fig)

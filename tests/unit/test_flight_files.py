@@ -44,7 +44,7 @@ def _victim(tmp_path):
 
 
 def _victim_intact(victim) -> bool:
-    return sorted(os.listdir(victim)) == ["precious"] and (victim / "precious").read_text() == "keep" \
+    return sorted(os.listdir(victim)) == ["precious"] and (victim / "precious").read_bytes() == b"keep" \
         and _mode(victim) == 0o755
 
 
@@ -117,3 +117,22 @@ def test_a_missing_trace_folder_is_made_0700(tmp_path, tmpdir_):
     atexit.unregister(tracer.flush)
     assert tracer.flush() == str(tmp_path / "trace" / "trace-rank0.json")
     assert _mode(tmp_path / "trace") == 0o700 and _mode(tmp_path / "trace" / "trace-rank0.json") == 0o600
+
+
+def test_the_merged_timeline_and_a_plot_replace_a_planted_symlink(tmp_path, tmpdir_):
+    from ddl_triton.observability import trace_command
+
+    victim = _victim(tmp_path)
+    tracer = Tracer(str(tmp_path / "trace"), 0, 1)
+    atexit.unregister(tracer.flush)
+    tracer.span("allreduce #1", tracer.now(), tracer.now() + 5)
+    tracer.flush()
+    out, png = tmpdir_ / "job.json", tmpdir_ / "job.png"
+    out.symlink_to(victim / "precious")
+    png.symlink_to(victim / "precious")
+    assert trace_command.main(["merge", str(tmp_path / "trace"), "-o", str(out)]) == 0
+    pytest.importorskip("matplotlib")
+    trace_command.main(["plot", str(tmp_path / "trace"), "-o", str(png)])
+    assert _victim_intact(victim)
+    assert not out.is_symlink() and "allreduce #1" in out.read_text() and _mode(out) == 0o600
+    assert not png.is_symlink() and png.read_bytes().startswith(b"\x89PNG") and _mode(png) == 0o600
