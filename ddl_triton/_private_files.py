@@ -198,5 +198,5 @@ def _unsafe(st: os.stat_result) -> str | None:
 
 
 def _slug(what: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in what.lower()).strip("-")[:32] or "files"
+    return "-".join("".join(c if c.isalnum() else " " for c in what.lower()).split())[:40] or "files"
 
