@@ -10,6 +10,10 @@ of 400 KB in a loop, under ``ddlrun -H h1:2,h2:2`` (MPI between the hosts) or on
 host (gloo between them), with ``DDL_TIMEOUT`` = ``--timeout``; once every rank is running, the
 fault strikes h2. Times count from the fault. One job at a time, so the times are not stretched by
 other jobs (the test, tests/multirank/test_host_faults.py, runs them at once).
+
+Exit status 1, with a ``FAILED`` line on stderr for each, when a run falls short of the least every
+scenario must show (``support/host_faults.problems``: 4 ranks, exact, nothing left in /dev/shm, and
+the surviving side raised the expected error); else 0.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import sys
 _TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests")
 sys.path.insert(0, _TESTS)
 
-from support.host_faults import FAULTS, LAUNCHERS, FaultRun, run_fault  # noqa: E402
+from support.host_faults import FAULTS, LAUNCHERS, FaultRun, problems, run_fault  # noqa: E402
 
 
 def _short(error: str | None) -> str:
@@ -61,10 +65,15 @@ def main() -> int:
     print("| fault | launcher | each rank: what it raised, and when | every rank's process gone | "
           "launchers' exit codes | /dev/shm left |")
     print("|---|---|---|---|---|---|")
+    failed = []
     for fault in args.faults.split(","):
         for launcher in args.launchers.split(","):
-            print("| " + " | ".join(_row(run_fault(fault, launcher, timeout_s=args.timeout))) + " |", flush=True)
-    return 0
+            run = run_fault(fault, launcher, timeout_s=args.timeout)
+            print("| " + " | ".join(_row(run)) + " |", flush=True)
+            failed += [f"{fault} / {launcher}: {problem}" for problem in problems(run)]
+    for line in failed:  # the least each scenario must show (support/host_faults.problems)
+        print(f"FAILED {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

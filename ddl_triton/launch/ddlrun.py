@@ -64,7 +64,9 @@ Signals: Ctrl-C in a terminal reaches mpiexec directly (it runs in ddlrun's proc
 so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and
 SIGTERM, are passed on to mpiexec. SIGUSR2 sent to ddlrun goes to every rank, which dumps
 its flight recorder (ddl_triton/observability/flight.py); ddlrun sends it itself before ending a job
-whose ranks are still running long after one was lost.
+whose ranks are still running long after one was lost. It signals a pid only when the rank's
+identity record proves it is that rank, on this host; another host's rank gets it from its own
+rank guard (supervision.py, status.py).
 
 The parts: checks.py (the pre-launch checks), command.py (the mpiexec command and the ranks'
 environment), supervision.py (the running job: output, signals, survivors' grace), report.py

@@ -385,10 +385,14 @@ def _shared_under_tmp(extra: tuple[str, ...]) -> tuple[str, ...]:
 
 def reap() -> list[str]:
     """Take down every testbed whose owning process is gone (a test run killed before its
-    clean-up); returns their names. Persistent ones (``ddl-testbed up``) stay."""
+    clean-up); returns their names. Persistent ones (``ddl-testbed up``) stay, and so does one
+    whose state file does not pass state.read_state's checks."""
     reaped = []
     for name in live_names():
-        bed = Testbed.attach(name)
+        try:
+            bed = Testbed.attach(name)
+        except ValueError:
+            continue  # a state this testbed cannot vouch for (another version's): nothing of it is removed
         if bed._owner is not None and not Path(f"/proc/{bed._owner}").exists():
             bed.down()
             reaped.append(name)

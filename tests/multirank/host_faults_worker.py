@@ -6,7 +6,8 @@ hosts (tests/support/host_faults.py injects them on the testbed).
 API      ``ddl``: ``ddl_triton.init()`` and ``Communicator.allreduce`` (under ddlrun: MPI between
          hosts); ``torch``: ``init_process_group("ddl")`` and ``dist.all_reduce`` (under torchrun:
          gloo between hosts).
-RESULTS  a folder every host sees; each rank writes ``rank<r>.ready`` (JSON: host, pid, time) once
+RESULTS  a folder every host sees; each rank writes ``rank<r>.ready`` (JSON: world size, host, pid as
+         its host numbers it, time) once
          its first allreduce is done, and ``rank<r>.json`` at its end: the allreduces it completed,
          how many were wrong (exact integer data: any difference is a bug), and what it raised, with
          the wall-clock time (one clock: the hosts share a kernel), before the error propagates.
@@ -48,7 +49,7 @@ def main(api: str, folder: str, seconds: float) -> None:
         rank, size, allreduce = dist.get_rank(), dist.get_world_size(), dist.all_reduce
     data = (torch.arange(_ELEMENTS) % 97).float()
     want = data * size + sum(range(1, size + 1))
-    record = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "done": 0, "wrong": 0}
+    record = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid(), "done": 0, "wrong": 0}
     stop_after = seconds if seconds > 0 else _LONGEST_S
     t0 = time.monotonic()
     try:

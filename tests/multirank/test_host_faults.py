@@ -4,7 +4,9 @@ one way, a whole host killed, one far rank killed, and a link that only turns sl
 
 For every fault, within the deadline and a few seconds, on both sides: every rank that was not
 killed raises a CollectiveTimeout naming a rank and its host (or, under torchrun, is ended by its
-host's agent once a rank there failed), every rank's process is gone, the launchers exit non-zero,
+host's agent once a rank there failed; but at least one rank of h1, the side that survives every
+fault, must have raised it: support/host_faults.problems), every rank ran in a world of 4 (the
+testbed gives each host its own PID namespace, as real hosts have), every rank's process is gone, the launchers exit non-zero,
 and no host's /dev/shm keeps a segment. The slow link is no error: the job finishes, exact, exit 0.
 The jobs run at once, each on a testbed of its own, so that their deadlines overlap. Skipped, with the reason, where the machine cannot build hosts."""
 from __future__ import annotations
@@ -15,7 +17,7 @@ import threading
 import pytest
 
 from ddl_triton.testbed import reap
-from support.host_faults import FaultRun, run_fault
+from support.host_faults import FaultRun, problems, run_fault
 from support.real_hosts import UNAVAILABLE as _UNAVAILABLE
 
 TIMEOUT_S = 5.0
@@ -70,8 +72,9 @@ def test_a_fault_across_hosts_ends_every_rank_clearly_at_the_deadline(runs, laun
     if isinstance(run, BaseException):
         raise run
     story = _story(run)
-    assert sorted(run.ranks) == [0, 1, 2, 3], story  # every rank ran before the fault
-    assert not any(e.wrong for e in run.ranks.values()), story  # exact, on every rank, until the end
+    # Every rank ran, in a world of 4, exact until its end; and the surviving side (h1) raised the
+    # expected error: a run where no survivor said anything fails here, under either launcher.
+    assert not problems(run, size=4), "\n".join(problems(run, size=4)) + "\n" + story
     assert all(not left for left in run.shm_left.values()) and "h1" in run.shm_left, story
     assert run.ranks_gone_after_s is not None, story
     if fault == "slow":  # 10 Mbit/s is slow, not lost
@@ -102,10 +105,11 @@ def test_a_fault_across_hosts_ends_every_rank_clearly_at_the_deadline(runs, laun
             lost = {(r, "h2") for r, e in run.ranks.items() if e.host == "h2"}
         assert any(lost & _named(e.error) for e in run.ranks.values() if e.recorded), story
     else:  # each side names a rank of the other host (a rank may also name a peer of its own host
-        # that gave up first: the wait it was in when that peer exited)
+        # that gave up first: the wait it was in when that peer exited). h1 survives every fault and
+        # must say so (problems() requires its errors); h2's ranks, where they lived to record one.
         for host, other in (("h1", "h2"), ("h2", "h1")):
             errors = [e.error for e in run.ranks.values() if e.host == host and e.recorded]
-            assert not errors or any(f"on {other}" in e for e in errors), story
+            assert (errors or host == "h2") and (not errors or any(f"on {other}" in e for e in errors)), story
     if launcher == "ddlrun":
         assert run.exit_codes["h1"] != 0 and not run.forced, story
         assert run.ended_after_s < TIMEOUT_S + ENDED_S, story

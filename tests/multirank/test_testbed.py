@@ -63,6 +63,8 @@ def test_the_folders_a_job_needs_under_tmp_stay_shared():
 def test_hosts_share_nothing_but_the_network(bed):
     names = [bed.run(h, ["hostname"]).stdout.strip() for h in bed.hosts]
     assert names == ["h1", "h2"]
+    inits = [bed.run(h, ["cat", "/proc/1/cmdline"]).stdout for h in bed.hosts]
+    assert all("holder.py" in i for i in inits), inits  # each host's own PID namespace, its holder its init
     boot = [bed.run(h, ["cat", "/proc/sys/kernel/random/boot_id"]).stdout for h in bed.hosts]
     assert boot[0] != boot[1]
     assert bed.run("h1", ["sh", "-c", "echo x > /dev/shm/ddl_triton-testbed-probe && echo y > /tmp/probe"]).returncode == 0
@@ -174,7 +176,7 @@ def test_ring_and_tree_across_hosts_mixing_shm_and_mpi_hops_finish_exact(bed):
     done = _across(bed, "ddlrun", _MIXED_HOPS, 20)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("RANK")]
-    assert len(rows) == 4 * 2 * 2, done.stdout
+    assert len(rows) == 4 * 2 * 2 and sorted({int(w[1]) for w in rows}) == [0, 1, 2, 3], done.stdout  # 4 ranks
     assert all(w[6] == "True" for w in rows), done.stdout
     assert all("shm" in w[8] and "mpi" in w[8] for w in rows), done.stdout  # both kinds of hop
 
@@ -189,7 +191,7 @@ def test_hierarchical_across_hosts_sends_1_over_x_of_the_bytes_over_mpi_and_none
     done = _across(bed, "ddlrun", _BYTES, env=(f"DDL_SCHEDULE={schedule}",))
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("RANK")]
-    assert len(rows) == 8, done.stdout
+    assert len(rows) == 8 and sorted({int(w[1]) for w in rows}) == [0, 1, 2, 3], done.stdout  # 4 ranks
     per_host: dict[tuple[str, int], int] = {}
     for w in rows:
         rank, host, n, mpi, shm = int(w[1]), w[3], int(w[7]), int(w[11]), int(w[13])

@@ -19,7 +19,10 @@ asserts on the runs; bench/faults_across_hosts.py prints them as a table.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +51,7 @@ class RankEnd:
 
     rank: int
     host: str
+    size: int = 0       # the world size the rank saw
     done: int = 0
     wrong: int = 0
     error: str | None = None
@@ -87,10 +91,13 @@ def run_fault(fault: str, launcher: str, timeout_s: float = 5.0, rate: str = "1g
         jobs = _start(bed, launcher, results, timeout_s, seconds)
         try:
             ready = _wait_ready(results, jobs)
+            # Each host has its own PID namespace: a rank's pid is its host's number for it. The
+            # machine's, to watch and kill it from here, is looked up while the rank surely runs.
+            pids = {r: bed.process(info["host"], info["pid"]) for r, info in ready.items()}
             struck = time.time()
             if ready:
-                run.victim = _strike(bed, fault, ready)
-            pids = [info["pid"] for info in ready.values()]
+                run.victim = _strike(bed, fault, ready, pids)
+            pids = [pid for pid in pids.values() if pid is not None]
             run.ranks_gone_after_s = _wait_ended(jobs, pids, struck,
                                                  timeout_s + _ENDING_S + (_SLOW_RUN_S if fault == "slow" else 0))
             run.ended_after_s = time.time() - struck
@@ -110,7 +117,7 @@ def run_fault(fault: str, launcher: str, timeout_s: float = 5.0, rate: str = "1g
             out.close()
     for path in results.glob("rank*.ready"):
         info = json.loads(path.read_text())
-        end = RankEnd(info["rank"], info["host"], info["done"])
+        end = RankEnd(info["rank"], info["host"], info.get("size", 0), info["done"])
         final = path.with_suffix(".json")
         if final.exists():
             got = json.loads(final.read_text())
@@ -159,7 +166,7 @@ def _wait_ready(results: Path, jobs: dict) -> dict[int, dict]:
     return {}
 
 
-def _strike(bed, fault: str, ready: dict[int, dict]) -> int | None:
+def _strike(bed, fault: str, ready: dict[int, dict], pids: dict[int, int | None]) -> int | None:
     """Inject ``fault`` into h2; returns the rank killed, if one was."""
     if fault == "cut":
         bed.cut("h2")
@@ -171,7 +178,9 @@ def _strike(bed, fault: str, ready: dict[int, dict]) -> int | None:
         bed.shape("h2", "10mbit")
     else:
         victim = max(r for r, info in ready.items() if info["host"] == "h2")
-        subprocess.run(["kill", "-KILL", str(ready[victim]["pid"])], check=True)
+        if pids[victim] is None:
+            raise RuntimeError(f"rank {victim}'s process (pid {ready[victim]['pid']} on h2) is not running")
+        os.kill(pids[victim], signal.SIGKILL)
         return victim
     return None
 
@@ -198,3 +207,36 @@ def _exists(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
     except OSError:
         return False
+
+
+def problems(run: FaultRun, size: int = 4) -> list[str]:
+    """What in ``run`` falls short of the least every scenario must show (empty: nothing): every
+    rank ran in a world of ``size``, exact until its end; no host kept a segment; every rank's
+    process ended; a slow link ended the job cleanly; any other fault made the surviving side, h1
+    (every fault strikes h2), raise the expected error: a CollectiveTimeout naming a rank and its
+    host, from at least one of its ranks (under torchrun the host's agent may end the others
+    first), and from each of its ranks under ddlrun. A run where no survivor said anything fails."""
+    found = []
+    if sorted(run.ranks) != list(range(size)):
+        found.append(f"ranks {sorted(run.ranks)} ran, not 0..{size - 1}")
+    found += [f"rank {r} ran in a world of {e.size}, not {size}" for r, e in sorted(run.ranks.items()) if e.size != size]
+    found += [f"rank {r}: {e.wrong} wrong results" for r, e in sorted(run.ranks.items()) if e.wrong]
+    found += [f"{h}: /dev/shm kept {left}" for h, left in run.shm_left.items() if left]
+    if "h1" not in run.shm_left:
+        found.append("h1's /dev/shm was not checked")
+    if run.ranks_gone_after_s is None:
+        found.append("a rank's process outlived the run")
+    if run.fault == "slow":
+        found += [f"rank {r} did not finish cleanly: {e.error}" for r, e in sorted(run.ranks.items())
+                  if not e.recorded or e.error is not None]
+        found += [f"{h} exited {code}" for h, code in run.exit_codes.items() if code != 0]
+        return found
+    survivors = {r: e for r, e in run.ranks.items() if e.host == "h1"}
+    expected = {r: e for r, e in survivors.items() if e.recorded and e.error and
+                e.error.startswith("CollectiveTimeout: ") and re.search(r"rank(?:\(s\))? [\d, ]+ on h\d", e.error)}
+    if not expected:
+        found.append("no rank on h1, the surviving side, raised a CollectiveTimeout naming a rank and its host")
+    if run.launcher == "ddlrun":
+        found += [f"rank {r} on h1 raised no CollectiveTimeout naming a rank and its host ({e.error})"
+                  for r, e in sorted(survivors.items()) if r not in expected]
+    return found
