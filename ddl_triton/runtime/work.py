@@ -216,8 +216,8 @@ class OrderedRunner:
                 self._cond.notify_all()
 
     def _check_unbroken(self) -> None:
-        if self._broken is not None:
-            raise self._broken
+        if self._broken is not None:  # a new error each time: one raised in many places grows one traceback
+            raise DDLError(*self._broken.args) from self._broken.__cause__
 
     def _loop(self) -> None:
         try:
