@@ -33,6 +33,7 @@ from .executor import Executor, step_error
 from .issue import IssuePath
 from .mpich_segment import release_init_segment
 from .observing import start_observing
+from .option_agreement import agree_on_options
 from .placement import place
 from .plan_cache import PlanCache
 from .small_allreduce import SmallAllreduce
@@ -61,11 +62,18 @@ class Communicator:
         self.options = options
         self.requested_options = options
         is_bootstrap = isinstance(bootstrap, (MpiBootstrap, StoreBootstrap))
-        if options.schedule and options.schedule not in schedules.names():
-            rank = bootstrap.rank if is_bootstrap else bootstrap.Get_rank()
-            raise ValueError(f"rank {rank}: unknown schedule {options.schedule!r} (DDL_SCHEDULE); "
-                             f"valid: {', '.join(schedules.names())}")
-        self._bootstrap = bootstrap if is_bootstrap else MpiBootstrap(bootstrap)
+        self._bootstrap = bootstrap if is_bootstrap else MpiBootstrap(bootstrap, timeout=options.timeout)
+        try:
+            # The first exchange: ranks given different options learn it here, by name, before
+            # anything is built whose layout the options decide (option_agreement.py).
+            agree_on_options(self._bootstrap, options)
+            if options.schedule and options.schedule not in schedules.names():
+                raise ValueError(f"rank {self._bootstrap.rank}: unknown schedule {options.schedule!r} "
+                                 f"(DDL_SCHEDULE); valid: {', '.join(schedules.names())}")
+        except BaseException:
+            if not is_bootstrap:
+                self._bootstrap.close()  # the duplicate made here; a caller's bootstrap stays the caller's
+            raise
         # MPI is initialized (issue.py imports it, under torchrun too: a singleton), so MPICH's
         # segment has every rank of the host on it: unlink it before any way of ending can skip that.
         release_init_segment()

@@ -18,7 +18,8 @@ _exit_guard_installed = False
 
 
 def _install_exit_guard() -> None:
-    """At exit, skip MPI_Finalize when a peer was lost or timed out.
+    """At exit, skip MPI_Finalize when a peer was lost or timed out (in init or later), or
+    is not at exit within the deadline (``_exit_rendezvous``).
 
     MPI_Finalize waits for every rank, so a survivor of a dead peer would hang there
     after its CollectiveTimeout. The guard flushes output and ends the process with
@@ -34,7 +35,7 @@ def _install_exit_guard() -> None:
 
     def guard() -> None:
         from .issue import peers_lost
-        lost = peers_lost() or not _exit_rendezvous()
+        lost = peers_lost() or _init_timed_out or not _exit_rendezvous()
         # Decided: from here on the launcher's notice can change nothing, and the
         # interpreter's teardown would put SIGUSR1 back to its default action (death)
         # while a faster peer's clean exit is still being announced.
@@ -51,14 +52,21 @@ def _install_exit_guard() -> None:
 
 
 _world_created = False  # this process created a world communicator (every rank of the world did)
+_exit_timeout = 300.0    # the world communicator's Options.timeout: the exit rendezvous's deadline
+_init_timed_out = False  # a rank did not arrive at a step of this process's init: MPI_Finalize would wait for it
 
 
 def _exit_rendezvous() -> bool:
     """Before MPI_Finalize, which waits for every rank with no way out: wait for every rank
-    in an ``Ibarrier`` that ends early when the launcher reports a process that ended
-    without finalizing (failure_notice.py). Returns False, after dumping the flight
-    recorder, when such a peer makes finalizing hopeless. A rank that is merely slow (still
-    writing a checkpoint, say) is waited for as long as it takes."""
+    in an ``Ibarrier``, at most the world communicator's ``Options.timeout`` (DDL_TIMEOUT),
+    ending early when the launcher reports a process that ended without finalizing
+    (failure_notice.py). Returns False, after dumping the flight recorder and reporting,
+    when a peer is not at exit by then: finalizing would wait for it with no way out.
+
+    The trade-off: a peer that is merely slow (still writing a checkpoint, say) is waited for
+    as long as any other wait of the job, DDL_TIMEOUT, and no longer; past that the ranks
+    already at exit leave with exit code 1, naming the wait. A job whose ranks finish that
+    far apart needs a DDL_TIMEOUT to match, as its collectives around the slow step would."""
     from mpi4py import MPI
 
     if not _world_created or not MPI.Is_initialized() or MPI.Is_finalized():
@@ -69,9 +77,11 @@ def _exit_rendezvous() -> bool:
 
     request = MPI.COMM_WORLD.Ibarrier()
     try:
-        wait_until(request.Test, float("inf"), -1, "every rank at exit")
+        wait_until(request.Test, _exit_timeout, -1, "every rank at exit")
     except PeerTimeout as e:
-        message = (f"rank {MPI.COMM_WORLD.Get_rank()}: at exit, before MPI_Finalize: {e}; "
+        late = "" if e.dead else (f" within {_exit_timeout:g} s (DDL_TIMEOUT; a rank still busy, writing a "
+                                  "checkpoint say, needs a larger one)")
+        message = (f"rank {MPI.COMM_WORLD.Get_rank()}: at exit, before MPI_Finalize: {e}{late}; "
                    "leaving without finalizing")
         path = flight.RECORDER.dump(message)
         status.error(message)
@@ -125,16 +135,34 @@ def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int
     _install_exit_guard()
     failure_notice.install()  # survive the launcher's "a rank died" signal, and act on it
     if mpi_comm is not None:
-        comm = Communicator(mpi_comm, opts)
+        comm = _guarded(lambda: Communicator(mpi_comm, opts))
     else:
-        comm = Communicator(_world_bootstrap(opts, store, rank, size), opts)
+        bootstrap = _guarded(lambda: _world_bootstrap(opts, store, rank, size))
+        try:
+            comm = _guarded(lambda: Communicator(bootstrap, opts))
+        except BaseException:
+            bootstrap.close()  # made here; a Communicator closes only what it made itself
+            raise
     if world:
-        global _world_created
+        global _world_created, _exit_timeout
         _world = comm
         _world_created = comm.bootstrap.kind == "mpi"  # the exit rendezvous is MPI's (see _exit_rendezvous)
+        _exit_timeout = opts.timeout
         from ..launch import status
         status.start(opts.status_dir, comm.rank)
     return comm
+
+
+def _guarded(make):
+    """``make()``; when a rank did not arrive at a step of init in time, remember it for the exit
+    guard (MPI_Finalize would wait for that rank) before the error goes on."""
+    global _init_timed_out
+    from .bootstrap import BootstrapTimeout
+    try:
+        return make()
+    except BootstrapTimeout:
+        _init_timed_out = True
+        raise
 
 
 _store_worlds = 0  # world communicators made over stores in this process: each gets its own key namespace
@@ -148,7 +176,7 @@ def _world_bootstrap(opts: Options, store, rank, size):
     if store is None:
         if launched_by_mpi():
             from mpi4py import MPI
-            return MpiBootstrap(MPI.COMM_WORLD)
+            return MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout)
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             from torch.distributed.distributed_c10d import _get_default_store
@@ -157,7 +185,7 @@ def _world_bootstrap(opts: Options, store, rank, size):
             store, rank, size = store_from_env(opts.timeout)
         else:
             from mpi4py import MPI
-            return MpiBootstrap(MPI.COMM_WORLD)  # a world of one (an MPI singleton)
+            return MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout)  # a world of one (an MPI singleton)
     _store_worlds += 1
     return StoreBootstrap(store, rank, size, timeout=opts.timeout, prefix=f"ddl_triton/world{_store_worlds}")
 

@@ -1,0 +1,75 @@
+"""Ranks given different options, and a rank that never arrives at init (test_option_mismatch.py).
+
+Each scenario named on the command line sets this rank's ``DDL_*`` variable from its rank (as a
+per-rank environment would), calls ``ddl_triton.init()`` and prints one line per rank:
+``INIT scenario=S rank=R error=E seconds=T msg=M``. Every scenario but the last catches its
+error; the last lets it end the process, as an application would (the exit code is the test's).
+
+Scenarios: ``chunk_bytes``, ``pipeline_depth``, ``schedule`` (mismatched values), ``absent``
+(the last rank never calls init; the others must give up within DDL_TIMEOUT), and ``slow_exit``
+(init passes; the last rank then stays busy past DDL_TIMEOUT before it exits, and the others,
+already at exit, must not wait for it longer than DDL_TIMEOUT).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+_PER_RANK = {"chunk_bytes": ("DDL_CHUNK_BYTES", ["1048576", "4194304"]),
+             "pipeline_depth": ("DDL_PIPELINE_DEPTH", ["2", "4"]),
+             "schedule": ("DDL_SCHEDULE", ["ring", "one_shot"])}
+
+
+def _rank() -> tuple[int, int]:
+    for rank, size in (("PMI_RANK", "PMI_SIZE"), ("RANK", "WORLD_SIZE")):
+        if rank in os.environ:
+            return int(os.environ[rank]), int(os.environ[size])
+    raise SystemExit("option_mismatch_worker: launch under mpiexec or with RANK/WORLD_SIZE")
+
+
+def _say(scenario: str, rank: int, error: str, seconds: float, msg: str) -> None:
+    line = f"INIT scenario={scenario} rank={rank} error={error} seconds={seconds:.2f} msg={msg}\n"
+    os.write(1, line.encode())  # one write: the ranks share the pipe
+
+
+def main() -> None:
+    import torch  # imported before the clock starts: only init is timed
+
+    import ddl_triton as ddl
+
+    rank, size = _rank()
+    scenarios = sys.argv[1:]
+    for i, scenario in enumerate(scenarios):
+        last = i == len(scenarios) - 1
+        if scenario == "absent" and rank == size - 1:
+            from mpi4py import MPI  # noqa: F401  (MPI_Init is collective: every rank is in MPI, this one not at init)
+            time.sleep(float(os.environ["DDL_TIMEOUT"]) + 3)  # alive, but never at init, past the deadline
+            _say(scenario, rank, "none", 0.0, "stayed away")
+            return
+        if scenario in _PER_RANK:
+            name, values = _PER_RANK[scenario]
+            os.environ[name] = values[rank % len(values)]
+        t0 = time.monotonic()
+        try:
+            comm = ddl.init()
+        except Exception as e:  # noqa: BLE001
+            _say(scenario, rank, type(e).__name__, time.monotonic() - t0, str(e).replace("\n", " "))
+            if last:
+                raise
+        else:
+            _say(scenario, rank, "none", time.monotonic() - t0, f"init passed as rank {comm.rank} of {comm.size}")
+            if scenario == "slow_exit":
+                ones = torch.ones(8, dtype=torch.int64)
+                assert comm.allreduce(ones).tolist() == [size] * 8
+                if rank == size - 1:
+                    time.sleep(float(os.environ["DDL_TIMEOUT"]) * 4)  # a checkpoint that takes too long
+                os.write(1, f"EXIT rank={rank} at={time.time():.3f}\n".encode())
+                return  # no finalize: the exit guard's rendezvous is what is tested
+            ddl.finalize()
+        for name, _ in _PER_RANK.values():
+            os.environ.pop(name, None)
+
+
+if __name__ == "__main__":
+    main()
