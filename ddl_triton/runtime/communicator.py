@@ -107,7 +107,7 @@ class Communicator:
         self._plans = PlanCache(self._planner, self.rank, self.size, self.options.debug)
         if self._small is not None:
             self._planner.small_path = self._small.serves
-        self._issuer = IssuePath(self.rank, comm_id, self._attach)
+        self._issuer = IssuePath(self.rank, comm_id, self._attach, timeout=options.timeout)
         self.tracer = start_observing(self._bootstrap, self.placement, self.options, self._planner, self._comm,
                                       comm_id)
 
