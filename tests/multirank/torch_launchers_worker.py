@@ -8,7 +8,8 @@ checks  every "ddl" backend operation on exact integer data, sub-groups, futures
         hosts went through gloo; DDP (plain and with the int8 compression hook) and FSDP2
         replicas bitwise identical. Rank 0 prints
         "torch_launchers_worker: N ranks, topology T, checks, K checks, F failures", and per rank
-        the transport counters, its hostname and its link to each peer (self, shm or gloo).
+        the transport counters, its hostname and its link to each peer (self, shm or gloo), and
+        its rank, world size and checks (tests/support/report.py's rank_lines).
 init    ``ddl_triton.init()`` from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, one barrier and an
         allreduce; prints what it raised (the bootstrap-mismatch tests give it bad variables).
 mismatch one allreduce (MISMATCH_NUMEL elements, default 10) for which the last rank passes
@@ -35,7 +36,7 @@ import torch.distributed as dist
 
 import ddl_triton
 import ddl_triton.torch  # noqa: F401  (registers "ddl")
-from support.report import print_line
+from support.report import print_line, rank_lines
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -155,21 +156,24 @@ def check_transports(ck, r: int, w: int) -> None:
 def _verdict(ck, r: int, w: int, group, mode: str) -> int:
     everyone = [None] * w
     where = getattr(ck, "where", None)
-    dist.all_gather_object(everyone, (ck.failures, ck.cases, getattr(ck, "moved", None), where), group=group)
+    # Each rank's own rank and world size too: the test checks that every rank of the world it asked for reported.
+    dist.all_gather_object(everyone, (ck.failures, ck.cases, getattr(ck, "moved", None), where, r, w), group=group)
     dist.destroy_process_group()
     if r != 0:
         return 0
-    failures = [f for fs, _, _, _ in everyone for f in fs]
+    failures = [f for fs, *_ in everyone for f in fs]
     for f in failures[:50]:
         print("FAIL", f)
     # The topology the communicator used (DDL_TOPOLOGY's, else detected), rank 0's word for it.
     topology = where[1] if where else os.environ.get("DDL_TOPOLOGY", str(w))
-    for q, (_, _, moved, at) in enumerate(everyone):
+    for q, (_, _, moved, at, _, _) in enumerate(everyone):
         print(f"torch_launchers_worker: rank {q} transport bytes: {moved}")
         if at:
             print(f"torch_launchers_worker: rank {q} on host {at[0]}, links {at[2]}")
-    print(f"torch_launchers_worker: {w} ranks, topology {topology}, {mode}, {sum(c for _, c, _, _ in everyone)} checks, "
-          f"{len(failures)} failures", flush=True)
+    heading = f"torch_launchers_worker: {w} ranks, topology {topology}, {mode}"
+    for line in rank_lines(heading, [(rank, size, cases, len(fs)) for fs, cases, _, _, rank, size in everyone]):
+        print(line)
+    print(f"{heading}, {sum(c for _, c, *_ in everyone)} checks, {len(failures)} failures", flush=True)
     return 1 if failures else 0
 
 

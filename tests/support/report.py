@@ -1,7 +1,15 @@
-"""What multi-rank test workers print: whole lines, and one closing line gathered over all ranks."""
+"""What multi-rank test workers print: whole lines, and one closing report gathered over all ranks.
+
+The closing report is rank 0's: one line per rank that took part, ``"<heading>: rank R of N:
+C checks, K failed"`` (R and N as that rank's own communicator gives them), then
+``"<heading>, <total> checks, <k> failures"``. ``read_report`` is the tests' side: a launcher that
+started N singletons instead of one world of N ranks prints N reports of ``rank 0 of 1``, and a
+test that only looked for "0 failures" would pass while testing one rank.
+"""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 
@@ -15,18 +23,51 @@ def print_line(text: str) -> None:
         data = data[os.write(sys.stdout.fileno(), data):]
 
 
+def rank_lines(heading: str, every: list[tuple[int, int, int, int]]) -> list[str]:
+    """The per-rank lines of a closing report: ``every`` holds (rank, size, checks, failed) per rank."""
+    return [f"{heading}: rank {r} of {n}: {c} checks, {k} failed" for r, n, c, k in every]
+
+
 def gather_and_report(heading: str, failures: list[str], cases: int, comm=None) -> int:
-    """Rank 0 prints up to 50 failures and ``"<heading>, <cases> checks, <k> failures"``;
-    returns the exit status (1 on rank 0 if any rank failed)."""
+    """Rank 0 prints up to 50 failures, one line per rank (``rank_lines``) and
+    ``"<heading>, <cases> checks, <k> failures"``; returns the exit status (1 on rank 0 if any rank failed)."""
     # Imported here, not at the top: importing it starts MPI, and print_line's users may not run under MPI.
     from mpi4py import MPI
     comm = comm or MPI.COMM_WORLD
-    every = comm.gather(failures, root=0)
-    total = comm.reduce(cases, op=MPI.SUM, root=0)
+    every = comm.gather((comm.Get_rank(), comm.Get_size(), cases, failures), root=0)
     if comm.Get_rank() != 0:
         return 0
-    flat = [f for fs in every for f in fs]
+    flat = [f for _, _, _, fs in every for f in fs]
     for f in flat[:50]:
         print("FAIL", f)
-    print(f"{heading}, {total} checks, {len(flat)} failures")
+    for line in rank_lines(heading, [(r, n, c, len(fs)) for r, n, c, fs in every]):
+        print(line)
+    print(f"{heading}, {sum(c for _, _, c, _ in every)} checks, {len(flat)} failures", flush=True)
     return 1 if flat else 0
+
+
+def read_report(out: str, heading: str, n: int, same_on_every_rank: bool = True) -> list[int]:
+    """Check a worker's closing report in ``out`` (a launch's output) and return each rank's
+    number of checks, in rank order. ``heading`` is the report's heading, or its start (the
+    text before the first comma that follows it is ignored: ``"multirank_worker"`` matches
+    ``"multirank_worker: 4 ranks"``). Raises AssertionError, naming what is wrong, unless there
+    is exactly one report, it says 0 failures, and ranks 0..n-1 each reported once, each with
+    world size ``n`` and a nonzero number of checks, summing to the report's total; with
+    ``same_on_every_rank`` (for workers that run the same checks on every rank), the same number."""
+    head = re.escape(heading) + r"[^\n]*?"
+    totals = re.findall(rf"^{head}, (\d+) checks, (\d+) failures$", out, re.M)
+    ranks = [tuple(map(int, m)) for m in re.findall(rf"^{head}: rank (\d+) of (\d+): (\d+) checks, (\d+) failed$",
+                                                      out, re.M)]
+    tail = out[-3000:]
+    assert len(totals) == 1, f"expected one closing report of {heading!r}, found {len(totals)}:\n{tail}"
+    total, failed = map(int, totals[0])
+    assert failed == 0, f"{heading}: {failed} failures:\n{tail}"
+    seen = sorted((r, size) for r, size, _, _ in ranks)
+    assert seen == [(r, n) for r in range(n)], (
+        f"{heading}: asked for {n} ranks, but the ranks that reported (rank, world size) were {seen}: "
+        f"is mpiexec the one that matches mpi4py's MPI?\n{tail}")
+    checks = [c for _, _, c, _ in sorted(ranks)]
+    assert min(checks) > 0, f"{heading}: a rank ran no checks: {checks}\n{tail}"
+    assert not same_on_every_rank or len(set(checks)) == 1, f"{heading}: checks per rank differ: {checks}\n{tail}"
+    assert sum(checks) == total, f"{heading}: the ranks' checks {checks} do not add up to the total {total}"
+    return checks
