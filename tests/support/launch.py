@@ -1,19 +1,80 @@
-"""Launch a script under mpiexec from a test, with a hard time limit and a /dev/shm leak check."""
+"""Launch a script under mpiexec from a test, with a hard time limit and a /dev/shm leak check.
+
+The suite runs only the mpich wheel's mpiexec, beside this interpreter, and checks once per process
+that it starts one world: another MPI's launcher starts each rank of mpi4py's MPICH as a singleton
+(rank 0 of 1), and a multi-rank test would then pass while testing one rank.
+"""
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/: scripts are named relative to it
 _SHM_PREFIX = "ddl_triton-"
+# One write per line: ranks share the pipe, and print's text and newline could be split by another rank's line.
+_PROBE = ("import os; from mpi4py import MPI; w = MPI.COMM_WORLD; os.write(1, (f'world probe: rank {w.Get_rank()} "
+          "of {w.Get_size()}: {MPI.Get_library_version().splitlines()[0]}' + chr(10)).encode())")
 
 
 def mpiexec() -> str:
-    """The mpiexec beside this interpreter (the mpich wheel's), else the one on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else "mpiexec"
+    """The mpiexec beside this interpreter, the mpich wheel's, once checked to start one world
+    of mpi4py's MPICH (``_verified_mpiexec``); RuntimeError, naming what was found and what was
+    expected, for anything else. Never the one on PATH."""
+    return _verified_mpiexec(sys.executable)
+
+
+@functools.cache
+def _verified_mpiexec(python: str) -> str:
+    here = Path(python).parent / "mpiexec"
+    on_path = shutil.which("mpiexec")
+    why = ("the suite runs only the mpiexec of the mpich wheel (pip install -e '.[test]'), beside the "
+           f"interpreter: {here}; ")
+    if not here.exists():
+        raise RuntimeError(f"{why}there is none (on PATH: {on_path or 'no mpiexec'}, not used: another MPI's "
+                           "launcher starts mpi4py's ranks as singletons)")
+    if not _from_mpich_wheel(here):
+        raise RuntimeError(f"{why}{here} is not one of the files the installed mpich wheel provides")
+    assert_world(_probe(str(here), python, 2), 2)
+    return str(here)
+
+
+def _from_mpich_wheel(path: Path) -> bool:
+    """Whether ``path`` is one of the files the installed mpich distribution put in place."""
+    try:
+        files = importlib.metadata.distribution("mpich").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    target = path.resolve()
+    return any(Path(f.locate()).resolve() == target for f in files if f.name == path.name)
+
+
+def _probe(launcher: str, python: str, n: int) -> str:
+    """The output of ``launcher -n n python -c _PROBE``: each rank's line ``world probe: rank R of N: <MPI library>``."""
+    proc = subprocess.run([launcher, "-n", str(n), python, "-c", _PROBE], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{launcher} -n {n} failed to run a probe of mpi4py (exit {proc.returncode}):\n"
+                           f"{(proc.stdout + proc.stderr)[-2000:]}")
+    return proc.stdout
+
+
+def assert_world(out: str, n: int) -> None:
+    """``out``, a probe's output (``_probe``), shows one world of ``n`` MPICH ranks: ranks 0..n-1
+    each once, each of world size ``n``. RuntimeError naming what the ranks reported otherwise."""
+    seen = re.findall(r"^world probe: rank (\d+) of (\d+): (.*)$", out, re.M)
+    ranks = sorted((int(r), int(size)) for r, size, _ in seen)
+    if ranks != [(r, n) for r in range(n)]:
+        raise RuntimeError(f"mpiexec -n {n} did not start one world of {n} ranks: the ranks reported "
+                           f"(rank, world size) {ranks}; its MPI is not mpi4py's\n{out[-2000:]}")
+    libraries = sorted({lib for _, _, lib in seen})
+    if not all("MPICH" in lib for lib in libraries):
+        raise RuntimeError(f"mpi4py's MPI library is {libraries}, expected the mpich wheel's MPICH")
 
 
 def ddl_segments(prefix: str = _SHM_PREFIX) -> set[str]:
