@@ -16,3 +16,65 @@ os.environ["DDL_TUNING_DIR"] = tempfile.mkdtemp(prefix="ddl_triton-test-tuning-"
 # import tests/support: every process the suite starts finds it through PYTHONPATH.
 _TESTS = str(Path(__file__).resolve().parent)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_TESTS, os.environ.get("PYTHONPATH", "")) if p)
+
+
+# ---- Skips that say why, real-host tests that must run, twins of which one must run ----------------
+import pytest  # noqa: E402
+
+from support import twins as _twins  # noqa: E402
+
+_SESSION = {"collected": set(), "selected": set(), "passed": set()}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip that does not say why fails; so does a real-host test that skips because this machine
+    cannot build hosts, where CI_REQUIRE_REAL_HOSTS=1 (tests/support/real_hosts.py)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    failure = None
+    said = reason.removeprefix("Skipped: ").strip()
+    if said in ("", "Skipped") or reason.startswith("condition: "):  # pytest.skip() says "Skipped"
+        failure = f"skipped without saying why ({reason!r}): give the skip a reason"
+    elif os.environ.get("CI_REQUIRE_REAL_HOSTS"):
+        from support import real_hosts  # only here: importing it probes the machine (it makes a namespace)
+        if real_hosts.required() and real_hosts.is_unavailable_skip(reason):
+            failure = real_hosts.failure_message(reason)
+    if failure:
+        report.outcome = "failed"
+        report.longrepr = failure
+
+
+def pytest_configure(config):
+    if os.environ.get("CI_REQUIRE_REAL_HOSTS"):  # a bad value is an error now, not a requirement ignored
+        from support import real_hosts
+        real_hosts.required()
+
+
+def pytest_itemcollected(item):
+    _SESSION["collected"].add(item.nodeid)
+
+
+def pytest_collection_finish(session):
+    _SESSION["selected"] = {item.nodeid for item in session.items}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed:
+        _SESSION["passed"].add(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if a group of twins (tests/support/twins.py) all ran and none passed."""
+    if session.shouldstop or session.shouldfail or session.config.option.collectonly:
+        return  # stopped early (-x, a signal) or ran nothing: the twins were not all given their turn
+    problems = _twins.unrun(_SESSION["collected"], _SESSION["selected"], _SESSION["passed"])
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for line in problems:
+            if reporter is not None:
+                reporter.write_line(f"ERROR: {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
