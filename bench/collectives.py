@@ -10,7 +10,8 @@ once: MPICH's ``Allreduce(IN_PLACE, [view, datatype], op)`` on a prebuilt numpy
 view, gloo's ``all_reduce(tensor)``, ddl's ``comm.allreduce(tensor)``. Columns follow nccl-tests:
 algbw = bytes / time; busbw = algbw * 2(n-1)/n for allreduce. ``#wrong`` counts
 elements that differ from the exact answer on integer-valued data after the
-timed rounds (checked on every rank, summed over ranks).
+timed rounds (checked on every rank, summed over ranks); any wrong element makes the run
+exit 1, naming the sizes and implementations that were wrong, after the table is printed.
 
 Across hosts (``--link-rate 1gbit``, the rate each host's link is shaped to, e.g. on the
 testbed: docs/testbed.md), each row also shows ``bound``: the least time any allreduce of
@@ -31,7 +32,6 @@ import time
 
 import torch
 import torch.distributed
-from mpi4py import MPI
 
 import ddl_triton as ddl
 from ddl_triton.testbed.hosts import parse_rate
@@ -39,9 +39,10 @@ from ddl_triton.tuning.timing import quantile, start_gloo
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
-_MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE, torch.int32: MPI.INT32_T,
-              torch.int64: MPI.INT64_T}
-_MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
+# MPI's names for them, looked up in _impls: importing mpi4py.MPI starts MPI, and the suite imports
+# this module without ranks (tests/unit/test_bench_verdicts.py).
+_MPI_TYPES = {torch.float32: "FLOAT", torch.float64: "DOUBLE", torch.int32: "INT32_T", torch.int64: "INT64_T"}
+_MPI_OPS = {"sum": "SUM", "min": "MIN", "max": "MAX"}
 
 
 def _sizes(lo: int, hi: int) -> list[int]:
@@ -69,6 +70,7 @@ def _ddl_impl(name: str, comm, op: str) -> _Impl:
 
 
 def _impls(comm, mpi_comm, dist, op: str, dtype: torch.dtype, names: list[str], schedule: str) -> list[_Impl]:
+    from mpi4py import MPI
     impls = []
     if "ddl" in names:
         if schedule == "auto":
@@ -81,7 +83,7 @@ def _impls(comm, mpi_comm, dist, op: str, dtype: torch.dtype, names: list[str], 
             for name in chosen:
                 impls.append(_ddl_impl(f"ddl:{name}", ddl.init(MPI.COMM_WORLD.Dup(), schedule=name), op))
     if "mpi" in names and dtype in _MPI_TYPES:
-        mpi_type, mpi_op = _MPI_TYPES[dtype], _MPI_OPS[op]
+        mpi_type, mpi_op = getattr(MPI, _MPI_TYPES[dtype]), getattr(MPI, _MPI_OPS[op])
         # The buffer spec [numpy view, datatype] is built once: building it per call cost MPICH
         # about 2 us of its 3.7 us at 128 B on shm.
         impls.append(_Impl("mpi", lambda t: functools.partial(mpi_comm.Allreduce, MPI.IN_PLACE,
@@ -148,6 +150,7 @@ def main(argv=None) -> int:
                                                    "the link bound and each row's share of it")
     args = p.parse_args(argv)
 
+    from mpi4py import MPI
     torch.set_num_threads(args.threads)
     mpi_comm = MPI.COMM_WORLD.Dup()
     comm = ddl.init()
@@ -230,7 +233,17 @@ def main(argv=None) -> int:
     if dist is not None:
         dist.destroy_process_group()
     ddl.finalize()
-    return 0
+    return _verdict(rows, [im.name for im in impls], comm.rank == 0)
+
+
+def _verdict(rows: list[dict], names: list[str], speak: bool) -> int:
+    """The exit status: 1 if any implementation counted a wrong element at any size (``speak``:
+    print which), else 0. Every rank returns the same: ``wrong`` is summed over the ranks."""
+    bad = [f"{name} at {row['bytes']} B: {row[name]['wrong']} wrong elements"
+           for row in rows for name in names if row.get(name, {}).get("wrong", 0)]
+    if bad and speak:
+        print("WRONG RESULTS (exit 1): " + "; ".join(bad), flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

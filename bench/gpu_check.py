@@ -43,17 +43,19 @@ Sections, each wrapped so that a failure in one does not stop the others:
                 with ``DDL_TRANSPORT=nvshmem`` it must pass or refuse on every rank with an error
                 naming the mode, never end inside NVSHMEM.
 
-A short table (section, item, value, verdict) is printed last; the JSON file (``--json``, default
-gpu_check.json in the current directory, rewritten after each section, so that a run cut short
-keeps what it measured) holds every number and the environment. The exit status is
-1 when a correctness check failed or could not complete, 0 otherwise. The whole run keeps under
-8 minutes: each section checks the time left first and is skipped, with the reason printed, when too
-little is left.
+A short table (section, item, value, verdict) is printed last, then the overall verdict; the JSON
+file (``--json``, default gpu_check.json in the current directory, rewritten after each section, so
+that a run cut short keeps what it measured) holds every number and the environment. The verdict and
+exit status (``Report.verdict``): FAIL, 1, when a correctness check failed or could not complete;
+else INCOMPLETE, 3, when a section that was asked for (or a measurement within one) was skipped,
+whatever the reason (no nvshmem4py, no MPI, running late): what did not run was not checked; else
+PASS, 0. The whole run keeps under 8 minutes: each section checks the time left first and is skipped,
+with the reason printed, when too little is left.
 
 Without a CUDA GPU (``torch.cuda.is_available()`` false) every section prints that it is skipped,
-the JSON is written with ``"gpu": false``, the last line is ``no GPU: skipped`` and the exit status 0,
-in a few seconds: only torch and the standard library are imported at the top; triton, ddl_triton
-and nvshmem are imported inside the GPU path.
+the JSON is written with ``"gpu": false``, the last line is ``no GPU: skipped`` and the exit status 3
+(INCOMPLETE: nothing was checked), in a few seconds: only torch and the standard library are imported
+at the top; triton, ddl_triton and nvshmem are imported inside the GPU path.
 """
 from __future__ import annotations
 
@@ -201,6 +203,9 @@ def _one_line(text: str, limit: int = 300) -> str:
 # the report: rows, numbers, the deadline
 # --------------------------------------------------------------------------------------------
 
+EXIT_PASS, EXIT_FAIL, EXIT_INCOMPLETE = 0, 1, 3  # not 2: argparse's usage error
+
+
 class Report:
     def __init__(self, quick: bool):
         self.start = time.monotonic()
@@ -210,6 +215,7 @@ class Report:
         self.sections: dict[str, dict] = {}
         self.env: dict = {}
         self.failed = False
+        self.skipped: list[str] = []  # "section: item (why)" of each skip outside the install section
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -218,6 +224,17 @@ class Report:
         """One table row; ``failure`` marks a correctness check that failed or could not finish."""
         self.rows.append({"section": section, "item": item, "value": str(value), "verdict": verdict})
         self.failed |= failure
+        if verdict == "SKIP" and section != "install":  # install's SKIP rows say why later sections skip
+            self.skipped.append(f"{section}: {item} ({value})" if item != "-" else f"{section} ({value})")
+
+    def verdict(self) -> tuple[str, int, str]:
+        """(verdict, exit status, why): FAIL if a check failed; INCOMPLETE if anything was skipped
+        (what did not run was not checked); PASS only when every section asked for ran and passed."""
+        if self.failed:
+            return "FAIL", EXIT_FAIL, "a check failed"
+        if self.skipped:
+            return "INCOMPLETE", EXIT_INCOMPLETE, "skipped: " + "; ".join(self.skipped)
+        return "PASS", EXIT_PASS, "every check ran and passed"
 
     def data(self, section: str) -> dict:
         return self.sections.setdefault(section, {})
@@ -259,7 +276,7 @@ class Report:
 
     def write_json(self, path: str, gpu: bool) -> None:
         doc = {"gpu": gpu, "quick": self.quick, "elapsed_s": round(time.monotonic() - self.start, 2),
-               "exit_status": 1 if self.failed else 0, "env": self.env, "sections": self.sections,
+               "verdict": self.verdict()[0], "exit_status": self.verdict()[1], "env": self.env, "sections": self.sections,
                "rows": self.rows}
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
@@ -488,6 +505,7 @@ def launch_ranks(report: Report, section: str, ranks: int, budget_s: float, **en
     run["seconds"] = round(time.monotonic() - start, 1)
     run["timeout"] = timeout
     run["summary"] = next((line for line in reversed(run["output"].splitlines()) if line.startswith("cuda ranks:")), "")
+    run["ranks"] = ranks
     run["item"] = f"{ranks} ranks, " + ", ".join(f"{k}={v}" for k, v in env.items() if k.startswith("DDL_"))
     data.setdefault("runs", []).append({k: (_tail(v, 80) if k == "output" else v) for k, v in run.items()}
                                        | {"env": env})
@@ -496,8 +514,21 @@ def launch_ranks(report: Report, section: str, ranks: int, budget_s: float, **en
 
 
 def passed(run: dict) -> bool:
-    """The worker ran every check and none failed."""
-    return run["rc"] == 0 and run["summary"].endswith(" 0 failures")
+    """The worker exited 0 and its report (tests/support/report.py) has every rank of the world
+    asked for, each with world size ``run["ranks"]`` and the same checks, and no failure: an
+    mpiexec that started singletons would otherwise pass on one rank. Sets ``run["problem"]``."""
+    if run["rc"] != 0:
+        return False
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    try:
+        from support.report import read_report
+        read_report(run["output"], "cuda ranks", run["ranks"])
+    except AssertionError as e:
+        run["problem"] = str(e).splitlines()[0]
+        return False
+    finally:
+        sys.path.remove(str(REPO_ROOT / "tests"))
+    return True
 
 
 def report_ranks(report: Report, section: str, run: dict) -> None:
@@ -507,8 +538,8 @@ def report_ranks(report: Report, section: str, run: dict) -> None:
     elif passed(run):
         report.row(section, run["item"], run["summary"].split(", ")[-2] + f" exact, in {run['seconds']:.0f} s", "PASS")
     else:
-        report.row(section, run["item"], run["summary"] or f"exit status {run['rc']}: {_one_line(run['output'])}",
-                   "FAIL", failure=True)
+        report.row(section, run["item"], run.get("problem") or run["summary"]
+                   or f"exit status {run['rc']}: {_one_line(run['output'])}", "FAIL", failure=True)
         for line in [line for line in run["output"].splitlines() if line.startswith("FAIL")][:5]:
             report.row(section, "failed", line[5:], "FAIL")
     for line in run["output"].splitlines():  # the worker's path line and timing table, for the JSON
@@ -822,7 +853,7 @@ def main() -> int:
             report.skip(name, "no CUDA GPU")
         report.write_json(args.json, gpu=False)
         print("no GPU: skipped")
-        return 0
+        return report.verdict()[1]
 
     print(f"GPU: {report.env['gpu_name']}, {report.env['gpu_memory_gib']} GiB; torch {torch.__version__}, "
           f"triton {report.env['triton']}", flush=True)
@@ -835,12 +866,13 @@ def main() -> int:
             fn, needs = runs[name]
             report.run_section(name, fn, needs_s=needs + FINISH_RESERVE_S)
             report.write_json(args.json, gpu=True)  # so far: a run cut short still leaves its results
-    report.row("overall", "correctness", "a check failed" if report.failed else "every check passed or was skipped",
-               "FAIL" if report.failed else "PASS")
+    verdict, status, why = report.verdict()
+    report.row("overall", "correctness", why, verdict)
     report.write_json(args.json, gpu=True)
     print()
     report.print_table()
-    return 1 if report.failed else 0
+    print(f"{verdict} (exit {status}): {why}")
+    return status
 
 
 if __name__ == "__main__":
