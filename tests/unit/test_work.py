@@ -311,3 +311,31 @@ def test_an_escape_from_the_background_thread_fails_the_queued_and_later_calls(c
         r.run_sync(_job([], "sync"), lambda: "sync")
     _returns_within(5, r.close, 1.0)
     assert "broken-runner: the thread running async calls stopped" in capfd.readouterr().err
+
+
+_FINALIZE_AFTER_A_RAISING_CALLBACK = """
+import torch, torch.distributed as dist
+import ddl_triton as ddl
+comm = ddl.init(store=dist.HashStore(), rank=0, size=1, timeout=5)
+def bad(work):
+    raise ValueError("callback bug")
+first = comm.allreduce(torch.ones(4, dtype=torch.int64), async_op=True)
+first.add_done_callback(bad)
+second = comm.allreduce(torch.full((4,), 2, dtype=torch.int64), async_op=True)
+second.release()
+ddl.finalize()
+print("finalized", first.wait().tolist(), second.wait().tolist(), flush=True)
+"""
+
+
+def test_finalize_returns_and_the_job_exits_0_after_a_raising_callback():
+    """The issue's row 7 end to end: ddl_triton.finalize() with a raising callback on the queue's
+    thread (it waited forever: the callback had killed the thread before the second call ran)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _FINALIZE_AFTER_A_RAISING_CALLBACK], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "finalized [1, 1, 1, 1] [2, 2, 2, 2]" in proc.stdout
+    assert "a done-callback of allreduce(sum, 4 x int64) raised; ignored" in proc.stderr, proc.stderr[-3000:]
