@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -207,6 +208,53 @@ def test_hierarchical_across_hosts_sends_1_over_x_of_the_bytes_over_mpi_and_none
     hosts = 2
     for (host, n), mpi in per_host.items():
         assert mpi == 2 * (hosts - 1) * 4 * n // hosts, (host, n, mpi)  # the bound 2(H-1)/H * S, exactly
+
+
+# Each rank waits for SIGUSR2 (its own handler, set after init), then records it and ends cleanly.
+_AWAIT_USR2 = """
+import os, signal, sys, time
+from pathlib import Path
+import torch, ddl_triton as ddl
+c = ddl.init()
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
+c.allreduce(torch.ones(10))
+Path(sys.argv[1], f"ready-{c.rank}-of-{c.size}").write_text("")
+deadline = time.monotonic() + 30
+while not got and time.monotonic() < deadline:
+    time.sleep(0.05)
+if got:
+    Path(sys.argv[1], f"usr2-{c.rank}").write_text("")
+ddl.finalize()
+"""
+
+
+@needs_hosts
+def test_sigusr2_to_ddlrun_reaches_every_rank_on_every_host_and_nothing_else(bed, tmp_path):
+    """Each host has its own PID namespace: h2's ranks' pids mean other processes (or none) on h1,
+    where ddlrun runs. ddlrun signals h1's ranks by their proven identity and h2's through their
+    own rank guards (docs/launch.md); the old ddlrun sent h2's pids the signal on h1."""
+    folder = Path(tempfile.mkdtemp(prefix="usr2-", dir=SCRATCH))
+    script = folder / "await_usr2.py"
+    script.write_text(_AWAIT_USR2)
+    job = bed.popen("h1", [*_ACROSS, "DDL_TIMEOUT=30", *_LAUNCHERS["ddlrun"], sys.executable, str(script),
+                           str(folder)], cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    restore_signals=False)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(folder.glob("ready-*"))) < 4 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(p.name for p in folder.glob("ready-*")) == [f"ready-{r}-of-4" for r in range(4)]
+        job.send_signal(signal.SIGUSR2)  # reaches ddlrun itself, inside h1
+        out, _ = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, out[-3000:]
+    assert sorted(p.name for p in folder.glob("usr2-*")) == [f"usr2-{r}" for r in range(4)], out[-3000:]
+    assert not list(folder.glob(".ddlrun-status-*"))
+    subprocess.run(["rm", "-rf", str(folder)], check=True)
 
 
 @needs_hosts
