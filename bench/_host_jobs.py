@@ -52,12 +52,17 @@ def locked(path: str):
     if not path:
         yield
         return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    # Read-only, never through a link (a lock under /tmp is shared: another user may have planted
+    # one); 0644 so that other users' timed jobs can open it too. A flock needs no write access.
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def ddl_options_from_shell() -> dict[str, str]:

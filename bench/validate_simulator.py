@@ -59,9 +59,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,8 +115,8 @@ def worker_train(steps: int, blocks: int) -> None:
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
     comm = ddl.init(world.Dup(), tuning_file="off")
-    folder = world.bcast(os.path.join("/tmp", f"ddl_val_{os.getpid()}") if world.rank == 0 else None, root=0)
-    os.makedirs(folder, exist_ok=True)
+    # mkdtemp: a fresh 0700 folder, where a predictable /tmp name could be a link another user planted.
+    folder = world.bcast(tempfile.mkdtemp(prefix="ddl_val_") if world.rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=world.rank, world_size=world.size)
     x_train, y_train, _, _ = cnn.load_data(0, mpi_comm=world)
     net = cnn.build_model(0)
@@ -157,6 +159,9 @@ def worker_train(steps: int, blocks: int) -> None:
                                      "grad_bytes": sum(grads), "bucket_overhead_s": overheads}), flush=True)
     dist.destroy_process_group()
     comm.close()
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _bucket_overheads(world, comm, nbytes: int, compute_s: float = 1e-3, calls: int = 60) -> tuple[float, float]:
