@@ -51,6 +51,7 @@ from .lane_handshake import Greeting, Refused, log_drop
 _SIOCGIFADDR = 0x8915
 _SOCKET_BUFFER = 1 << 20  # two messages of the lane's largest fit in flight: a send never waits for a read
 _CONNECT_SECONDS = 5.0    # per address tried
+_MAX_HANDSHAKES = 64      # connections proving themselves at once; a flood drops its oldest, not the fds
 
 
 def _interface_address(name: str) -> str | None:
@@ -80,7 +81,7 @@ def _listen(rank: int, size: int) -> tuple[list[socket.socket], list[str]]:
         _size_buffers(listener)  # accepted connections inherit them
         try:
             listener.bind((address, 0))
-            listener.listen(max(8, size))
+            listener.listen(socket.SOMAXCONN)  # a flood waits in the kernel, not at the SYN
         except OSError as e:
             listener.close()
             failed.append(f"{address} ({e.strerror or e})")
@@ -264,6 +265,9 @@ class _Acceptor:
             log_drop(self._rank, remote, str(e))
             sock.close()
             return
+        if len(pending) >= _MAX_HANDSHAKES:  # dicts keep insertion order: the first is the oldest
+            self._drop(sel, pending, next(iter(pending)), f"{_MAX_HANDSHAKES} connections were handshaking at "
+                       "once: the oldest gives way")
         pending[sock] = greeting
         sel.register(sock, selectors.EVENT_READ, greeting)
 

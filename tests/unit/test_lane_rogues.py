@@ -51,18 +51,19 @@ _EXACT = [(3 * call * np.arange(_N)).tolist() for call in range(1, 4)]
 def _two_ranks(rogue, timeout: float = 10.0, store_of_rank1=None):
     """Rank 0 starts alone; once it has published its address, ``rogue(store)`` runs and returns the
     sockets it opened (kept open until both ranks are done), then rank 1 starts. Returns (per rank:
-    (seconds its LaneSockets took, _sums) or what it raised; the rogue's sockets' own addresses)."""
+    (seconds from the rogue's start until its LaneSockets were ready, _sums) or what it raised; the
+    rogue's sockets' own addresses)."""
     store = dist.HashStore()
     out: dict[int, object] = {}
+    ready: dict[int, float] = {}
 
     def run(rank: int, st) -> None:
-        t0 = time.monotonic()
         try:
             sockets = LaneSockets(st, rank, 2, timeout)
-            took = time.monotonic() - t0
+            ready[rank] = time.monotonic()
             lane = call_lane.CallLane(sockets, rank, 2, 1024, timeout, 0.0, _Counter())
             try:
-                out[rank] = (took, _sums(rank, lane))
+                out[rank] = _sums(rank, lane)
             finally:
                 lane.close()
         except BaseException as e:  # noqa: BLE001 - the test reads it
@@ -71,6 +72,7 @@ def _two_ranks(rogue, timeout: float = 10.0, store_of_rank1=None):
     first = threading.Thread(target=run, args=(0, store))
     first.start()
     store.wait(["lane-0"], timedelta(seconds=10))
+    rogue_start = time.monotonic()
     kept = rogue(store)
     second = threading.Thread(target=run, args=(1, store_of_rank1(store) if store_of_rank1 else store))
     second.start()
@@ -80,7 +82,8 @@ def _two_ranks(rogue, timeout: float = 10.0, store_of_rank1=None):
     for s in kept:
         s.close()
     assert not first.is_alive() and not second.is_alive(), "a rank hung"
-    return out, names
+    timed = {r: got if isinstance(got, BaseException) else (ready[r] - rogue_start, got) for r, got in out.items()}
+    return timed, names
 
 
 def _rank0_address(store) -> tuple[str, int]:
@@ -107,7 +110,7 @@ def test_a_stranger_naming_a_rank_first_is_refused_and_cannot_inject_data(capfd)
     def rogue(store):
         liar = socket.create_connection(_rank0_address(store))
         forged = np.full(_N, 1000, dtype=np.int64).tobytes()
-        liar.sendall(struct.pack("<q", 1) + _head(8 * _N) + forged)  # "I am rank 1", then call 1's data
+        liar.sendall(struct.pack("<q", 1) + 3 * (_head(8 * _N) + forged))  # "I am rank 1", then 3 calls' data
         time.sleep(0.2)  # first in the queue, well before the real rank 1
         return [liar]
 
@@ -154,6 +157,21 @@ def test_a_stranger_sending_garbage_is_dropped_and_logged(capfd):
     out, kept = _two_ranks(rogue, timeout=5.0)
     _assert_exact(out, within=3.0)
     _assert_dropped(capfd.readouterr().err, kept[0], "sent bytes that are not a call lane handshake: b'GET / HTTP")
+
+
+def test_a_flood_of_silent_strangers_does_not_keep_the_real_peer_out(capfd):
+    from ddl_triton.runtime import lane_sockets
+
+    def rogue(store):
+        flood = [socket.create_connection(_rank0_address(store)) for _ in range(lane_sockets._MAX_HANDSHAKES + 8)]
+        time.sleep(0.3)  # all accepted and greeted before the real rank 1 comes
+        return flood
+
+    out, names = _two_ranks(rogue, timeout=8.0)
+    _assert_exact(out, within=3.0)
+    err = capfd.readouterr().err
+    for name in names[:8]:  # the oldest gave way to the newer ones (and these to rank 1)
+        _assert_dropped(err, name, f"{lane_sockets._MAX_HANDSHAKES} connections were handshaking at once")
 
 
 class _OtherSecret:
