@@ -127,7 +127,10 @@ def test_the_rank_guard_passes_a_requested_sigusr2_to_its_own_rank_only(tmp_path
     try:
         assert guard.stdout.readline().strip() == "up"
         status.request_signal(str(tmp_path), 3, "SIGTERM")  # not a signal ddlrun relays
-        time.sleep(1.5)
+        deadline = time.monotonic() + 3  # the guard reads (and removes) a request at each 1 s beat
+        while (tmp_path / "rank3.signal").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
         assert guard.poll() is None and not (tmp_path / "rank3.signal").exists()
         status.request_signal(str(tmp_path), 3)
         assert guard.wait(5) == 7
