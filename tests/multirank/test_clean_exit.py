@@ -24,10 +24,12 @@ from support.launch import ddl_segments, mpiexec
 DDLRUN = Path(sys.executable).parent / "ddlrun"
 _MPICH_PREFIX = "mpich_shm_"  # MPICH's own segments, one per host and job
 
-# The issue's script, through the ddl_triton API; FINALIZE is replaced per variant.
+# The issue's script, through the ddl_triton API; FINALIZE is replaced per variant. Each checks that
+# its world is the size the test launched (EXPECT_WORLD_SIZE): singletons would pass every other check.
 _API = """
-import torch, ddl_triton as ddl
+import os, torch, ddl_triton as ddl
 c = ddl.init()
+assert c.size == int(os.environ["EXPECT_WORLD_SIZE"]), (c.size, os.environ["EXPECT_WORLD_SIZE"])
 x = torch.ones(1000)
 for _ in range(20):
     c.allreduce(x)
@@ -36,8 +38,9 @@ assert x[0].item() == c.size ** 20, x[0].item()
 """
 # The same through torch.distributed on the "ddl" backend.
 _TORCH = """
-import torch, torch.distributed as dist, ddl_triton.torch
+import os, torch, torch.distributed as dist, ddl_triton.torch
 dist.init_process_group("ddl")
+assert dist.get_world_size() == int(os.environ["EXPECT_WORLD_SIZE"]), dist.get_world_size()
 x = torch.ones(1000)
 for _ in range(20):
     dist.all_reduce(x)
@@ -52,14 +55,14 @@ VARIANTS = {
 }
 
 
-def _run(command: list[str], timeout: float = 90) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DDL_TIMEOUT="30")
+def _run(command: list[str], timeout: float = 90, ranks: int = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", DDL_TIMEOUT="30", EXPECT_WORLD_SIZE=str(ranks))
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 
 
 def _ddlrun(ranks: int, script: Path) -> subprocess.CompletedProcess:
-    return _run([str(DDLRUN), "-n", str(ranks), "--", sys.executable, str(script)])
+    return _run([str(DDLRUN), "-n", str(ranks), "--", sys.executable, str(script)], ranks=ranks)
 
 
 def _assert_exit_zero(proc: subprocess.CompletedProcess, what: str) -> None:
@@ -86,7 +89,7 @@ def test_back_to_back_clean_jobs_exit_zero_under_ddlrun(tmp_path):
 def test_clean_job_exits_zero_under_plain_mpiexec(tmp_path):
     script = tmp_path / "api.py"
     script.write_text(VARIANTS["api, just returns"])
-    _assert_exit_zero(_run([mpiexec(), "-n", "4", sys.executable, str(script)]), "mpiexec, 4 ranks")
+    _assert_exit_zero(_run([mpiexec(), "-n", "4", sys.executable, str(script)], ranks=4), "mpiexec, 4 ranks")
 
 
 def test_a_notice_received_after_mpi_finalize_is_not_a_lost_peer(tmp_path):

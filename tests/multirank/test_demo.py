@@ -27,6 +27,7 @@ def _ddlrun(*command: str) -> subprocess.CompletedProcess:
 def test_demo_benchmark_and_training():
     out = _ddlrun("examples/demo.py", "--quick").stdout
     assert "mpi/ddl = MPICH's MPI_Allreduce time / ddl_triton's" in out, out
+    assert out.count("# allreduce fp32 sum on 4 ranks:") == 1, out  # one world of the 4 ranks asked for
     rows = re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
     assert [int(r[0]) for r in rows] == [256, 65536], out
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows), out
