@@ -154,14 +154,17 @@ def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int
 
 
 def _guarded(make):
-    """``make()``; when a rank did not arrive at a step of init in time, remember it for the exit
-    guard (MPI_Finalize would wait for that rank) before the error goes on."""
+    """``make()``; when a rank did not arrive at a step of init in time and MPI's world has other
+    ranks (MPI_Finalize would wait for that rank), remember it for the exit guard before the error
+    goes on. A singleton's MPI_Finalize (ranks over a store) waits for nobody: its exit code stays
+    the application's."""
     global _init_timed_out
+    from mpi4py import MPI
     from .bootstrap import BootstrapTimeout
     try:
         return make()
     except BootstrapTimeout:
-        _init_timed_out = True
+        _init_timed_out = MPI.COMM_WORLD.Get_size() > 1
         raise
 
 
