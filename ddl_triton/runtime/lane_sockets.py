@@ -226,7 +226,7 @@ class _Acceptor:
             if now >= self._deadline:
                 missing = [p for p in range(rank + 1, size) if p not in self._accepted][0]
                 raise CollectiveTimeout(f"rank {rank}: rank {missing} did not connect to the call lane within "
-                                        f"{self._timeout:g} s" + (f"; a connection naming it {refused[missing]}"
+                                        f"{self._timeout:g} s" + (f"; a connection {refused[missing]}"
                                                                    if missing in refused else ""))
             wake = min([self._deadline, *(g.deadline for g in pending.values())])
             for key, _ in sel.select(max(0.0, wake - now)):
@@ -236,6 +236,8 @@ class _Acceptor:
                     self._accept(sel, pending, key.fileobj)
                     continue
                 greeting = key.data
+                if greeting.sock not in pending:
+                    continue  # dropped earlier in this turn (the oldest of a flood): its event is stale
                 try:
                     peer = greeting.feed()
                 except Refused as e:
