@@ -94,7 +94,8 @@ def prove(sock: socket.socket, secret: bytes, rank: int, peer: int, size: int, d
     if greeting[:len(MAGIC)] != MAGIC:
         raise Refused("answered with bytes that are not a call lane greeting (another program's port?)")
     nonce_a, nonce_c = greeting[len(MAGIC):], secrets.token_bytes(_NONCE_BYTES)
-    sock.sendall(MAGIC + struct.pack("<q", rank) + nonce_c + _mac(secret, b"connect", size, rank, peer, nonce_a, nonce_c))
+    proof = _mac(secret, b"connect", size, rank, peer, nonce_a, nonce_c)
+    sock.sendall(MAGIC + struct.pack("<q", rank) + nonce_c + proof)
     answer = _read(sock, _MAC_BYTES, f"closed the connection at this rank's proof: rank {peer} refused it "
                    "(the two ranks hold different lane secrets) or is gone")
     if not hmac.compare_digest(answer, _mac(secret, b"accept", size, peer, rank, nonce_c, nonce_a)):
