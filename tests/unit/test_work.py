@@ -286,9 +286,9 @@ def test_finalize_of_a_communicators_stuck_queue_raises_within_its_timeout():
 
 def test_drains_deadline_counts_from_the_latest_finished_call():
     r = OrderedRunner("slow-runner")
-    for i in range(4):
-        r.submit(lambda: time.sleep(0.15), f"call {i}")  # 0.6 s in all, each well within 0.4 s
-    _returns_within(5, r.drain, 0.4)
+    for i in range(5):
+        r.submit(lambda: time.sleep(0.25), f"call {i}")  # 1.25 s in all, each well within 1 s
+    _returns_within(10, r.drain, 1.0)
     r.close(1.0)
 
 
