@@ -115,6 +115,18 @@ def test_the_real_hosts_requirement_reads_only_one_and_zero():
         real_hosts.required({"CI_REQUIRE_REAL_HOSTS": "yes"})
 
 
+def test_skip_unless_available_skips_with_the_reason_or_fails_under_ci(monkeypatch):
+    monkeypatch.setattr(real_hosts, "UNAVAILABLE", "ddl-testbed: needs root (a stand-in reason)")
+    monkeypatch.delenv("CI_REQUIRE_REAL_HOSTS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        real_hosts.skip_unless_available()
+    monkeypatch.setenv("CI_REQUIRE_REAL_HOSTS", "1")
+    with pytest.raises(pytest.fail.Exception, match="CI_REQUIRE_REAL_HOSTS=1 .* needs root"):
+        real_hosts.skip_unless_available()
+    monkeypatch.setattr(real_hosts, "UNAVAILABLE", "")
+    real_hosts.skip_unless_available()  # hosts can be built: the test goes on
+
+
 def test_twins_that_all_skipped_are_named():
     a, b = twins.TWINS[0]
     both = {a, b}
