@@ -102,9 +102,8 @@ def test_a_launcher_that_starts_singletons_is_refused(tmp_path):
 
 
 def test_the_wheels_mpiexec_starts_one_mpich_world():
-    mpiexec = launch.mpiexec()
-    assert Path(mpiexec) == Path(sys.executable).parent / "mpiexec"
-    launch.assert_world(launch._probe(mpiexec, sys.executable, 3), 3)
+    # mpiexec() ran the 2-rank probe (once per process) and assert_world accepted it.
+    assert Path(launch.mpiexec()) == Path(sys.executable).parent / "mpiexec"
 
 
 def test_the_real_hosts_requirement_reads_only_one_and_zero():
