@@ -39,7 +39,7 @@ def pytest_runtest_makereport(item, call):
     said = reason.removeprefix("Skipped: ").strip()
     if said in ("", "Skipped") or reason.startswith("condition: "):  # pytest.skip() says "Skipped"
         failure = f"skipped without saying why ({reason!r}): give the skip a reason"
-    elif os.environ.get("CI_REQUIRE_REAL_HOSTS"):
+    elif os.environ.get("CI_REQUIRE_REAL_HOSTS"):  # real_hosts.REQUIRE_VARIABLE, without importing it
         from support import real_hosts  # only here: importing it probes the machine (it makes a namespace)
         if real_hosts.required() and real_hosts.is_unavailable_skip(reason):
             failure = real_hosts.failure_message(reason)

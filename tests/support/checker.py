@@ -102,5 +102,6 @@ class Checker:
             self.world.Abort(1)
 
     def report(self, heading: str) -> int:
-        """Rank 0 prints the failures and ``"<heading>, <cases> checks, <k> failures"``; the exit status."""
+        """Rank 0 prints the failures, one line per rank and ``"<heading>, <cases> checks, <k> failures"``
+        (support/report.py's ``gather_and_report``, which tests read with ``read_report``); the exit status."""
         return gather_and_report(heading, self.failures, self.cases, self.world)

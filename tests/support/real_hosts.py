@@ -44,7 +44,8 @@ def skip_unless_available() -> None:
 
 
 def failure_message(reason: str) -> str:
-    return (f"{REQUIRE_VARIABLE}=1 and this real-host test could not run: {reason}")
+    """What a real-host test that could not run says under ``CI_REQUIRE_REAL_HOSTS=1``."""
+    return f"{REQUIRE_VARIABLE}=1 and this real-host test could not run: {reason}"
 
 
 def is_unavailable_skip(reason: str) -> bool:
