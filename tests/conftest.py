@@ -10,7 +10,11 @@ os.environ["TRITON_INTERPRET"] = "1"
 # an empty folder of its own (tests that want a table name one with DDL_TUNING_FILE).
 import tempfile  # noqa: E402
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+
 os.environ["DDL_TUNING_DIR"] = tempfile.mkdtemp(prefix="ddl_triton-test-tuning-")
+atexit.register(shutil.rmtree, os.environ["DDL_TUNING_DIR"], True)  # the session's own: gone with it
 
 # Workers that tests launch (mpiexec, ddlrun, torchrun) run as scripts from their own folder and
 # import tests/support: every process the suite starts finds it through PYTHONPATH.

@@ -60,8 +60,12 @@ def _write(event: str, text: str) -> None:
 
 def record(folder: str, rank: int, event: str, text: str) -> None:
     """Write ``rank<rank>.<event>`` in ``folder``; also used by the rank guard (rank_guard.py)."""
+    # 0600 and never through a link planted at the name (the folder is ddlrun's own 0700 one; this is
+    # the second line of defence). Not ddl_triton._private_files: the rank guard loads this file alone.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        with open(os.path.join(folder, f"rank{rank}.{event}"), "w") as f:
+        fd = os.open(os.path.join(folder, f"rank{rank}.{event}"), flags, 0o600)
+        with os.fdopen(fd, "w") as f:
             f.write(text)
     except OSError:
         pass  # status is advisory: never fail a job over it
