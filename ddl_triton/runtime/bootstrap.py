@@ -48,12 +48,14 @@ import os
 import socket
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..errors import DDLError
 from .bootstrap_values import (BootstrapError, BootstrapTimeout, checked, decode, encode, mpi_allgather,
                                mpi_barrier, mpi_bcast, mpi_wait, shaped)
+from .roll_call import RollCall
 
 __all__ = ["BootstrapError", "BootstrapTimeout", "MpiBootstrap", "StoreBootstrap", "as_bootstrap", "host_id",
            "launched_by_mpi", "store_from_env"]
@@ -92,19 +94,25 @@ class MpiBootstrap:
     Every step waits at most ``timeout`` seconds (Options.timeout), then raises
     BootstrapTimeout: the collectives are MPI's nonblocking ones, and the two that have no
     nonblocking form (``Split_type``, ``Split``) start only once a nonblocking barrier shows
-    that every rank has reached them."""
+    that every rank has reached them. Past the deadline, a roll call (roll_call.py, over a
+    second duplicate of its own) finds the ranks that did not arrive, for the error to name."""
 
     kind = "mpi"
 
-    def __init__(self, mpi_comm, *, dup: bool = True, timeout: float = _DEFAULT_TIMEOUT):
+    def __init__(self, mpi_comm, *, dup: bool = True, timeout: float = _DEFAULT_TIMEOUT,
+                 roll: RollCall | None = None):
         from mpi4py import MPI
 
         self.timeout = float(timeout)
         self.world_rank: int = MPI.COMM_WORLD.Get_rank()
         self.world_size: int = MPI.COMM_WORLD.Get_size()
+        self._roll, self._roll_comm, self._steps = roll, None, 0
         if dup:
             self.comm, request = mpi_comm.Idup()
-            mpi_wait(request, self.timeout, "duplicating the communicator", mpi_comm.Get_rank(), mpi_comm.Get_size())
+            self._roll_comm, roll_request = mpi_comm.Idup()
+            both = SimpleNamespace(Test=lambda: MPI.Request.Testall([request, roll_request]))
+            mpi_wait(both, self.timeout, "duplicating the communicator", mpi_comm.Get_rank(), mpi_comm.Get_size())
+            self._roll = RollCall(self._roll_comm, list(range(mpi_comm.Get_size())))
         else:
             self.comm = mpi_comm
         self._owned = dup
@@ -112,20 +120,26 @@ class MpiBootstrap:
         self.size: int = self.comm.Get_size()
 
     def allgather(self, obj) -> list:
-        return mpi_allgather(self.comm, obj, self.timeout, "allgather")  # control path: small values, at init
+        # Control path: small values, at init.
+        return mpi_allgather(self.comm, obj, self.timeout, "allgather", self._step("allgather"))
 
     def bcast(self, obj, root: int = 0):
-        return mpi_bcast(self.comm, obj, root, self.timeout, "bcast")
+        return mpi_bcast(self.comm, obj, root, self.timeout, "bcast", self._step("bcast"))
 
     def barrier(self) -> None:
-        mpi_barrier(self.comm, self.timeout, "barrier")
+        mpi_barrier(self.comm, self.timeout, "barrier", self._step("barrier"))
+
+    def _step(self, what: str):
+        """The roll call and this step's name, the same on every rank (steps are collective)."""
+        self._steps += 1
+        return None if self._roll is None else (self._roll, f"{self._steps}-{what}")
 
     def host_of_rank(self) -> list[int]:
         from mpi4py import MPI
 
         if self.size == 1:
             return [0]
-        mpi_barrier(self.comm, self.timeout, "finding each rank's host")
+        mpi_barrier(self.comm, self.timeout, "finding each rank's host", self._step("hosts"))
         host = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
             lowest = np.zeros(1, dtype=np.int64)
@@ -138,8 +152,13 @@ class MpiBootstrap:
             host.Free()
 
     def split(self, color: int) -> "MpiBootstrap":
-        mpi_barrier(self.comm, self.timeout, "split")
-        sub = MpiBootstrap(self.comm.Split(color, self.rank), dup=False, timeout=self.timeout)
+        # Every rank's color first: it shows that every rank reached the split (Split itself has
+        # no deadline), and names the sub-bootstrap's members for its roll call.
+        colors = [checked(c, int, f"rank {r}'s color in split", self.rank)
+                  for r, c in enumerate(self.allgather(int(color)))]
+        members = [r for r, c in enumerate(colors) if c == color]
+        roll = self._roll.for_members(members) if self._roll is not None else None
+        sub = MpiBootstrap(self.comm.Split(color, self.rank), dup=False, timeout=self.timeout, roll=roll)
         sub._owned = True
         return sub
 
@@ -148,6 +167,8 @@ class MpiBootstrap:
 
         if self._owned and not MPI.Is_finalized():
             self.comm.Free()
+            if self._roll_comm is not None:
+                self._roll_comm.Free()
         self._owned = False
 
     def __repr__(self) -> str:

@@ -96,32 +96,45 @@ def _is(value, kind) -> bool:
 
 
 # -- over MPI: lengths, then bytes, each a nonblocking collective with a deadline --------------------
-def mpi_wait(request, timeout: float, what: str, rank: int, size: int) -> None:
+def mpi_wait(request, timeout: float, what: str, rank: int, size: int, roll=None) -> None:
     """Wait for ``request`` (a nonblocking MPI collective over ``size`` ranks) at most
     ``timeout`` seconds; BootstrapTimeout past it, or soon after the launcher reports a lost
-    process (transports/base.py's ``wait_until``). MPI cannot say which rank is missing from
-    a collective, so the error says what can be said: the step, and where to look."""
+    process (transports/base.py's ``wait_until``). ``roll``: (RollCall, the step's name, the
+    same on every rank; roll_call.py), which answers peers meanwhile and, past the deadline,
+    finds the ranks that did not arrive, for the error to name; without it the error names
+    the step only (MPI cannot say who is missing from a collective)."""
     from ..transports.base import PeerTimeout, wait_until
 
+    call, step = roll if roll is not None else (None, "")
+    ready = request.Test if call is None else (lambda: call.answer() or request.Test())
+    if call is not None:
+        call.waiting_in = step
     try:
-        wait_until(request.Test, timeout, -1, what)
+        wait_until(ready, timeout, -1, what)
     except PeerTimeout as e:
         lost = " (the launcher reported that a process of this job died)" if e.dead else ""
+        missing = call.missing(step, rank) if call is not None else None
+        who = (f"rank(s) {', '.join(map(str, missing))} of {size} did not arrive" if missing else
+               f"not every one of the {size} ranks arrived (MPI cannot tell which rank is missing from a collective)")
         raise BootstrapTimeout(
-            f"rank {rank}: ddl_triton init ({what}) did not complete within {timeout:g} s{lost}: not every one of "
-            f"the {size} ranks arrived. MPI cannot tell which rank is missing from a collective: look for the rank "
-            "that reported its own error (it failed init, or never called ddl_triton.init), or one that is still "
-            "busy (DDL_TIMEOUT bounds each step of init)") from None
+            f"rank {rank}: ddl_triton init ({what}) did not complete within {timeout:g} s{lost}: {who}. A rank that "
+            "reported its own error (it failed init), never called ddl_triton.init, or is still busy elsewhere "
+            "(DDL_TIMEOUT bounds each step of init)") from None
+    finally:
+        if call is not None:
+            call.waiting_in = None
 
 
-def mpi_allgather(comm, obj, timeout: float, what: str) -> list:
-    """Every rank's ``obj`` (JSON-able), in rank order, over the mpi4py communicator ``comm``."""
+def mpi_allgather(comm, obj, timeout: float, what: str, roll=None) -> list:
+    """Every rank's ``obj`` (JSON-able), in rank order, over the mpi4py communicator ``comm``
+    (``roll``: see ``mpi_wait``)."""
     from mpi4py import MPI
 
     rank, size = comm.Get_rank(), comm.Get_size()
     data = encode(obj)
     lengths = np.zeros(size, dtype=np.int64)
-    mpi_wait(comm.Iallgather(np.array([len(data)], dtype=np.int64), lengths), timeout, what, rank, size)
+    mpi_wait(comm.Iallgather(np.array([len(data)], dtype=np.int64), lengths), timeout, what, rank, size,
+             _phase(roll, 1))
     for r, n in enumerate(lengths.tolist()):
         if not 0 <= n <= MAX_VALUE_BYTES:
             raise BootstrapError(f"rank {rank}: ddl_triton init ({what}): rank {r} announced a value of {n} bytes")
@@ -129,27 +142,33 @@ def mpi_allgather(comm, obj, timeout: float, what: str) -> list:
     displs = [sum(counts[:r]) for r in range(size)]
     gathered = bytearray(sum(counts))
     mpi_wait(comm.Iallgatherv([data, len(data), MPI.BYTE], [gathered, counts, displs, MPI.BYTE]),
-             timeout, what, rank, size)
+             timeout, what, rank, size, _phase(roll, 2))
     view = memoryview(gathered)
     return [decode(view[displs[r]:displs[r] + counts[r]], f"rank {r}'s value in {what}", rank) for r in range(size)]
 
 
-def mpi_bcast(comm, obj, root: int, timeout: float, what: str):
-    """The ``root``'s ``obj`` (JSON-able) on every rank of ``comm``; other ranks' ``obj`` is ignored."""
+def mpi_bcast(comm, obj, root: int, timeout: float, what: str, roll=None):
+    """The ``root``'s ``obj`` (JSON-able) on every rank of ``comm``; other ranks' ``obj`` is ignored
+    (``roll``: see ``mpi_wait``)."""
     from mpi4py import MPI
 
     rank, size = comm.Get_rank(), comm.Get_size()
     data = encode(obj) if rank == root else b""
     length = np.array([len(data)], dtype=np.int64)
-    mpi_wait(comm.Ibcast(length, root=root), timeout, what, rank, size)
+    mpi_wait(comm.Ibcast(length, root=root), timeout, what, rank, size, _phase(roll, 1))
     n = int(length[0])
     if not 0 <= n <= MAX_VALUE_BYTES:
         raise BootstrapError(f"rank {rank}: ddl_triton init ({what}): rank {root} announced a value of {n} bytes")
     buf = bytearray(data) if rank == root else bytearray(n)
-    mpi_wait(comm.Ibcast([buf, n, MPI.BYTE], root=root), timeout, what, rank, size)
+    mpi_wait(comm.Ibcast([buf, n, MPI.BYTE], root=root), timeout, what, rank, size, _phase(roll, 2))
     return decode(buf, f"rank {root}'s value in {what}", rank)
 
 
-def mpi_barrier(comm, timeout: float, what: str) -> None:
+def mpi_barrier(comm, timeout: float, what: str, roll=None) -> None:
     """Return once every rank of ``comm`` has entered; BootstrapTimeout past ``timeout``."""
-    mpi_wait(comm.Ibarrier(), timeout, what, comm.Get_rank(), comm.Get_size())
+    mpi_wait(comm.Ibarrier(), timeout, what, comm.Get_rank(), comm.Get_size(), roll)
+
+
+def _phase(roll, n: int):
+    """``roll`` for phase ``n`` of a two-phase step (its own name: a rank may be in either)."""
+    return None if roll is None else (roll[0], f"{roll[1]}/{n}")

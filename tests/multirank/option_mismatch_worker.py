@@ -6,7 +6,9 @@ per-rank environment would), calls ``ddl_triton.init()`` and prints one line per
 error; the last lets it end the process, as an application would (the exit code is the test's).
 
 Scenarios: ``chunk_bytes``, ``pipeline_depth``, ``schedule`` (mismatched values), ``absent``
-(the last rank never calls init; the others must give up within DDL_TIMEOUT), and ``slow_exit``
+(the last rank never calls init; the others must give up within DDL_TIMEOUT), ``fails_in_shm``
+(the last rank fails init while opening shared memory, as with /dev/shm full; the others must
+give up within DDL_TIMEOUT, naming it), and ``slow_exit``
 (init passes; the last rank then stays busy past DDL_TIMEOUT before it exits, and the others,
 already at exit, must not wait for it longer than DDL_TIMEOUT).
 """
@@ -47,6 +49,12 @@ def main() -> None:
             time.sleep(float(os.environ["DDL_TIMEOUT"]) + 3)  # alive, but never at init, past the deadline
             _say(scenario, rank, "none", 0.0, "stayed away")
             return
+        if scenario == "fails_in_shm" and rank == size - 1:
+            from ddl_triton.transports.shm import ShmTransport
+
+            def no_space(*_args, **_kwargs):
+                raise OSError(28, "No space left on device (simulated: /dev/shm is full)")
+            ShmTransport.__init__ = no_space
         if scenario in _PER_RANK:
             name, values = _PER_RANK[scenario]
             os.environ[name] = values[rank % len(values)]

@@ -83,6 +83,20 @@ def test_a_rank_that_never_arrives_at_init_cannot_hang_the_others():
     assert not ddl_segments() - before, "shared-memory segments left behind"
 
 
+def test_a_rank_that_fails_init_is_named_by_the_others_at_the_deadline():
+    before = ddl_segments()
+    proc = run_ranks(2, WORKER, "fails_in_shm", env={"DDL_TIMEOUT": "2"}, timeout=60)
+    out = proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    assert rows.get(("fails_in_shm", 1), ("",))[0] == "OSError", out[-4000:]
+    error, seconds, msg = rows[("fails_in_shm", 0)]
+    assert error == "BootstrapTimeout" and msg.startswith("rank 0: ddl_triton init (barrier) did not complete within "
+                                                         "2 s: rank(s) 1 of 2 did not arrive."), msg
+    assert 2 <= seconds < 2 + 3, f"rank 0 gave up after {seconds} s for a 2 s deadline"
+    assert proc.returncode != 0, out[-4000:]
+    assert not ddl_segments() - before, "shared-memory segments left behind"
+
+
 def test_ranks_at_exit_wait_for_a_late_rank_at_most_the_deadline():
     # Rank 1 stays busy 8 s after its last collective; rank 0, at exit, gives up after DDL_TIMEOUT
     # (2 s), reports, and leaves without finalizing (exit 1); the launcher then ends rank 1.
