@@ -2,7 +2,7 @@
 
 Semantics: ``agree_on_options(bootstrap, options)`` is the first exchange of a new
 communicator, before any shared segment, transport or tuning table: one allgather of the
-fields in ``MUST_AGREE`` (a small JSON dict). When a field differs between ranks, every rank
+fields in ``MUST_AGREE``, and whether those in ``SET_OR_NOT`` are set (a small JSON dict). When a field differs between ranks, every rank
 raises ``OptionsDiffer`` (a ValueError), naming each differing field, its value on each
 rank and its environment twin:
 
@@ -22,10 +22,12 @@ hang that does not name its cause:
   hold different bits, where every rank must end with the same bits;
 - ``compression``: the format of compressed buckets between hosts;
 - ``link_emulation``: the emulated link between two ranks is one link, not two.
+Whether ``trace`` is set must agree too (``SET_OR_NOT``), not its folder: a new tracer aligns
+its clock with rank 0's in a collective exchange that every rank must join.
 Fields that are this rank's own may differ: ``timeout`` (how long this rank waits),
-``status_dir``, ``trace``, ``dump_dir``, ``flight_entries``, ``debug`` (what this rank records
-and where), ``tuning_file`` and ``tuning_dir`` (where this rank looks: the tables found are
-compared by digest in table_agreement.py), and ``mpi_cuda_aware`` (how this rank hands CUDA
+``status_dir``, ``trace``'s folder, ``dump_dir``, ``flight_entries``, ``debug`` (what this rank
+records and where), ``tuning_file`` and ``tuning_dir`` (where this rank looks: the tables found
+are compared by digest in table_agreement.py), and ``mpi_cuda_aware`` (how this rank hands CUDA
 buffers to its MPI; the bytes on the wire are the same).
 """
 from __future__ import annotations
@@ -34,7 +36,10 @@ from ..options import Options
 
 MUST_AGREE = ("chunk_bytes", "pipeline_depth", "wire_chunk_bytes", "schedule", "topology", "transport",
               "check_calls", "kernels", "compression", "link_emulation")
-_KINDS = {"chunk_bytes": int, "pipeline_depth": int, "wire_chunk_bytes": int, "check_calls": bool}  # else str
+SET_OR_NOT = ("trace",)  # fields whose being set ("" or not) must agree, their values not
+_COMPARED = MUST_AGREE + SET_OR_NOT
+_KINDS = {"chunk_bytes": int, "pipeline_depth": int, "wire_chunk_bytes": int, "check_calls": bool,
+          **{name: bool for name in SET_OR_NOT}}  # else str
 
 
 class OptionsDiffer(ValueError):
@@ -47,7 +52,8 @@ def agree_on_options(bootstrap, options: Options) -> None:
     first); raise ``OptionsDiffer`` on every rank when a field of ``MUST_AGREE`` differs."""
     if bootstrap.size == 1:
         return
-    mine = {name: getattr(options, name) for name in MUST_AGREE}
+    mine = {name: getattr(options, name) for name in MUST_AGREE} | \
+        {name: getattr(options, name) != "" for name in SET_OR_NOT}
     every = bootstrap.allgather(mine)
     problem = differences(bootstrap.rank, [_checked(v, r, bootstrap.rank) for r, v in enumerate(every)])
     if problem:
@@ -55,16 +61,17 @@ def agree_on_options(bootstrap, options: Options) -> None:
 
 
 def differences(rank: int, every: list[dict]) -> str:
-    """The error text for ``every`` rank's values of ``MUST_AGREE`` as seen by ``rank``, or
-    "" when they agree. Each differing field gets one clause: its values in order of the
-    lowest rank holding each, with the ranks holding it."""
+    """The error text for ``every`` rank's values of ``MUST_AGREE`` (and ``SET_OR_NOT``, as
+    bools) as seen by ``rank``, or "" when they agree. Each differing field gets one clause:
+    its values in order of the lowest rank holding each, with the ranks holding it."""
     clauses = []
-    for name in MUST_AGREE:
+    for name in _COMPARED:
         holders: dict = {}
         for r, values in enumerate(every):
             holders.setdefault(_key(values[name]), (values[name], []))[1].append(r)
         if len(holders) > 1:
-            parts = [f"{_show(value)} on {_ranks(ranks)}" for value, ranks in holders.values()]
+            show = (lambda v: "set" if v else "''") if name in SET_OR_NOT else _show
+            parts = [f"{show(value)} on {_ranks(ranks)}" for value, ranks in holders.values()]
             clauses.append(f"{name} is {', '.join(parts)} (DDL_{name.upper()})")
     if not clauses:
         return ""
@@ -77,11 +84,11 @@ def _checked(values, sender: int, rank: int) -> dict:
     from .bootstrap_values import BootstrapError, checked
 
     where = f"rank {sender}'s options"
-    if not isinstance(values, dict) or set(values) != set(MUST_AGREE):
+    if not isinstance(values, dict) or set(values) != set(_COMPARED):
         got = sorted(values) if isinstance(values, dict) else type(values).__name__
-        raise BootstrapError(f"rank {rank}: ddl_triton init: {where} name the fields {got}, not {list(MUST_AGREE)} "
+        raise BootstrapError(f"rank {rank}: ddl_triton init: {where} name the fields {got}, not {list(_COMPARED)} "
                              "(every rank must run the same ddl_triton version)")
-    for name in MUST_AGREE:
+    for name in _COMPARED:
         checked(values[name], _KINDS.get(name, str), f"{where} ({name})", rank)
     return values
 

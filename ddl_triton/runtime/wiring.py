@@ -57,7 +57,9 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
         between = MpiTransport(control, link_emulation.parse(options.link_emulation))
         if not placement.every_peer_on_shm and between.has_group_allreduce:
             # Every rank or none (the nodes partition the ranks): the communicators of the ranks
-            # with one index inside their nodes, for hierarchical_native's group steps.
+            # with one index inside their nodes, for hierarchical_native's group steps. MPI's Split
+            # has no deadline: it starts once the bootstrap's barrier (which has one) shows every rank here.
+            bootstrap.barrier()
             between.split_for_groups(placement.on_node.index(rank))
     else:
         if options.link_emulation:
@@ -91,6 +93,8 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
         # cores (2 emulated hosts x 2 ranks on 2 cores: 8 B in 137 us against 812 us).
         # Under a store bootstrap the lane gets TCP connections of its own (lane_sockets.py): one
         # exchange through gloo's point-to-point cost 6x the time and 30x the CPU across hosts.
+        if bootstrap.kind == "mpi":
+            bootstrap.barrier()  # the lane duplicates the control communicator: a Dup has no deadline
         wire = control if bootstrap.kind == "mpi" else LaneSockets(bootstrap.store_for("lane"), rank, size,
                                                                    options.timeout)
         lane = CallLane(wire, rank, size, TWO_SIDED_SMALL_BYTES, options.timeout, between.spin, between)

@@ -7,12 +7,14 @@ import threading
 import pytest
 
 from ddl_triton.options import Options
-from ddl_triton.runtime.option_agreement import MUST_AGREE, OptionsDiffer, agree_on_options, differences
+from ddl_triton.runtime.option_agreement import (MUST_AGREE, SET_OR_NOT, OptionsDiffer, agree_on_options,
+                                                 differences)
 
 
 def _values(**changes) -> dict:
+    """What a rank with these options sends (agree_on_options)."""
     opts = Options().replace(**changes)
-    return {name: getattr(opts, name) for name in MUST_AGREE}
+    return {name: getattr(opts, name) for name in MUST_AGREE} | {name: getattr(opts, name) != "" for name in SET_OR_NOT}
 
 
 def test_the_wording_names_the_option_the_values_the_ranks_and_the_variable():
@@ -26,6 +28,10 @@ def test_the_wording_names_the_option_the_values_the_ranks_and_the_variable():
     assert differences(0, [_values(check_calls=False), _values()]) == (
         "rank 0: options differ across ranks: check_calls is 0 on rank 0, 1 on rank 1 (DDL_CHECK_CALLS)")
     assert differences(2, [_values(), _values(), _values()]) == ""
+    # Tracing on some ranks only: the tracer's clock alignment is collective. Its folder may differ.
+    assert differences(0, [_values(), _values(trace="/t1")]) == (
+        "rank 0: options differ across ranks: trace is '' on rank 0, set on rank 1 (DDL_TRACE)")
+    assert differences(0, [_values(trace="/t0"), _values(trace="/t1")]) == ""
 
 
 def test_per_rank_fields_may_differ_and_every_shared_field_is_compared():
