@@ -29,6 +29,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 
 import numpy as np
 import torch
@@ -84,6 +85,19 @@ def _checked_leader(leader, rank: int) -> list:
         raise BootstrapError(f"rank {rank}: shm: the node's first rank named its segments {leader!r:.100}, "
                              "not a pid and 32 hex digits")
     return leader
+
+
+def _check_peer_segment(st: os.stat_result, segment_bytes: int, rank: int, peer: int) -> None:
+    """A peer's segment is mapped only when it is what a peer of this job made: a regular file of this
+    user (/dev/shm is shared by every user of the host, and its name is known to the node's ranks
+    only), of the size every rank of the node agreed on."""
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        raise PermissionError(f"local rank {rank}: shm: local rank {peer}'s segment is not a file of this user "
+                              f"(uid {st.st_uid}, mode {oct(st.st_mode)}): refusing to map it")
+    if st.st_size != segment_bytes:
+        raise ValueError(f"local rank {rank}: shm: local rank {peer}'s segment holds {st.st_size} B, this rank "
+                         f"expects {segment_bytes} B: the ranks of a node must agree on chunk_bytes and "
+                         "pipeline_depth (DDL_CHUNK_BYTES, DDL_PIPELINE_DEPTH)")
 
 
 def sweep_stale_segments() -> list[str]:
@@ -150,7 +164,7 @@ class ShmTransport:
         leader = _checked_leader(node.bcast([os.getpid(), secrets.token_hex(16)] if self.local_rank == 0 else None,
                                             root=0), node.rank)
         path = _segment_path(leader[0], leader[1], self.local_rank)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, self.segment_bytes)
             own = mmap.mmap(fd, self.segment_bytes)
@@ -162,8 +176,9 @@ class ShmTransport:
                 if i == self.local_rank:
                     self._maps.append(own)
                     continue
-                pfd = os.open(_segment_path(leader[0], leader[1], i), os.O_RDWR)
+                pfd = os.open(_segment_path(leader[0], leader[1], i), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
+                    _check_peer_segment(os.fstat(pfd), self.segment_bytes, node.rank, i)
                     self._maps.append(mmap.mmap(pfd, self.segment_bytes))
                 finally:
                     os.close(pfd)

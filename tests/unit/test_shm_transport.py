@@ -84,3 +84,18 @@ def test_start_up_sweeps_segments_of_dead_jobs_only(self_comm):
         for path in (stale, live):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_peer_segment_is_mapped_only_when_it_is_this_users_file_of_the_agreed_size(tmp_path):
+    """/dev/shm is every user's: what sits at a peer's segment name is checked before it is mapped."""
+    path = tmp_path / "segment"
+    path.write_bytes(b"\0" * 8192)
+    shm_module._check_peer_segment(os.stat(path), 8192, 0, 1)  # ours, the agreed size: mapped
+    with pytest.raises(ValueError, match=r"local rank 1's segment holds 8192 B, this rank expects 4096 B"):
+        shm_module._check_peer_segment(os.stat(path), 4096, 0, 1)
+    os.chown(path, 65534, 65534)  # another user's (the suite runs as root, as CI does)
+    with pytest.raises(PermissionError, match="local rank 1's segment is not a file of this user"):
+        shm_module._check_peer_segment(os.stat(path), 8192, 0, 1)
+    with pytest.raises(PermissionError, match="not a file of this user"):
+        shm_module._check_peer_segment(os.stat(tmp_path), 8192, 0, 1)  # a folder
+
