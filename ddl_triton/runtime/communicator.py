@@ -61,6 +61,10 @@ class Communicator:
         communicator, which is duplicated (our messages never meet the application's)."""
         self.options = options
         self.requested_options = options
+        # MPI is initialized (issue.py imports it, under torchrun too: a singleton), so MPICH's
+        # segment has every rank of the host on it: unlink it before any way of ending can skip
+        # that, a failed init (options that differ, a rank that never arrives) included.
+        release_init_segment()
         is_bootstrap = isinstance(bootstrap, (MpiBootstrap, StoreBootstrap))
         self._bootstrap = bootstrap if is_bootstrap else MpiBootstrap(bootstrap, timeout=options.timeout)
         try:
@@ -74,9 +78,6 @@ class Communicator:
             if not is_bootstrap:
                 self._bootstrap.close()  # the duplicate made here; a caller's bootstrap stays the caller's
             raise
-        # MPI is initialized (issue.py imports it, under torchrun too: a singleton), so MPICH's
-        # segment has every rank of the host on it: unlink it before any way of ending can skip that.
-        release_init_segment()
         self.rank: int = self._bootstrap.rank
         self.size: int = self._bootstrap.size
         self._seq = 0
