@@ -45,6 +45,17 @@ def count_for(collective: str, in_numel: int, nranks: int) -> int:
     return in_numel // nranks if collective in ("reduce_scatter", "all_to_all") else in_numel
 
 
+def bus_factor(collective: str, nranks: int) -> float:
+    """NCCL's bus-bandwidth factor: the bytes each rank's link carries per input byte by the best
+    schedule of ``collective`` among ``nranks`` (allreduce 2(n-1)/n; reduce_scatter and all_gather
+    (n-1)/n; else 1), so that bus bandwidth = algorithm bandwidth * factor compares across sizes."""
+    if collective == "allreduce":
+        return 2 * (nranks - 1) / nranks
+    if collective in ("reduce_scatter", "all_gather"):
+        return (nranks - 1) / nranks
+    return 1.0
+
+
 def names() -> tuple[str, ...]:
     """Every registered schedule name."""
     return tuple(_REGISTRY)

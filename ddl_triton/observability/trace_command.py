@@ -28,7 +28,7 @@ import statistics
 import sys
 
 from .._private_files import save_figure, write_private_file
-from ..tuning.plot import bus_factor
+from ..schedules import bus_factor
 
 
 def load_traces(folder: str) -> dict[int, dict]:

@@ -10,15 +10,8 @@ are marked with vertical lines and listed in the title. Needs matplotlib (``.[pl
 from __future__ import annotations
 
 from .._private_files import save_figure
+from ..schedules import bus_factor
 from .table import TuningTable
-
-
-def bus_factor(collective: str, nranks: int) -> float:
-    if collective == "allreduce":
-        return 2 * (nranks - 1) / nranks
-    if collective in ("reduce_scatter", "all_gather"):
-        return (nranks - 1) / nranks
-    return 1.0
 
 
 def crossovers(rows: list[dict]) -> list[tuple[int, str, str]]:
