@@ -27,7 +27,7 @@ _HOMES = {
     "Options": "ddl_triton.options",
     "Communicator": "ddl_triton.runtime.communicator",
     "Plan": "ddl_triton.planning.planner",
-    "Work": "ddl_triton.runtime.work",
+    "Work": "ddl_triton.runtime.calls.work",
     "init": "ddl_triton.runtime.world",
     "finalize": "ddl_triton.runtime.world",
 }

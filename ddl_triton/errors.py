@@ -1,5 +1,32 @@
-"""Errors ddl_triton raises beyond ValueError/TypeError for bad input."""
+"""Failures: the errors ddl_triton raises beyond ValueError/TypeError for bad input, how a dead
+peer is told from a slow one, and the one wording of every timeout, lost peer and mismatch.
+
+Semantics: a collective that passes its deadline or loses a peer raises ``CollectiveTimeout``;
+ranks that call different collectives raise ``CollectiveMismatch``. Every ``CollectiveTimeout``
+text here reads the same way, whichever layer noticed the failure (the executor's step, the call
+check, the barrier, the call lane's connections, the torch backend's point-to-point)::
+
+    rank 0: allreduce #4 (schedule ring, step 'r1') timed out after 300 s: not heard from rank 2 on h2 (...)
+    rank 0: allreduce #4 (schedule ring, step 'r1') failed within its 300 s deadline: rank 2 on h2 died (...)
+    rank 0: rank 1 on h1 did not connect to the call lane within 300 s
+
+that is: this rank, the call (and where in it), the deadline, the peer *and its host* (also on
+one host: a log line read alone, or gathered from many hosts, says where), and what was awaited.
+``name_peer`` is how a peer is named; ``process_alive`` is the one liveness check (shm's waits
+and the naming of a wait on every rank at once both use it).
+
+Why this module: it is the lowest of the package (the standard library only: no torch, no MPI,
+no other ddl_triton module), so the transports, the runtime's rooms and the torch backend all
+reach it without an import pointing up, and launch and observability could too at no cost. The
+classes and their wording sit together, so a reader of a ``CollectiveTimeout`` finds here how
+it was written. Wording happens only on failure: the callers keep a peer's rank and a short
+"what" on their hot paths, and call a builder here once a wait has failed.
+"""
 from __future__ import annotations
+
+import os
+import socket
+import time
 
 
 class DDLError(RuntimeError):
@@ -21,3 +48,124 @@ class CommunicatorPoisoned(DDLError):
 class CollectiveMismatch(DDLError):
     """Ranks called different collectives (or the same one with different arguments) as the
     same call in sequence. Raised on every rank, with what each rank called."""
+
+
+# -- liveness ------------------------------------------------------------------------------
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs. A zombie (killed, its parent not yet
+    told, as torchrun's agent is not at once) or a dying process ("X") has ended. Where /proc
+    cannot say (not Linux, or a hidden /proc), ``os.kill(pid, 0)`` decides; a process of another
+    user that exists counts as alive."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+# -- naming a peer -------------------------------------------------------------------------
+
+_RECHECKS, _RECHECK_SECONDS = 6, 0.05  # a failure path only: 0.3 s at most
+_UNKNOWN = "(the wait was on all ranks at once: which one is unknown)"
+
+
+def this_host() -> str:
+    """This host's name, as errors give it."""
+    return socket.gethostname()
+
+
+def name_peer(placement, peer: int) -> str:
+    """``peer`` as every error names it: "rank 2 on h2" (one host: "rank 2 on" this host's name).
+
+    ``placement``: the communicator's ``Placement`` (its ``rank``, ``size``, ``host_of_rank``, and,
+    across hosts, ``host_names`` and ``pids``). ``peer`` < 0 is a wait on every rank at once (an
+    MPI or gloo collective, a barrier), which cannot say whose message is missing; what can be
+    said is narrowed from this host: a rank of this host whose process has exited, else (every
+    rank here alive) one of the ranks on the other hosts."""
+    spans = len(set(placement.host_of_rank)) > 1
+    if peer >= 0:
+        return f"rank {peer} on {placement.host_names[peer] if spans else this_host()}"
+    if not spans:
+        return f"a rank on {this_host()} {_UNKNOWN}"
+    rank, hosts = placement.rank, placement.host_of_rank
+    here = [r for r in range(placement.size) if hosts[r] == hosts[rank] and r != rank]
+    exited = [r for r in here if not process_alive(placement.pids[r])]
+    for _ in range(_RECHECKS if here else 0):  # a peer that just died may still be closing its sockets
+        if exited:
+            break
+        time.sleep(_RECHECK_SECONDS)
+        exited = [r for r in here if not process_alive(placement.pids[r])]
+    names = placement.host_names
+    if exited:
+        return (f"rank(s) {', '.join(map(str, exited))} on {names[rank]} (this host), whose "
+                "process has exited (the wait was on all ranks at once)")
+    elsewhere: dict[str, list[int]] = {}
+    for r in range(placement.size):
+        if hosts[r] != hosts[rank]:
+            elsewhere.setdefault(names[r], []).append(r)
+    return ("a rank on another host, one of " + "; ".join(f"rank(s) {', '.join(map(str, rs))} on {h}"
+                                                           for h, rs in elsewhere.items())
+            + f" (the wait was on all ranks at once, and every rank on {names[rank]} is alive)")
+
+
+def _named(peer: int, name) -> str:
+    """``name(peer)`` (a Placement's ``describe``), or the rank alone where no placement is known."""
+    if name is not None:
+        return name(peer)
+    return f"rank {peer} (host unknown)" if peer >= 0 else f"a rank {_UNKNOWN}"
+
+
+# -- the builders --------------------------------------------------------------------------
+
+def call_name(collective: str, seq: int, schedule: str | None = None, step: str | None = None) -> str:
+    """A call as errors name it: "allreduce #4", with where in it when known:
+    "allreduce #4 (schedule ring, step 'r1')"."""
+    where = f" (schedule {schedule}, step {step!r})" if schedule is not None else ""
+    return f"{collective} #{seq}{where}"
+
+
+def peer_failed(rank: int, call: str, peer: int, what: str, timeout: float, name=None,
+                dead: bool = False) -> CollectiveTimeout:
+    """The error of ``call`` (``call_name``) whose wait for ``peer`` on ``what`` failed: the peer's
+    process is gone (``dead``), or nothing came from it within ``timeout`` seconds. ``name``:
+    peer -> its name with its host (``Placement.describe``)."""
+    who = _named(peer, name)
+    if dead:
+        return CollectiveTimeout(f"rank {rank}: {call} failed within its {timeout:g} s deadline: "
+                                 f"{who} died ({what})")
+    return CollectiveTimeout(f"rank {rank}: {call} timed out after {timeout:g} s: not heard from {who} ({what})")
+
+
+def wait_failed(rank: int, call: str, e, timeout: float, name=None) -> CollectiveTimeout:
+    """``peer_failed`` for a transport's ``PeerTimeout`` ``e`` (its peer, what it waited on, and
+    whether the peer is known dead)."""
+    return peer_failed(rank, call, e.peer, e.what, timeout, name, e.dead)
+
+
+def did_not_arrive(rank: int, peer: int, what: str, timeout: float, name=None,
+                   detail: str = "") -> CollectiveTimeout:
+    """A peer that did not take its part in setting something up (``what``: "connect to the call
+    lane") within ``timeout`` seconds; ``detail``: what else is known (a refused connection)."""
+    return CollectiveTimeout(f"rank {rank}: {_named(peer, name)} did not {what} within {timeout:g} s{detail}")
+
+
+def calls_disagree(rank: int, seq: int, calls: dict[int, str], size: int) -> CollectiveMismatch:
+    """Ranks that made different calls as collective ``seq``: ``calls`` maps each rank to what it
+    called, as far as known (a rank missing from it has not reached this call yet)."""
+    listing = "; ".join(f"rank {r}: {calls.get(r, '(has not reached this call yet)')}" for r in range(size))
+    return CollectiveMismatch(f"rank {rank}: ranks disagree on collective #{seq}: {listing}")
+
+
+def queue_stuck(owner: str, running: str, queued: int, timeout: float) -> CollectiveTimeout:
+    """A queue of issued calls where none finished for ``timeout`` seconds (a call's own waits are
+    bounded by the same deadline, so such a queue is stuck, not slow)."""
+    return CollectiveTimeout(f"{owner}: {running} still running, {queued} more queued, and no call finished "
+                             f"for {timeout:g} s (the communicator's timeout) while waiting for them to finish")

@@ -50,7 +50,7 @@ class Options:
                                           a slower link (transports/link_emulation.py); "" (default): off
     compression (DDL_COMPRESSION)         lossy, so opt-in: the "ddl" process group's float allreduces of at least
                                           64 KiB (DDP's buckets) go fp32 over shm inside a host and compressed
-                                          between hosts (ddl_triton/runtime/per_level.py): "int8", "onebit", or
+                                          between hosts (ddl_triton/runtime/compression/per_level.py): "int8", "onebit", or
                                           "auto" (per size, where it pays: ddl_triton/tuning/compression.py);
                                           "none" (default): full precision everywhere
     """

@@ -269,7 +269,7 @@ def _usable_cpus() -> int:
 class Transport(Protocol):
     name: str
     spin: float  # seconds a wait spins before yielding (see wait_until)
-    # What the executor does for this transport (ddl_triton/runtime/executor.py), by capability:
+    # What the executor does for this transport (ddl_triton/runtime/calls/executor.py), by capability:
     completes_sends: bool  # its sends finish after publish: flush at the end of every collective
     posts_receives_early: bool  # a receive posted ahead lets data land sooner: prefetch a window ahead
     # It runs group steps (schedules/native.py) with an allreduce engine of its own: then

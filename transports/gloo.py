@@ -1,7 +1,7 @@
 """gloo transport: two-sided messages between hosts through torch's ProcessGroupGloo.
 
 The inter-node transport of ranks that MPI did not launch (torchrun, torch.multiprocessing
-spawn, SLURM with ``env://``: see ddl_triton/runtime/bootstrap.py). Its semantics are MpiTransport's
+spawn, SLURM with ``env://``: see ddl_triton/runtime/setup/bootstrap.py). Its semantics are MpiTransport's
 (transports/mpi.py): a message is staged in a pooled byte buffer, so the executor reduces
 straight into it and keeps overwriting its own data while the send is in flight; the
 receiver gets the whole message in a pooled buffer; every wait is polled against the
@@ -33,7 +33,7 @@ Failures: a peer process that dies closes its sockets, gloo fails the pending op
 ``GlooTransport`` also serves the communicator's control calls when there is no MPI
 communicator (``Ibarrier``, ``Send``, ``Recv``, ``Barrier`` with mpi4py's
 names and buffer arguments, numpy arrays): the barrier and the tracer's clock alignment. The
-call lane has TCP connections of its own (ddl_triton/runtime/lane_sockets.py).
+call lane has TCP connections of its own (ddl_triton/runtime/lanes/lane_sockets.py).
 """
 from __future__ import annotations
 
@@ -310,7 +310,7 @@ class GlooTransport(StagedSends):
             raise _failed(peer, what, pending.error)
 
     def Dup(self):  # noqa: N802
-        # The GPU path builds its transports on an MPI communicator of its own (ddl_triton/runtime/gpu_path.py).
+        # The GPU path builds its transports on an MPI communicator of its own (ddl_triton/runtime/calls/gpu_path.py).
         raise ValueError(f"rank {self.rank}: CUDA tensors need ranks launched by MPI for now: the GPU path "
                          "(NVSHMEM within a host, host-staged MPI between hosts) is built on MPI, and these "
                          "ranks bootstrapped from a torch store. Launch with mpiexec/ddlrun, or move the "

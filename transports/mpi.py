@@ -89,7 +89,7 @@ class MpiTransport(StagedSends):
 
     def push_sends(self) -> None:
         """Test the oldest send still in flight: what a wait on another transport calls to keep
-        this transport's sends moving (ShmTransport.keep_moving, set by ddl_triton/runtime/wiring.py).
+        this transport's sends moving (ShmTransport.keep_moving, set by ddl_triton/runtime/setup/wiring.py).
 
         MPI moves a large message only inside MPI calls on both sides (a rendezvous: the
         sender must answer the receiver's request). A rank that sent a chunk over MPI and then

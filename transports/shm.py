@@ -5,7 +5,7 @@ Every rank maps every node peer's segment. A segment is laid out as
     [0, 64)            published: id of the newest message this rank has written (int64)
     [64, 64 + 8*L)     consumed[q]: id of the newest message of local peer q this rank has read
     [HEADER, ...)      ``depth`` slots of ``slot_bytes``: message m lives in slot m % depth
-    [..., + lane_bytes) the small-message lane's two buffers (ddl_triton/runtime/small_allreduce.py),
+    [..., + lane_bytes) the small-message lane's two buffers (ddl_triton/runtime/lanes/small_allreduce.py),
                        whose flag word and buffer headers are words 3, 4 and 5 of the header
 
 Flags are sequence numbers that only grow, each written by one rank only, so
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import futex
-from ..runtime.bootstrap import as_bootstrap as _as_bootstrap
+from ..runtime.setup.bootstrap import as_bootstrap as _as_bootstrap
 from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until, with_calls_first
 
 _SHM_DIR = "/dev/shm"
@@ -78,7 +78,7 @@ def _segment_path(creator_pid: int, token: str, local_rank: int) -> str:
 def _checked_leader(leader, rank: int) -> list:
     """The [pid, token] the node's first rank sent, checked before it goes into a path: a
     positive pid and 32 hex digits, nothing that could name another file."""
-    from ..runtime.bootstrap_values import BootstrapError, shaped
+    from ..runtime.setup.bootstrap_values import BootstrapError, shaped
 
     pid, token = shaped(leader, (int, str), "the shm segments' name from the node's first rank", rank)
     if pid < 1 or not re.fullmatch(r"[0-9a-f]{32}", token):
@@ -141,7 +141,7 @@ class ShmTransport:
     LANE_HEAD_WORDS = _LANE_HEAD_WORDS
 
     def __init__(self, node_comm, world_of_local: list[int], *, slot_bytes: int, depth: int, lane_bytes: int = 0):
-        node = _as_bootstrap(node_comm)  # an MPI node communicator or a ddl_triton bootstrap (ddl_triton/runtime/bootstrap.py)
+        node = _as_bootstrap(node_comm)  # an MPI node communicator or a ddl_triton bootstrap (ddl_triton/runtime/setup/bootstrap.py)
         self.local_rank = node.rank
         self.local_size = node.size
         self.slot_bytes = slot_bytes
@@ -199,9 +199,9 @@ class ShmTransport:
         node.barrier()  # flags initialised before anyone reads them
         # slot -> (message id, local addressees) of the message that used it last
         self._slot_user: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * depth
-        self.wait_hook = None  # called during long waits; may raise (see ddl_triton/runtime/fingerprints.py)
+        self.wait_hook = None  # called during long waits; may raise (see ddl_triton/runtime/lanes/call_check.py)
         # Called at every check of a wait for a peer's message or slot: the same communicator's MPI
-        # sends, which must progress meanwhile (MpiTransport.push_sends; set by runtime/wiring.py).
+        # sends, which must progress meanwhile (MpiTransport.push_sends; set by runtime/setup/wiring.py).
         self.keep_moving = None
         self._pending: tuple[int, int, tuple[int, ...]] | None = None
         self._readers: dict[tuple[int, ...], tuple[int, ...]] = {}  # peers -> their local ranks

@@ -26,7 +26,7 @@ there (a test's spy, set with monkeypatch).
 Under ``TRITON_INTERPRET=1`` launches through ``_KERNELS[...]`` run one at a time, process-wide:
 the interpreter patches ``triton.language`` while a kernel runs, so two threads interpreting at
 once (a communicator's background thread dequantizing one bucket's gathered int8 while the
-training thread quantizes the next: ddl_triton/runtime/gathered.py) fail with "Did you forget to
+training thread quantizes the next: ddl_triton/runtime/compression/gathered.py) fail with "Did you forget to
 add @triton.jit ?". Compiled kernels launch as they are.
 """
 from __future__ import annotations

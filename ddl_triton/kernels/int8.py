@@ -343,6 +343,12 @@ def reduce_int8(qs: Sequence[torch.Tensor], scales_list: Sequence[torch.Tensor],
 # validation
 # --------------------------------------------------------------------------------------------
 
+def roundtrip_int8(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One compress + decompress of ``x`` into ``out`` at block 256, the cost the tuner's probe times
+    (the int8 row of ddl_triton/compression_methods.py names it)."""
+    q, s = quantize_int8(x, block=256)
+    return dequantize_int8(q, s, out=out, block=256)
+
 def _check_block(name: str, block: int) -> None:
     if not isinstance(block, int) or block < 1 or block > _MAX_QBLOCK or block & (block - 1):
         # tl.arange needs a power of two, and one block is one row of a program's tile.

@@ -258,3 +258,10 @@ def sign_decompress(bits: torch.Tensor, scale: torch.Tensor | float, n: int, *,
         _KERNELS["_sign_unpack_kernel"][(cdiv(n_bytes, bytes_per_program),)](
             bits, scale, out, n, n_bytes, BYTES=bytes_per_program)
     return out
+
+
+def roundtrip_onebit(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """One compress + decompress of ``x`` into ``out`` (a zero residual, updated in scratch), the cost
+    the tuner's probe times (the onebit row of ddl_triton/compression_methods.py names it)."""
+    bits, scale = sign_compress(x, torch.zeros_like(x, dtype=torch.float32))
+    return sign_decompress(bits, scale, x.numel(), out=out)

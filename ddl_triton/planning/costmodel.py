@@ -33,7 +33,7 @@ from ..schedules import Schedule
 from ..schedules.simulate import walk
 
 # Where a call's fixed cost outside the schedule is accounted: one per collective, and the
-# small-message allreduce path (ddl_triton/runtime/small_allreduce.py), which skips the executor.
+# small-message allreduce path (ddl_triton/runtime/lanes/small_allreduce.py), which skips the executor.
 CALL_KINDS = ("allreduce", "allreduce_small", "reduce_scatter", "all_gather", "broadcast", "all_to_all")
 # The model's parameters, in the order of ``terms`` vectors and of ``CostModel.vector``.
 PARAMETERS = (tuple(f"call_{k}" for k in CALL_KINDS) + tuple(f"stage_{k}" for k in CALL_KINDS)
@@ -94,7 +94,7 @@ class CostModel:
             moved = 0
             for rv in s.recv:
                 link = link_of(r, rv.peer)
-                got = _received_bytes(link, nbytes, rv, elem)
+                got = received_bytes(link, nbytes, rv, elem)
                 cost += got * links[link].beta
                 moved += got
             if s.reduce:
@@ -138,7 +138,7 @@ class CostModel:
                 c[_INDEX["step_overhead"]] += 1
             for rv in s.recv:
                 link = link_of(r, rv.peer)
-                got = _received_bytes(link, nbytes, rv, elem)
+                got = received_bytes(link, nbytes, rv, elem)
                 c[_INDEX[link + "_beta"]] += got
                 c[_INDEX["mem_beta"]] += got * miss
             if s.reduce:
@@ -209,7 +209,7 @@ class CostModel:
 DEFAULT = CostModel()
 
 
-def _received_bytes(link: str, step_bytes: int, recv, elem: int) -> int:
+def received_bytes(link: str, step_bytes: int, recv, elem: int) -> int:
     """Bytes a receive moves: a one-sided link (shm) reads just the step's slice in place; a
     two-sided one (MPI) receives the whole message (``Recv.size`` elements) to read any of it."""
     return max(step_bytes, recv.size * elem) if link == "mpi" else step_bytes

@@ -1,13 +1,16 @@
 """Runtime: running collectives, from ``ddl_triton.init`` to the bytes on the transports.
 
-Here live the world's life cycle and exit guard (``world``), the bootstraps that let ranks find
-each other (``bootstrap``), the ``Communicator`` that wires, validates and runs (``communicator``)
-with its parts: who is where (``placement``), the transports per peer (``wiring``), the tuning
-table every rank agrees on (``table_agreement``), argument checks (``validation``), per-shape plans
-(``plan_cache``), the issue order, flight records, trace spans and failures (``issue``, over
-``work``'s ordered queue and Work handles), call fingerprints (``fingerprints``), the executor, the
-small-message path (``small_allreduce``), the GPU path (``gpu_path``) and the compressed allreduces
-(``compressed``). Runtime uses planning, observability, transports, schedules and kernels (and
-``tuning.table`` to load the table); it is the only room besides ``ddl_triton.torch`` that imports
-torch and mpi4py at module level (``import ddl_triton`` loads none of it).
+Its top holds the world's life cycle and exit guard (``world``) and the ``Communicator``
+(``communicator``), which composes four rooms, each with its own docstring, highest first:
+
+- ``compression/``: compressed collectives between hosts (int8, 1-bit, per-level);
+- ``calls/``: the call path (argument checks, issue order and Work handles, plans, the
+  executor, the GPU path);
+- ``setup/``: making a communicator (bootstraps, option and table agreement, placement, wiring);
+- ``lanes/``: the small-message lanes and the call check that rides them.
+
+A room imports only the rooms below it and the rooms below runtime (planning, observability,
+transports, schedules, kernels, tuning's table); tests/unit/test_house.py checks the order.
+Runtime is the only room besides ``ddl_triton.torch`` that imports torch and mpi4py at module
+level (``import ddl_triton`` loads none of it).
 """

@@ -21,26 +21,27 @@ import contextlib
 
 import torch
 
-from . import fingerprints as calls, gpu_path
+from .lanes import call_check as calls
+from .calls import gpu_path
 from .. import kernels, schedules
 from ..errors import CollectiveTimeout
 from ..ops import check_op_dtype, normalize_op
 from ..options import Options
 from ..planning.planner import Plan, Planner
 from ..transports.base import PeerTimeout, wait_until
-from .bootstrap import MpiBootstrap, StoreBootstrap
-from .executor import Executor, step_error
-from .issue import IssuePath
-from .mpich_segment import release_init_segment
-from .observing import start_observing
-from .option_agreement import agree_on_options
-from .placement import place
-from .plan_cache import PlanCache
-from .small_allreduce import SmallAllreduce
-from .small_allreduce_two_sided import SmallAllreduceTwoSided, lane_dtype
-from .table_agreement import agree_on_planner
-from .validation import check_output_input, check_root, check_tensor
-from .wiring import connect
+from .setup.bootstrap import MpiBootstrap, StoreBootstrap
+from .calls.executor import Executor, step_error
+from .calls.issue import IssuePath
+from .setup.mpich_segment import release_init_segment
+from .calls.observing import start_observing
+from .setup.option_agreement import agree_on_options
+from .setup.placement import place
+from .calls.plan_cache import PlanCache
+from .lanes.small_allreduce import SmallAllreduce
+from .lanes.small_allreduce_two_sided import SmallAllreduceTwoSided, lane_dtype
+from .setup.table_agreement import agree_on_planner
+from .calls.arguments import check_output_input, check_root, check_tensor
+from .setup.wiring import connect
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
 _SMALL_PATH = "one_shot (small-message path)"
@@ -57,7 +58,7 @@ class Communicator:
     _count = 0  # communicators created in this process
 
     def __init__(self, bootstrap, options: Options):
-        """``bootstrap``: how the ranks find each other (ddl_triton/runtime/bootstrap.py), or an mpi4py
+        """``bootstrap``: how the ranks find each other (ddl_triton/runtime/setup/bootstrap.py), or an mpi4py
         communicator, which is duplicated (our messages never meet the application's)."""
         self.options = options
         self.requested_options = options

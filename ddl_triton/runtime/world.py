@@ -34,7 +34,7 @@ def _install_exit_guard() -> None:
     import atexit
 
     def guard() -> None:
-        from .issue import peers_lost
+        from .calls.issue import peers_lost
         lost = peers_lost() or _init_timed_out or not _exit_rendezvous()
         # Decided: from here on the launcher's notice can change nothing, and the
         # interpreter's teardown would put SIGUSR1 back to its default action (death)
@@ -94,7 +94,7 @@ def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int
          size: int | None = None, **overrides) -> Communicator:
     """Create a communicator: the world's (by default), or one over ``mpi_comm``.
 
-    How the ranks find each other (ddl_triton/runtime/bootstrap.py), in this order:
+    How the ranks find each other (ddl_triton/runtime/setup/bootstrap.py), in this order:
 
     1. ``mpi_comm``: that MPI communicator (a sub-group: ``ddl_triton.init(sub_comm)``).
     2. ``store``, ``rank``, ``size``: a ``torch.distributed.Store`` (TCPStore, FileStore, ...)
@@ -160,7 +160,7 @@ def _guarded(make):
     the application's."""
     global _init_timed_out
     from mpi4py import MPI
-    from .bootstrap import BootstrapTimeout
+    from .setup.bootstrap import BootstrapTimeout
     try:
         return make()
     except BootstrapTimeout:
@@ -174,7 +174,7 @@ _store_worlds = 0  # world communicators made over stores in this process: each 
 def _world_bootstrap(opts: Options, store, rank, size):
     """The world's bootstrap, chosen as ``init`` documents (steps 2-4)."""
     global _store_worlds
-    from .bootstrap import MpiBootstrap, StoreBootstrap, launched_by_mpi, store_from_env
+    from .setup.bootstrap import MpiBootstrap, StoreBootstrap, launched_by_mpi, store_from_env
 
     if store is None:
         if launched_by_mpi():

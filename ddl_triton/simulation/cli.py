@@ -28,7 +28,7 @@ import sys
 
 from . import iteration as scale
 from .._private_files import save_figure
-from ..runtime import small_allreduce
+from ..runtime.lanes import small_allreduce
 from .cluster import load, local_model
 from ..planning.costmodel import Link
 
@@ -161,7 +161,7 @@ def local_allreduce(ranks: int, topology: str, nbytes: int, schedule: str, *, li
     elem = 4
     count, chunk = nbytes // elem, chunk_bytes // elem
     grid, algos = planner.grid_params(schedule, count, chunk, elem)
-    # the small-message lane (every peer on shm, one_shot, up to its limit: ddl_triton/runtime/small_allreduce.py)
+    # the small-message lane (every peer on shm, one_shot, up to its limit: ddl_triton/runtime/lanes/small_allreduce.py)
     small = schedule == "one_shot" and x == ranks and 0 < nbytes <= small_allreduce.LIMIT_BYTES
     return planner.model_time(schedule, "allreduce", count, chunk, elem, grid, algos, small=small), source
 

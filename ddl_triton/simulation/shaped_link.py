@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..planning.costmodel import CostModel, _received_bytes, tensor_bytes
+from ..planning.costmodel import CostModel, received_bytes, tensor_bytes
 from ..schedules import Schedule
 from ..schedules.simulate import walk
 
@@ -130,7 +130,7 @@ def schedule_seconds(model: CostModel, schedule: Schedule, link_of: Callable[[in
             reading, work, moved, wire = 0.0 if s.native else model.step_overhead, 0.0, 0, 0.0
             for rv in s.recv:
                 kind = link_of(r, rv.peer)
-                got = _received_bytes(kind, nbytes, rv, elem)
+                got = received_bytes(kind, nbytes, rv, elem)
                 reading += got * links[kind].beta
                 moved += got
                 if (rv.peer, rv.msg, r) in through:

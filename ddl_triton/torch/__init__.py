@@ -40,7 +40,7 @@ def init_process_group(**kwargs) -> None:
 
     import torch.distributed as dist
 
-    from ..runtime.bootstrap import launched_by_mpi
+    from ..runtime.setup.bootstrap import launched_by_mpi
 
     kwargs.setdefault("backend", BACKEND_NAME)
     if ("init_method" not in kwargs and "store" not in kwargs and not os.environ.get("MASTER_ADDR")

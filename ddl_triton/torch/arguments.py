@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch.distributed import ReduceOp
 
-from ..runtime import gpu_path
+from ..runtime.calls import gpu_path
 
 _RED = ReduceOp.RedOpType
 

@@ -5,7 +5,7 @@
 
 torch calls ``create_process_group`` with the group's store, this process's rank in the
 group and the group's size. The group's ranks find each other one of two ways
-(ddl_triton/runtime/bootstrap.py):
+(ddl_triton/runtime/setup/bootstrap.py):
 
 - launched by MPI (``mpiexec``/``ddlrun``/``srun`` with PMI): over MPI, as MPI ranks. The
   default group is the world communicator (``ddl_triton.init()``); torch's rank and size
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..planning import topology
-from ..runtime.bootstrap import StoreBootstrap, host_id, launched_by_mpi
+from ..runtime.setup.bootstrap import StoreBootstrap, host_id, launched_by_mpi
 from . import rendezvous
 from .point_to_point import GlooPointToPoint, MpiPointToPoint
 from .process_group import BACKEND_NAME, DdlProcessGroup

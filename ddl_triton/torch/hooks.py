@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 import ddl_triton
 
-from ..runtime import compressed, per_level
+from ..runtime.compression import compressed, per_level
 from .level_compression import LevelCompression
 
 __all__ = ["HookState", "allreduce_hook", "auto_compress_hook", "bf16_compress_hook", "fp16_compress_hook",
@@ -229,7 +229,7 @@ def onebit_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.fut
 def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average the bucket in full precision inside each host and compressed between hosts.
 
-    ``ddl_triton.runtime.per_level.allreduce``: an fp32 reduce_scatter over shm inside the host,
+    ``ddl_triton.runtime.compression.per_level.allreduce``: an fp32 reduce_scatter over shm inside the host,
     an int8 (or 1-bit) allreduce of this rank's shard with the same-index ranks of the other
     hosts, an fp32 all_gather over shm. The inter-host method is ``state.compression``: "auto"
     decides per bucket, by its size and its place in backward (``state.explain(nbytes)`` says

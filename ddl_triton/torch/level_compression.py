@@ -12,7 +12,7 @@ persist across steps). For a call of ``nbytes`` it decides the inter-host method
               ``compression`` section if the communicator's table has one, else the cost model
               on the link probed at first use
 
-and runs ``ddl_triton.runtime.per_level.allreduce``, or the communicator's own fp32 allreduce
+and runs ``ddl_triton.runtime.compression.per_level.allreduce``, or the communicator's own fp32 allreduce
 when the method is "none". Its first use is collective (every rank, same point, as the first
 compressed call always is): it builds the per-level groups (``per_level.Levels``) and, for
 "auto" without a table, probes the link. Every rank then makes the same choices, because the
@@ -34,7 +34,7 @@ from collections import OrderedDict
 
 import torch
 
-from ..runtime import per_level
+from ..runtime.compression import per_level
 from ..tuning import compression as rule
 from ..tuning.compression import Decision
 from .backward_position import BackwardPositions

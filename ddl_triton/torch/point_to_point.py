@@ -8,7 +8,7 @@ exchanges dim-0 slices of uneven sizes (or whole tensors of unequal sizes). Each
 returns a ddl_triton ``Work`` done once the bytes have arrived and been copied into the
 caller's tensor; errors (a lost peer, a deadline) go to that Work.
 
-Two implementations, one per bootstrap (ddl_triton/runtime/bootstrap.py):
+Two implementations, one per bootstrap (ddl_triton/runtime/setup/bootstrap.py):
 
 - ``MpiPointToPoint``: mpi4py buffer methods (Isend/Irecv/Ialltoallv) on a private MPI
   communicator; requests are posted on the caller's thread (so MPI matches them in program
@@ -27,7 +27,7 @@ from datetime import timedelta
 import torch
 
 from ..errors import CollectiveTimeout, DDLError
-from ..runtime.work import OrderedRunner, Work
+from ..runtime.calls.work import OrderedRunner, Work
 from .staging import as_bytes, byte_counts, displs, nbytes
 
 _TAG_BOUND = 32767  # the least MPI_TAG_UB the MPI standard guarantees; gloo's is larger, one bound for both

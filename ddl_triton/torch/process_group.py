@@ -2,7 +2,7 @@
 
 Semantics: every operation has torch.distributed's meaning (same arguments, same results,
 in place where torch's is), runs on CPU tensors, or on CUDA tensors through the
-communicator's GPU path (ddl_triton/runtime/gpu_path.py; not send/recv or uneven all-to-all, which
+communicator's GPU path (ddl_triton/runtime/calls/gpu_path.py; not send/recv or uneven all-to-all, which
 move host memory), and returns a ``Work`` whose ``get_future()`` resolves with the output
 tensors when the operation completes, or carries its error (futures.py). Calls issued with
 ``async_op=False`` run inline; the others run on the communicator's background thread,

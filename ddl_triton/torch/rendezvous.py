@@ -25,8 +25,8 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
-from ..runtime.bootstrap import launched_by_mpi
-from ..runtime.bootstrap_values import BootstrapError, mpi_bcast, shaped
+from ..runtime.setup.bootstrap import launched_by_mpi
+from ..runtime.setup.bootstrap_values import BootstrapError, mpi_bcast, shaped
 
 RENDEZVOUS_SCHEME = "ddl"
 

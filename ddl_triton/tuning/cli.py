@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ddl_triton as ddl
     from . import table as tuning
-    from ..runtime.bootstrap_values import mpi_bcast
+    from ..runtime.setup.bootstrap_values import mpi_bcast
     from ..options import Options
 
     world = MPI.COMM_WORLD
@@ -225,7 +225,7 @@ def _print_summary(table, elapsed: float, stopped: bool, written: list[str]) -> 
 
 def _sweep_compression(args, comm, sizes: list[int]) -> dict:
     """--compression: the table's ``compression`` section, printed on rank 0 (tuning/compression.py)."""
-    from ..runtime.per_level import Levels
+    from ..runtime.compression.per_level import Levels
     from .compression import from_table, sweep_compression
 
     levels = Levels(comm)

@@ -1,6 +1,6 @@
 """When compression pays: the rule behind ``compression="auto"``, per level and per size.
 
-Only the inter-host level is ever compressed (ddl_triton/runtime/per_level.py); inside a host
+Only the inter-host level is ever compressed (ddl_triton/runtime/compression/per_level.py); inside a host
 the bytes go over shm, where compression lost in every measurement so far, so on one host the
 answer is always "none". Between hosts the question is whether the bytes saved on the link are
 worth the time spent compressing. Two sources answer it, in this order:
@@ -53,7 +53,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from ..runtime import compressed
+from ..runtime.compression import compressed
 
 __all__ = ["AUTO_METHODS", "CompressorSpeed", "Decision", "LinkSpeed", "decide", "exposed_us", "from_table",
            "predict_us", "probe", "sweep_compression"]
@@ -172,7 +172,7 @@ def sweep_compression(levels, sizes: list[int], rounds: int = 5) -> dict:
     per-level int8 and 1-bit allreduces with error feedback. Collective over ``levels.comm``."""
     import torch
 
-    from ..runtime import per_level
+    from ..runtime.compression import per_level
 
     comm = levels.comm
     out: dict = {"levels": {}, "entries": []}

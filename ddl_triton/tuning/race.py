@@ -18,7 +18,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from ..runtime.bootstrap_values import BootstrapError, mpi_bcast
+from ..runtime.setup.bootstrap_values import BootstrapError, mpi_bcast
 from .timing import iterations, time_per_call
 
 

@@ -18,7 +18,7 @@ import signal
 import statistics
 import time
 
-from ..runtime.bootstrap_values import mpi_bcast
+from ..runtime.setup.bootstrap_values import mpi_bcast
 from .candidates import Candidate, candidates
 from .race import Race, Runner, calls_for, candidate_runner
 from .timing import quantile

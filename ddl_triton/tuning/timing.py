@@ -61,7 +61,7 @@ def start_gloo(world, timeout: float = 300.0):
 
     import torch.distributed as dist
 
-    from ..runtime.bootstrap_values import BootstrapError, checked, mpi_allgather, mpi_bcast
+    from ..runtime.setup.bootstrap_values import BootstrapError, checked, mpi_allgather, mpi_bcast
 
     me = world.Get_rank()
     # One host: loopback. Across hosts: rank 0's host name, which every host resolves.

@@ -4,7 +4,7 @@
 
 Each rank binds ``cuda:(rank % device_count)`` (several ranks may share one GPU, as on a
 one-GPU test machine), and every collective goes through the communicator's GPU path
-(ddl_triton/runtime/gpu_path.py): the executor queueing chunk steps on the stream, the
+(ddl_triton/runtime/calls/gpu_path.py): the executor queueing chunk steps on the stream, the
 compiled Triton reductions, and the transport ``DDL_TRANSPORT`` selects (``mpi``: host-staged
 MPI, transports/mpi_device.py; ``nvshmem``: symmetric memory, transports/nvshmem.py).
 
@@ -45,7 +45,7 @@ from mpi4py import MPI  # noqa: E402
 
 import ddl_triton as ddl  # noqa: E402
 from ddl_triton import schedules  # noqa: E402
-from ddl_triton.runtime.compressed import allreduce_int8, allreduce_onebit  # noqa: E402
+from ddl_triton.runtime.compression.compressed import allreduce_int8, allreduce_onebit  # noqa: E402
 from support.checker import Checker  # noqa: E402
 from support.report import print_line  # noqa: E402
 

@@ -6,7 +6,7 @@ events by host stand-ins that report "done" only after a few queries. What runs 
 NvshmemTransport's slot/flag bookkeeping and DeviceMpiTransport's staging, ordering and
 posting logic, under the real Executor and real schedules, with exact integer checks and
 bitwise identity across ranks; then whole communicators whose collectives take the GPU path's
-executor (ddl_triton/runtime/gpu_path.py: lazy build, NVSHMEM within a node and MPI between the nodes
+executor (ddl_triton/runtime/calls/gpu_path.py: lazy build, NVSHMEM within a node and MPI between the nodes
 of a 1xN or 2x2 grid, close). What does not: kernels on a GPU, NVLink, stream timing.
 
     mpiexec -n 3 python tests/gpu/gpu_transports_worker.py
@@ -27,9 +27,9 @@ from support import fake_nvshmem as _fake_nvshmem  # noqa: E402
 from support.report import gather_and_report  # noqa: E402
 
 import ddl_triton as ddl  # noqa: E402
-from ddl_triton.runtime import gpu_path
+from ddl_triton.runtime.calls import gpu_path
 from ddl_triton import schedules  # noqa: E402
-from ddl_triton.runtime.executor import CallContext, Executor  # noqa: E402
+from ddl_triton.runtime.calls.executor import CallContext, Executor  # noqa: E402
 from ddl_triton.transports import nvshmem as nvshmem_transport  # noqa: E402
 from ddl_triton.transports.mpi_device import DeviceMpiTransport  # noqa: E402
 
@@ -121,7 +121,7 @@ def main() -> int:
 
 
 def run_gpu_path(rank: int, size: int, failures: list[str]) -> int:
-    """A Communicator whose collectives all take its GPU path's executor (ddl_triton/runtime/gpu_path.py:
+    """A Communicator whose collectives all take its GPU path's executor (ddl_triton/runtime/calls/gpu_path.py:
     routing, lazy build, close), over the stand-ins, through the public API."""
     world = MPI.COMM_WORLD
     gpu_path.DeviceMpiTransport = functools.partial(DeviceMpiTransport, _stream_ops=_fake_nvshmem.SlowEvents())

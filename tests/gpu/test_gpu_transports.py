@@ -3,7 +3,7 @@
 - tests/gpu/gpu_transports_worker.py runs NvshmemTransport (over a host stand-in of nvshmem.core)
   and DeviceMpiTransport (host-staged and CUDA-aware, with events that lag) under the real
   executor and schedules at 2 and 4 ranks, exactly; then communicators routed through
-  ddl_triton/runtime/gpu_path.py (NVSHMEM within a node, MPI between the nodes of a 2x2 grid).
+  ddl_triton/runtime/calls/gpu_path.py (NVSHMEM within a node, MPI between the nodes of a 2x2 grid).
 - The fingerprint names the path, so a rank on the GPU path and one on the CPU path get a
   CollectiveMismatch instead of waiting on different transports.
 - Options and the refusal of CUDA tensors where torch has no CUDA.
@@ -19,7 +19,8 @@ import torch
 
 from support.launch import assert_clean_run, ddl_segments, run_ranks
 from support.report import read_report
-from ddl_triton.runtime import fingerprints as calls, gpu_path
+from ddl_triton.runtime.lanes import call_check as calls
+from ddl_triton.runtime.calls import gpu_path
 from ddl_triton.options import Options
 
 

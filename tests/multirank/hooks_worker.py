@@ -1,6 +1,6 @@
 """DDP communication hooks and the compressed allreduces under mpiexec (tests/multirank/test_hooks.py, 2 and 3 ranks).
 
-Part 1, the collectives of ``ddl_triton.runtime.compressed`` on their own: the docstrings' worked
+Part 1, the collectives of ``ddl_triton.runtime.compression.compressed`` on their own: the docstrings' worked
 examples (2 ranks), then for sizes 0..40000 (empty chunks, short last blocks), fp32 and bf16
 inputs, sync and async: bitwise identical results on every rank, exactly ``wire_bytes`` sent
 and received, the per-call error bounds (int8, 16-bit), and for 1-bit the error-feedback
@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddl_triton as ddl
 from ddl_triton.examples import train_cnn
-from ddl_triton.runtime import compressed
+from ddl_triton.runtime.compression import compressed
 from ddl_triton.kernels import dequantize_int8, quantize_int8
 from ddl_triton.torch import hooks
 from support.checker import Checker

@@ -166,7 +166,7 @@ def run_random_floats(ck: Checker, comm, tag: str) -> None:
 
 
 def run_small_path_is_one_shot(ck: Checker, world, tag: str, topology: str = "") -> None:
-    """The small-message path (the shm lane: ddl_triton/runtime/small_allreduce.py; or the call lane,
+    """The small-message path (the shm lane: ddl_triton/runtime/lanes/small_allreduce.py; or the call lane,
     where the ranks span hosts: small_allreduce_two_sided.py) gives the one_shot schedule's bits on
     random (non-integer) data, for every dtype and op it serves, up to its size limit."""
     placed = {"topology": topology} if topology else {}

@@ -47,7 +47,7 @@ def main() -> None:
         if scenario == "absent" and rank == size - 1:
             from mpi4py import MPI  # noqa: F401  (MPI_Init is collective: every rank is in MPI, this one not at init)
 
-            from ddl_triton.runtime.mpich_segment import release_init_segment
+            from ddl_triton.runtime.setup.mpich_segment import release_init_segment
             release_init_segment()  # as init does first: mpiexec ends this rank once the others fail
             time.sleep(float(os.environ["DDL_TIMEOUT"]) + 3)  # alive, but never at init, past the deadline
             _say(scenario, rank, "none", 0.0, "stayed away")

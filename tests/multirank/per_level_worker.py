@@ -1,4 +1,4 @@
-"""Per-level compression under mpiexec (tests/multirank/test_per_level.py): ddl_triton/runtime/per_level.py,
+"""Per-level compression under mpiexec (tests/multirank/test_per_level.py): ddl_triton/runtime/compression/per_level.py,
 hooks.auto_compress_hook and Options.compression, on emulated hosts (DDL_TOPOLOGY) or one host.
 
 With more than one host (H hosts of L ranks):
@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddl_triton as ddl
 import ddl_triton.torch  # noqa: F401 - registers the "ddl" backend
-from ddl_triton.runtime import compressed, per_level
+from ddl_triton.runtime.compression import compressed, per_level
 from ddl_triton.torch import hooks
 from ddl_triton.torch.level_compression import MIN_BYTES, LevelCompression
 from support.checker import Checker

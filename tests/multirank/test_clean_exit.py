@@ -145,6 +145,6 @@ def test_ddlrun_reports_the_killed_rank_and_survivors_own_statuses(tmp_path, sur
     skipped = "without running its exit handlers" in proc.stderr
     assert skipped == (survivor_exit == "os._exit(3)"), proc.stderr
     # No rank reached MPI_Finalize, which unlinks MPICH's segment: ddl_triton.init unlinked it
-    # (ddl_triton/runtime/mpich_segment.py), which no way of ending can skip.
+    # (ddl_triton/runtime/setup/mpich_segment.py), which no way of ending can skip.
     left = ddl_segments(_MPICH_PREFIX) - mpich_before
     assert not left, sorted(left)

@@ -41,7 +41,7 @@ WAIT_FOREVER = """\
 import os, sys, time
 from pathlib import Path
 from mpi4py import MPI
-from ddl_triton.runtime.mpich_segment import release_init_segment
+from ddl_triton.runtime.setup.mpich_segment import release_init_segment
 release_init_segment()
 ready = Path(sys.argv[1], f"ready-{MPI.COMM_WORLD.Get_rank()}")
 Path(f"{ready}.tmp").write_text(str(os.getpid()))

@@ -1,4 +1,4 @@
-"""DDP communication hooks (ddl_triton/torch/hooks.py) and compressed allreduce (ddl_triton/runtime/compressed.py).
+"""DDP communication hooks (ddl_triton/torch/hooks.py) and compressed allreduce (ddl_triton/runtime/compression/compressed.py).
 
 Each test launches tests/multirank/hooks_worker.py under mpiexec; its docstring lists the checks, and
 its BOUNDS comment derives the loss bounds. In short:

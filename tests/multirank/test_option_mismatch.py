@@ -1,5 +1,5 @@
 """Ranks that disagree are told so at init, on every rank, by name; a rank that never arrives
-at init cannot hang the others (ddl_triton/runtime/option_agreement.py, bootstrap_values.py), and
+at init cannot hang the others (ddl_triton/runtime/setup/option_agreement.py, bootstrap_values.py), and
 ranks at exit wait for a late one at most DDL_TIMEOUT (ddl_triton/runtime/world.py).
 
 Before option agreement, different DDL_CHUNK_BYTES or DDL_PIPELINE_DEPTH ended in "mmap length

@@ -1,4 +1,4 @@
-"""Per-level compression (ddl_triton/runtime/per_level.py, hooks.auto_compress_hook, Options.compression).
+"""Per-level compression (ddl_triton/runtime/compression/per_level.py, hooks.auto_compress_hook, Options.compression).
 
 Each test launches tests/multirank/per_level_worker.py under mpiexec; its docstring lists the
 checks: on emulated hosts (DDL_TOPOLOGY) exact int8 results where the blocks are exact, the

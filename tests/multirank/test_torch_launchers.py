@@ -1,7 +1,7 @@
 """PyTorch users' launchers: torchrun, torch.multiprocessing.spawn and plain RANK/WORLD_SIZE/MASTER_*.
 
 No MPI launcher here: MPI sees every rank as a singleton, and the ranks bootstrap from a
-torch Store (ddl_triton/runtime/bootstrap.py): shm within a host, gloo between (emulated) hosts.
+torch Store (ddl_triton/runtime/setup/bootstrap.py): shm within a host, gloo between (emulated) hosts.
 """
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_init_arguments_are_checked_before_anything_starts():
     import torch.distributed as dist
 
     import ddl_triton
-    from ddl_triton.runtime.bootstrap import StoreBootstrap
+    from ddl_triton.runtime.setup.bootstrap import StoreBootstrap
 
     with pytest.raises(ValueError, match="go together"):
         ddl_triton.init(store=dist.HashStore())
@@ -199,7 +199,7 @@ class _StoreThatDies:
 
 
 def test_a_store_lost_at_any_call_of_a_bootstrap_step_is_a_bootstrap_error_naming_the_rank():
-    from ddl_triton.runtime.bootstrap import BootstrapError, BootstrapTimeout, StoreBootstrap
+    from ddl_triton.runtime.setup.bootstrap import BootstrapError, BootstrapTimeout, StoreBootstrap
 
     # hello in a world of 2 whose rank 1 never comes: the store dies at its 1st, 2nd, ... call,
     # until it outlives the 0.2 s deadline.
@@ -231,7 +231,7 @@ def test_a_store_lost_at_any_call_of_a_bootstrap_step_is_a_bootstrap_error_namin
 
 
 def test_a_store_that_cannot_be_served_or_reached_is_named_with_the_rank_and_address():
-    from ddl_triton.runtime.bootstrap import BootstrapError, store_from_env
+    from ddl_triton.runtime.setup.bootstrap import BootstrapError, store_from_env
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -254,7 +254,7 @@ def test_store_bootstrap_steps_on_one_store():
 
     import torch.distributed as dist
 
-    from ddl_triton.runtime.bootstrap import StoreBootstrap
+    from ddl_triton.runtime.setup.bootstrap import StoreBootstrap
 
     store, results, errors = dist.HashStore(), {}, []
 

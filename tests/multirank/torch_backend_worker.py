@@ -27,7 +27,7 @@ import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import ddl_triton.torch  # noqa: E402  (registers the backend)
-from ddl_triton.runtime.work import OrderedRunner  # noqa: E402
+from ddl_triton.runtime.calls.work import OrderedRunner  # noqa: E402
 from support.checker import Checker  # noqa: E402  (torch_launchers_worker uses it as tw.Checker)
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor & co. are "deprecated" in 2.13

@@ -5,7 +5,7 @@ Runs ``torch.testing._internal.distributed.distributed_test.DistributedTest._Dis
 each test spawns WORLD_SIZE ranks with ``MultiProcessTestCase`` (torch.multiprocessing,
 "spawn"), and every rank calls ``dist.init_process_group(backend, init_method="file://...")``.
 No MPI launcher is involved: the "ddl" ranks bootstrap from the FileStore torch hands the
-backend (ddl_triton/runtime/bootstrap.py).
+backend (ddl_triton/runtime/setup/bootstrap.py).
 
 The same harness runs any backend (``--backend gloo`` for the reference). The suite gates
 tests on ``DistTestCases.backend_feature``; "ddl" is declared there for what it implements

@@ -1,5 +1,5 @@
 """Nothing a bootstrap reads is executed: values cross as JSON, checked on arrival
-(ddl_triton/runtime/bootstrap_values.py). The store is unauthenticated, so these tests plant
+(ddl_triton/runtime/setup/bootstrap_values.py). The store is unauthenticated, so these tests plant
 what a stranger on its port could write, where the ranks read it."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 torch_dist = pytest.importorskip("torch.distributed")
 
-from ddl_triton.runtime.bootstrap import BootstrapError, MpiBootstrap, StoreBootstrap  # noqa: E402
+from ddl_triton.runtime.setup.bootstrap import BootstrapError, MpiBootstrap, StoreBootstrap  # noqa: E402
 
 
 class _Planted:
@@ -74,7 +74,7 @@ def test_json_that_is_not_a_hello_is_refused_by_name():
 
 
 def test_values_round_trip_as_json_and_anything_else_is_refused():
-    from ddl_triton.runtime.bootstrap_values import decode, encode, shaped
+    from ddl_triton.runtime.setup.bootstrap_values import decode, encode, shaped
 
     assert decode(encode((1, "a", [2.5, None], {"k": True})), "k", 0) == [1, "a", [2.5, None], {"k": True}]
     with pytest.raises(TypeError, match="only JSON-able values"):

@@ -1,4 +1,4 @@
-"""Strangers on the call lane's port (ddl_triton/runtime/lane_sockets.py, lane_handshake.py): a client
+"""Strangers on the call lane's port (ddl_triton/runtime/lanes/lane_sockets.py, lane_handshake.py): a client
 that connects first and names a rank, one that stays silent, one that sends garbage, a real rank with
 another secret, a squatter on a published address; and where the lane listens. Ranks are threads of
 one process meeting in a torch HashStore; each genuine pair then adds known integers over the lane,
@@ -18,8 +18,8 @@ import pytest
 import torch.distributed as dist
 
 from ddl_triton.errors import CollectiveTimeout, DDLError
-from ddl_triton.runtime import call_lane, lane_handshake
-from ddl_triton.runtime.lane_sockets import LaneSockets
+from ddl_triton.runtime.lanes import call_lane, lane_handshake
+from ddl_triton.runtime.lanes.lane_sockets import LaneSockets
 
 _N = 8  # int64 elements per call
 
@@ -161,7 +161,7 @@ def test_a_stranger_sending_garbage_is_dropped_and_logged(capfd):
 
 
 def test_a_flood_of_silent_strangers_does_not_keep_the_real_peer_out(capfd):
-    from ddl_triton.runtime import lane_sockets
+    from ddl_triton.runtime.lanes import lane_sockets
 
     def rogue(store):
         flood = [socket.create_connection(_rank0_address(store)) for _ in range(lane_sockets._MAX_HANDSHAKES + 8)]

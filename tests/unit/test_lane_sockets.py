@@ -1,4 +1,4 @@
-"""The call lane over its own TCP connections (ddl_triton/runtime/lane_sockets.py), ranks as threads
+"""The call lane over its own TCP connections (ddl_triton/runtime/lanes/lane_sockets.py), ranks as threads
 of one process meeting in a torch HashStore: messages with and without data, in order; a
 mismatch raising on every rank; a closed peer and a silent peer as PeerTimeout."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import torch.distributed as dist
 
 from ddl_triton.errors import CollectiveMismatch, CollectiveTimeout, DDLError
-from ddl_triton.runtime import call_lane
-from ddl_triton.runtime.lane_sockets import LaneSockets, _addresses
+from ddl_triton.runtime.lanes import call_lane
+from ddl_triton.runtime.lanes.lane_sockets import LaneSockets, _addresses
 from ddl_triton.transports.base import PeerTimeout
 
 

@@ -1,4 +1,4 @@
-"""ddl_triton/runtime/mpich_segment.py: only MPICH's init segment, named exactly as MPICH names
+"""ddl_triton/runtime/setup/mpich_segment.py: only MPICH's init segment, named exactly as MPICH names
 it and mapped by this process, is unlinked; once per process; a segment already gone is no error."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ddl_triton.runtime import mpich_segment
+from ddl_triton.runtime.setup import mpich_segment
 
 
 @pytest.fixture

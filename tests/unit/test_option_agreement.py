@@ -1,5 +1,5 @@
 """Ranks given different options learn it at init, on every rank, by name
-(ddl_triton/runtime/option_agreement.py)."""
+(ddl_triton/runtime/setup/option_agreement.py)."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from ddl_triton.options import Options
-from ddl_triton.runtime.option_agreement import (MUST_AGREE, SET_OR_NOT, OptionsDiffer, agree_on_options,
+from ddl_triton.runtime.setup.option_agreement import (MUST_AGREE, SET_OR_NOT, OptionsDiffer, agree_on_options,
                                                  differences)
 
 
@@ -51,7 +51,7 @@ def _agree_in_threads(options: list[Options]) -> list:
     """Run agree_on_options for each rank's options over one in-process store; each rank's outcome."""
     import torch.distributed as dist
 
-    from ddl_triton.runtime.bootstrap import StoreBootstrap
+    from ddl_triton.runtime.setup.bootstrap import StoreBootstrap
 
     store, outcome = dist.HashStore(), [None] * len(options)
 
@@ -80,7 +80,7 @@ def test_every_rank_raises_over_a_real_bootstrap_and_agreeing_ranks_pass():
 
 
 def test_a_peer_that_sends_something_else_is_refused_by_name():
-    from ddl_triton.runtime.bootstrap import BootstrapError
+    from ddl_triton.runtime.setup.bootstrap import BootstrapError
 
     class _Peer:
         rank, size = 0, 2

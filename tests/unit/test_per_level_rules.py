@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ddl_triton.options import Options
-from ddl_triton.runtime import compressed, per_level
+from ddl_triton.runtime.compression import compressed, per_level
 from ddl_triton.tuning import table as tuning
 from ddl_triton.tuning.compression import CompressorSpeed, Decision, LinkSpeed, decide, exposed_us, from_table, predict_us
 

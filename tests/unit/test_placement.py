@@ -8,7 +8,7 @@ import sys
 import time
 
 from ddl_triton.planning.topology import Topology
-from ddl_triton.runtime.placement import Placement
+from ddl_triton.runtime.setup.placement import Placement
 
 
 def _exited_pid() -> int:

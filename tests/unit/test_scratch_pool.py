@@ -1,9 +1,9 @@
-"""ddl_triton/runtime/scratch_pool.py: buffers given back are reused, never shared, and bounded."""
+"""ddl_triton/runtime/calls/scratch_pool.py: buffers given back are reused, never shared, and bounded."""
 from __future__ import annotations
 
 import torch
 
-from ddl_triton.runtime.scratch_pool import ScratchPool
+from ddl_triton.runtime.calls.scratch_pool import ScratchPool
 
 CPU = torch.device("cpu")
 

@@ -21,7 +21,7 @@ def test_segment_is_0600_and_unlinked_once_mapped(self_comm, monkeypatch):
     real_unlink = os.unlink
 
     def spy_unlink(path):
-        if os.path.basename(path).startswith("ddl_triton-"):  # not MPICH's (runtime/mpich_segment.py)
+        if os.path.basename(path).startswith("ddl_triton-"):  # not MPICH's (runtime/setup/mpich_segment.py)
             seen[path] = stat.S_IMODE(os.stat(path).st_mode)
         real_unlink(path)
 

@@ -1,4 +1,4 @@
-"""The ordered queue of async calls (ddl_triton/runtime/work.py): issue order, and a waiter that runs
+"""The ordered queue of async calls (ddl_triton/runtime/calls/work.py): issue order, and a waiter that runs
 what the background thread has not started."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from ddl_triton.torch import futures
 from ddl_triton.errors import CollectiveTimeout, DDLError
-from ddl_triton.runtime.work import OrderedRunner
+from ddl_triton.runtime.calls.work import OrderedRunner
 
 
 class _GatedRunner(OrderedRunner):
@@ -167,7 +167,7 @@ def test_get_future_of_a_torch_work_wakes_its_calls():
 
 
 def test_a_work_completed_by_its_maker_delivers_its_result_or_error_and_runs_its_callbacks():
-    from ddl_triton.runtime.work import Work
+    from ddl_triton.runtime.calls.work import Work
 
     seen = []
     ok = Work("made outside the queue")
@@ -234,7 +234,7 @@ def test_a_raising_callback_never_reaches_the_thread_that_completes_or_registers
 
 
 def test_finalize_of_a_communicators_queue_returns_after_a_raising_callback(capfd):
-    from ddl_triton.runtime.issue import IssuePath
+    from ddl_triton.runtime.calls.issue import IssuePath
 
     issuer = IssuePath(0, 99, lambda record: None)
     issuer.timeout = 2.0  # the communicator passes its Options.timeout
@@ -269,7 +269,7 @@ def test_a_stuck_call_makes_drain_and_close_raise_within_the_deadline():
 
 
 def test_finalize_of_a_communicators_stuck_queue_raises_within_its_timeout():
-    from ddl_triton.runtime.issue import IssuePath
+    from ddl_triton.runtime.calls.issue import IssuePath
 
     issuer = IssuePath(0, 98, lambda record: None)
     issuer.timeout = 0.3

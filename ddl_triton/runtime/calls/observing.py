@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import sys
 
-from ..observability import flight
-from ..observability import tracer as tracer_mod
-from ..options import Options
-from ..planning.planner import Planner
-from .placement import Placement
+from ...observability import flight
+from ...observability import tracer as tracer_mod
+from ...options import Options
+from ...planning.planner import Planner
+from ..setup.placement import Placement
 
 
 def start_observing(bootstrap, placement: Placement, options: Options, planner: Planner, control,

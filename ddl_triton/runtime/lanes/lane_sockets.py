@@ -43,8 +43,8 @@ import threading
 import time
 from datetime import timedelta
 
-from ..errors import CollectiveTimeout, DDLError
-from ..transports.base import PeerTimeout
+from ...errors import CollectiveTimeout, DDLError
+from ...transports.base import PeerTimeout
 from . import lane_handshake
 from .lane_handshake import Greeting, Refused, log_drop
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import DTYPES
+from ...ops import DTYPES
 from . import gpu_path
 
 

@@ -15,9 +15,9 @@ decides, from what it is given.
 """
 from __future__ import annotations
 
-from ..options import Options
-from ..planning.planner import Planner
-from ..tuning import table as tuning
+from ...options import Options
+from ...planning.planner import Planner
+from ...tuning import table as tuning
 from .bootstrap_values import shaped
 from .placement import Placement
 
@@ -54,7 +54,7 @@ def agree_on_planner(bootstrap, placement: Placement, options: Options) -> tuple
             options = options.replace(chunk_bytes=table.options["chunk_bytes"],
                                       pipeline_depth=table.options["pipeline_depth"])
     if table is not None and table.kernels:
-        from ..kernels import launch_configs
+        from ...kernels import launch_configs
         launch_configs.apply(table.kernels)  # tuned Triton launch configurations (GPU path)
     planner = Planner(rank=rank, size=size, topology=placement.topology, link_of=placement.link,
                       forced=options.schedule, slot_bytes=options.chunk_bytes, table=table, table_source=source,

@@ -37,9 +37,9 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatch
-from ..transports.base import wait_until
-from . import fingerprints
+from ...errors import CollectiveMismatch
+from ...transports.base import wait_until
+from . import call_check as fingerprints
 from .lane_sockets import LaneSockets, SocketWire
 
 HEADER_BYTES = 16  # two int64 words: see header()

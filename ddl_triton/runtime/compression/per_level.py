@@ -54,8 +54,8 @@ from __future__ import annotations
 import torch
 
 from . import compressed
-from .compressed_layout import ONEBIT_ALIGN, chunk_bounds
-from .work import Work
+from .layout import ONEBIT_ALIGN, chunk_bounds
+from ..calls.work import Work
 
 __all__ = ["METHODS", "Levels", "allreduce", "residual_sizes", "wire_bytes"]
 
@@ -78,7 +78,7 @@ class Levels:
     """
 
     def __init__(self, comm):
-        from .communicator import Communicator
+        from ..communicator import Communicator
 
         self.comm = comm
         p = comm.placement

@@ -89,12 +89,13 @@ from __future__ import annotations
 
 import torch
 
-from . import gathered, gpu_path, scratch_pool
-from .compressed_layout import (ONEBIT_ALIGN, align, chunk_bounds, chunk_elems, nbytes, segments, slot_words,
+from . import gathered
+from ..calls import gpu_path, scratch_pool
+from .layout import (ONEBIT_ALIGN, align, chunk_bounds, chunk_elems, nbytes, segments, slot_words,
                                 whole_slot_words)
-from ..kernels import (dequantize_int8, quantize_int8, quantize_int8_keep_error, reduce_int8, sign_compress,
+from ...kernels import (dequantize_int8, quantize_int8, quantize_int8_keep_error, reduce_int8, sign_compress,
                        sign_decompress)
-from .work import Work
+from ..calls.work import Work
 
 __all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps", "wire_bytes"]
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import torch
 
-from . import scratch_pool
-from .compressed_layout import ONEBIT_ALIGN, chunk_elems, nbytes, segments, slot_words
-from ..kernels import dequantize_int8, quantize_int8, quantize_int8_keep_error, sign_compress, sign_decompress
-from .work import Work
+from ..calls import scratch_pool
+from .layout import ONEBIT_ALIGN, chunk_elems, nbytes, segments, slot_words
+from ...kernels import dequantize_int8, quantize_int8, quantize_int8_keep_error, sign_compress, sign_decompress
+from ..calls.work import Work
 
 
 def int8(comm, tensor, flat, op, block, residual, async_op):

@@ -20,17 +20,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..options import Options
-from ..transports import link_emulation
-from ..transports.gloo import GlooTransport
-from ..transports.mpi import MpiTransport
-from ..transports.self import SelfTransport
-from ..transports.shm import ShmTransport
-from .call_lane import CallLane
-from .lane_sockets import LaneSockets
+from ...options import Options
+from ...transports import link_emulation
+from ...transports.gloo import GlooTransport
+from ...transports.mpi import MpiTransport
+from ...transports.self import SelfTransport
+from ...transports.shm import ShmTransport
+from ..lanes.call_lane import CallLane
+from ..lanes.lane_sockets import LaneSockets
 from .placement import Placement
-from .small_allreduce import LANE_BYTES
-from .small_allreduce_two_sided import LIMIT_BYTES as TWO_SIDED_SMALL_BYTES
+from ..lanes.small_allreduce import LANE_BYTES
+from ..lanes.small_allreduce_two_sided import LIMIT_BYTES as TWO_SIDED_SMALL_BYTES
 
 
 @dataclass

@@ -24,7 +24,7 @@ import json
 
 import numpy as np
 
-from ..errors import DDLError
+from ...errors import DDLError
 
 MAX_VALUE_BYTES = 64 << 20  # the largest value accepted (a tuning table is well under 1 MiB)
 
@@ -103,7 +103,7 @@ def mpi_wait(request, timeout: float, what: str, rank: int, size: int, roll=None
     same on every rank; roll_call.py), which answers peers meanwhile and, past the deadline,
     finds the ranks that did not arrive, for the error to name; without it the error names
     the step only (MPI cannot say who is missing from a collective)."""
-    from ..transports.base import PeerTimeout, wait_until
+    from ...transports.base import PeerTimeout, wait_until
 
     call, step = roll if roll is not None else (None, "")
     ready = request.Test if call is None else (lambda: call.answer() or request.Test())

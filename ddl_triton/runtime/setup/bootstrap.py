@@ -52,7 +52,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..errors import DDLError
+from ...errors import DDLError
 from .bootstrap_values import (BootstrapError, BootstrapTimeout, checked, decode, encode, mpi_allgather,
                                mpi_barrier, mpi_bcast, mpi_wait, shaped)
 from .roll_call import RollCall

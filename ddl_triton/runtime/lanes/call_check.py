@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 
 from . import call_lane
-from ..errors import CollectiveMismatch, CollectiveTimeout
-from ..ops import DTYPES, OPS
-from ..transports.base import PeerTimeout
+from ...errors import CollectiveMismatch, CollectiveTimeout
+from ...ops import DTYPES, OPS
+from ...transports.base import PeerTimeout
 
 CALLS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier")
 
@@ -120,7 +120,7 @@ class CallChecker:
     def watch(self, seq: int | None, fp: tuple[int, ...] | None) -> None:
         """Compare the peers' posted fingerprints with ``fp`` for call ``seq`` inside long waits
         from now on (None: stop). For a path that checks its calls by other means and posts
-        only once it waits long (ddl_triton/runtime/small_allreduce.py)."""
+        only once it waits long (ddl_triton/runtime/lanes/small_allreduce.py)."""
         self._current = None if seq is None else (seq, fp)
 
     def _look_for_mismatch(self) -> None:

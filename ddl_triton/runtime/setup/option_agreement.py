@@ -32,7 +32,7 @@ buffers to its MPI; the bytes on the wire are the same).
 """
 from __future__ import annotations
 
-from ..options import Options
+from ...options import Options
 
 MUST_AGREE = ("chunk_bytes", "pipeline_depth", "wire_chunk_bytes", "schedule", "topology", "transport",
               "check_calls", "kernels", "compression", "link_emulation")

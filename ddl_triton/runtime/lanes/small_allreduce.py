@@ -33,7 +33,7 @@ A peer that is not on the lane at all (a different collective, or a different al
 takes the general path) never raises the flag. After its spin, a waiting lane call therefore
 posts its fingerprint where the general path's call check looks (``ShmTransport.
 post_fingerprint``) and waits with the call checker's hook active, so a mismatch is reported on
-both sides within a quarter second (ddl_triton/runtime/fingerprints.py), and a dead peer within its liveness
+both sides within a quarter second (ddl_triton/runtime/lanes/call_check.py), and a dead peer within its liveness
 period, as on the general path.
 
 Why it exists: below about 100 KiB an allreduce is mostly fixed cost, and the general path spends most of
@@ -49,9 +49,9 @@ import warnings
 import numpy as np
 import torch
 
-from ..errors import CollectiveMismatch
-from ..ops import DTYPES, OPS
-from ..transports.base import wait_until
+from ...errors import CollectiveMismatch
+from ...ops import DTYPES, OPS
+from ...transports.base import wait_until
 
 # An inf from overflow is a result here, as in torch; numpy would also warn about it. Silenced for
 # this module's ufunc calls only (np.errstate per call would cost more than the reduction).

@@ -15,9 +15,9 @@ import socket
 import time
 from dataclasses import dataclass
 
-from ..options import Options
-from ..planning import topology as topology_mod
-from ..planning.topology import Topology
+from ...options import Options
+from ...planning import topology as topology_mod
+from ...planning.topology import Topology
 
 
 @dataclass(frozen=True)

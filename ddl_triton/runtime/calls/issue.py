@@ -21,10 +21,10 @@ import time
 import torch
 from mpi4py import MPI
 
-from ..errors import CollectiveMismatch, CollectiveTimeout, CommunicatorPoisoned, DDLError
-from ..launch import status
-from ..observability import flight
-from ..transports import failure_notice
+from ...errors import CollectiveMismatch, CollectiveTimeout, CommunicatorPoisoned, DDLError
+from ...launch import status
+from ...observability import flight
+from ...transports import failure_notice
 from .work import OrderedRunner
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag

@@ -44,8 +44,8 @@ import traceback
 from collections import deque
 from typing import Callable, Iterator
 
-from ..errors import CollectiveTimeout, DDLError
-from ..transports.base import run_in_background
+from ...errors import CollectiveTimeout, DDLError
+from ...transports.base import run_in_background
 
 
 class Work:

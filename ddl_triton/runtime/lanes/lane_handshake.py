@@ -40,7 +40,7 @@ import sys
 import time
 from datetime import timedelta
 
-from ..errors import CollectiveTimeout, DDLError
+from ...errors import CollectiveTimeout, DDLError
 
 MAGIC = b"DDLlane1"
 HANDSHAKE_SECONDS = 5.0  # a real peer answers in milliseconds: its lane serves connections as they come

@@ -25,11 +25,11 @@ import importlib.util
 
 import torch
 
-from .. import schedules
+from ... import schedules
 from .executor import Executor
-from ..transports import base
-from ..transports.mpi_device import DeviceMpiTransport
-from ..transports.self import SelfTransport
+from ...transports import base
+from ...transports.mpi_device import DeviceMpiTransport
+from ...transports.self import SelfTransport
 
 
 def available() -> bool:
@@ -136,8 +136,8 @@ class GpuPath:
         """NVSHMEM over this node's ranks, or None (with ``why``) where it cannot serve.
         Collective over the communicator: every rank takes the same branch."""
         from mpi4py import MPI
-        from ..transports.nvshmem import NvshmemTransport
-        from .bootstrap_values import checked, mpi_allgather
+        from ...transports.nvshmem import NvshmemTransport
+        from ..setup.bootstrap_values import checked, mpi_allgather
         place, opts = self._placement, self._options
         node = self._control.Split(place.node_of_rank[place.rank], place.rank)
         try:

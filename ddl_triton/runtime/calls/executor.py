@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.reduce import reduce_trusted as _reduce_trusted
-from ..errors import CollectiveTimeout
-from ..transports.base import PeerTimeout, Transport
-from ..schedules import IN, Schedule, Span, Step
-from ..schedules.native import expand as _expand_group_steps
+from ...kernels.reduce import reduce_trusted as _reduce_trusted
+from ...errors import CollectiveTimeout
+from ...transports.base import PeerTimeout, Transport
+from ...schedules import IN, Schedule, Span, Step
+from ...schedules.native import expand as _expand_group_steps
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ import sys
 
 import torch
 
-from .. import schedules
-from ..ops import SIXTEEN_BIT
-from ..planning.planner import Planner
-from . import fingerprints as calls
+from ... import schedules
+from ...ops import SIXTEEN_BIT
+from ...planning.planner import Planner
+from ..lanes import call_check as calls
 from .executor import CallContext
 
 _BOUND = 256  # entries per cache before it starts over
