@@ -111,3 +111,61 @@ def test_every_subpackage_says_what_lives_there():
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert len(doc.split()) >= 25, f"{init.relative_to(ROOT)}: its docstring should say what lives there " \
                                        f"and what it may import; it has {doc!r}"
+
+
+# ---- runtime's rooms (ddl_triton/runtime/__init__.py): each imports only the rooms below it -------
+RUNTIME_ROOMS = ("compression", "calls", "setup", "lanes")  # highest first; the communicator and world above all
+RUNTIME_ROOM_MAX_FILES = 10  # a room that outgrows this is two concerns
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The absolute module names ``path`` imports (relative imports resolved against its package)."""
+    rel = path.relative_to(ROOT).with_suffix("")
+    package = ["ddl_triton", *rel.parts[1:-1]] if rel.parts[0] == "ddl_triton" else ["ddl_triton", *rel.parts[:-1]]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = base + (node.module.split(".") if node.module else [])
+            if node.module is None or node.level:
+                found.update(".".join(module + [a.name]) for a in node.names)
+            found.add(".".join(module))
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return found
+
+
+def _runtime_room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["ddl_triton", "runtime"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in RUNTIME_ROOMS else "top"  # communicator, world: the top
+
+
+def test_the_import_check_resolves_relative_imports():
+    sample = ROOT / "ddl_triton" / "runtime" / "calls" / "executor.py"
+    assert any(m.startswith("ddl_triton.") for m in _imported_modules(sample))
+
+
+def test_each_runtime_room_imports_only_the_rooms_below_it():
+    wrong = []
+    for path in sorted((ROOT / "ddl_triton" / "runtime").rglob("*.py")):
+        mine = _runtime_room(".".join(("ddl_triton", *path.relative_to(ROOT / "ddl_triton").with_suffix("").parts)))
+        if mine in (None, "top"):
+            continue
+        for module in _imported_modules(path):
+            theirs = _runtime_room(module)
+            if theirs is None or theirs == mine:
+                continue
+            if theirs == "top" or RUNTIME_ROOMS.index(theirs) < RUNTIME_ROOMS.index(mine):
+                wrong.append(f"{path.relative_to(ROOT)} ({mine}) imports {module} ({theirs})")
+    assert not wrong, "an arrow up the runtime's rooms (order: " + " > ".join(RUNTIME_ROOMS) + "):\n" + "\n".join(wrong)
+
+
+def test_runtime_rooms_stay_small_and_say_what_lives_there():
+    runtime = ROOT / "ddl_triton" / "runtime"
+    top = sorted(p.name for p in runtime.glob("*.py") if p.name != "__init__.py")
+    assert top == ["communicator.py", "world.py"], top
+    for room in RUNTIME_ROOMS:
+        files = sorted(p.name for p in (runtime / room).glob("*.py") if p.name != "__init__.py")
+        assert 0 < len(files) <= RUNTIME_ROOM_MAX_FILES, (room, files)

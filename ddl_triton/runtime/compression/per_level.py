@@ -54,12 +54,11 @@ from __future__ import annotations
 import torch
 
 from . import compressed
-from .layout import ONEBIT_ALIGN, chunk_bounds
+from .layout import chunk_bounds
+from ... import compression_methods
 from ..calls.work import Work
 
-__all__ = ["METHODS", "Levels", "allreduce", "residual_sizes", "wire_bytes"]
-
-METHODS = ("int8", "onebit")
+__all__ = ["Levels", "allreduce", "residual_sizes", "wire_bytes"]
 
 
 class Levels:
@@ -78,8 +77,9 @@ class Levels:
     """
 
     def __init__(self, comm):
-        from ..communicator import Communicator
-
+        # The groups are communicators of comm's own kind: made through its type, so that this room
+        # never imports the communicator that composes it (runtime/__init__.py: rooms import downwards).
+        Communicator = type(comm)
         self.comm = comm
         p = comm.placement
         nodes = sorted(set(p.node_of_rank))
@@ -131,19 +131,20 @@ class Levels:
                 f"uniform={self.uniform})")
 
 
-def residual_sizes(levels: Levels, method: str, numel: int) -> tuple[int, int | None]:
+def residual_sizes(levels: Levels, method: str, numel: int, *, block: int = 256) -> tuple[int, int | None]:
     """(worker, server) residual elements ``allreduce`` needs for ``method`` on ``numel`` elements:
-    the worker residual covers the shard (C = ceil(numel / L) elements, padded), the server
-    residual (1-bit only, else None) the cross rank's chunk of it. (0, None) on one host.
+    the worker residual covers the shard (C = ceil(numel / L) elements, padded) for a method that
+    keeps one (its row's ``worker_residual``; else 0), the server residual (a row with
+    ``server_residual``, as 1-bit; else None) the cross rank's chunk of it. (0, None) on one host.
     Example: 2x2 hosts, onebit, 1000 elements -> C = 500, chunks of 512: (500, 500) on host 0,
              (500, 0) on host 1."""
-    _check_method(levels, method)
-    if levels.hosts == 1 or numel == 0:
+    row = _check_method(levels, method)
+    if levels.hosts == 1 or numel == 0 or not row.worker_residual:
         return 0, None
     c = _shard(numel, levels.local_size) if levels.local_size > 1 else numel
-    if method != "onebit":
+    if not row.server_residual:
         return c, None
-    a, b = chunk_bounds(c, levels.hosts, ONEBIT_ALIGN)[levels.cross_rank]  # the 1-bit server residual is chunk-sized
+    a, b = chunk_bounds(c, levels.hosts, row.align(block))[levels.cross_rank]  # the server residual is chunk-sized
     return c, b - a
 
 
@@ -166,7 +167,8 @@ def allreduce(levels: Levels, tensor: torch.Tensor, *, method: str = "int8", op:
               async_op: bool = False):
     """Allreduce ``tensor`` in place: fp32 inside each host, ``method`` between hosts (module doc).
 
-    tensor: float32/float16/bfloat16 on the CPU. method: "int8" or "onebit". op: "avg" or "sum".
+    tensor: float32/float16/bfloat16 on the CPU. method: a method of ddl_triton/compression_methods.py
+    (``compression_methods.names()``). op: "avg" or "sum".
     block: the int8 quantization block. residual / server_residual: fp32 error feedback of
     ``residual_sizes`` elements, updated in place (None: no error feedback on that side).
     Returns ``tensor``, or a Work resolving to it. On one host, a plain fp32 ``comm.allreduce``.
@@ -187,12 +189,14 @@ def allreduce(levels: Levels, tensor: torch.Tensor, *, method: str = "int8", op:
         raise ValueError(f"rank {comm.rank}: per-level allreduce: op must be 'avg' or 'sum', got {op!r}")
     if levels.hosts == 1:  # shm alone: nothing to save bytes on
         return comm.allreduce(tensor, op=op, async_op=async_op)
-    worker_n, server_n = residual_sizes(levels, method, tensor.numel())
+    worker_n, server_n = residual_sizes(levels, method, tensor.numel(), block=block)
     for name, res, n in (("residual", residual, worker_n), ("server_residual", server_residual, server_n)):
         if res is not None and (not isinstance(res, torch.Tensor) or res.dtype != torch.float32
                                 or res.numel() != n or not res.is_contiguous()):
             raise ValueError(f"rank {comm.rank}: per-level allreduce: {name} must be a contiguous fp32 tensor "
                              f"of {n} elements (residual_sizes), got {getattr(res, 'shape', res)!r}")
+    if worker_n == 0:  # the method keeps no error feedback: an empty residual stands for none
+        residual = None
     if levels.local_size == 1:  # one rank per host: the compressed allreduce over the world
         return _compress(levels.cross, tensor, method, op, block, residual, server_residual, async_op)
     return _three_phases(levels, tensor, method, op, block, residual, server_residual, async_op)
@@ -238,17 +242,17 @@ def _three_phases(levels, tensor, method, op, block, residual, server_residual, 
 
 
 def _compress(comm, tensor, method, op, block, residual, server_residual, async_op):
-    if method == "int8":
-        return compressed.allreduce_int8(comm, tensor, op=op, block=block, residual=residual, async_op=async_op)
-    return compressed.allreduce_onebit(comm, tensor, op=op, residual=residual, server_residual=server_residual,
-                                       async_op=async_op)
+    return compression_methods.get(method).run(comm, tensor, op=op, block=block, residual=residual,
+                                               server_residual=server_residual, async_op=async_op)
 
 
 def _shard(numel: int, local_size: int) -> int:
     return max(1, -(-numel // local_size))
 
 
-def _check_method(levels: Levels, method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"rank {levels.comm.rank}: per-level compression method must be one of "
-                         f"{', '.join(METHODS)}, got {method!r}")
+def _check_method(levels: Levels, method: str):
+    """The row of ``method``; an unknown one raises naming the rank and the valid methods."""
+    try:
+        return compression_methods.get(method)
+    except ValueError as e:
+        raise ValueError(f"rank {levels.comm.rank}: per-level compression: {e}") from None
