@@ -7,7 +7,7 @@ chunk sizes, and for each:
 - ``validate`` (via ``assemble``): spans in bounds, every message received exactly by its
   addressees, per-pair FIFO order;
 - the simulator on a transport with two slots per sender: no deadlock;
-- exact results against the collective's definition on integer data (schedules/simulate.py):
+- exact results against the collective's definition on integer data (schedules/dry_run.py):
   every element reduced exactly once on every rank (allreduce, reduce_scatter), every block
   delivered where it belongs (all_gather, broadcast from every root, all_to_all).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .simulate import contributions, execute
+from .dry_run import contributions, execute
 
 _COUNTS = (0, 1, 2, 7, 13, 64, 101)
 _CHUNKS = (1, 3, 16, 1000)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 from ..schedules import Schedule
-from ..schedules.simulate import walk
+from ..schedules.dry_run import walk
 
 # Where a call's fixed cost outside the schedule is accounted: one per collective, and the
 # small-message allreduce path (ddl_triton/runtime/lanes/small_allreduce.py), which skips the executor.

@@ -34,7 +34,7 @@ from typing import Callable
 
 from ..planning.costmodel import CostModel, received_bytes, tensor_bytes
 from ..schedules import Schedule
-from ..schedules.simulate import walk
+from ..schedules.dry_run import walk
 
 # Walks until the hand-over order settles: 2-4 for a few chunks; a pass moves the order about one
 # chunk further, so many chunks need more (a 2 x 2 hierarchical of 32 chunks settled after 30).

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddl_triton import schedules
-from ddl_triton.schedules.simulate import execute
+from ddl_triton.schedules.dry_run import execute
 
 GRIDS = [(1,), (2,), (3,), (4,), (5,), (2, 2), (1, 4), (4, 1), (2, 1, 2), (3, 1), (2, 3), (3, 2)]
 

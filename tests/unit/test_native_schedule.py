@@ -12,7 +12,7 @@ from ddl_triton.planning.planner import Planner
 from ddl_triton.planning.topology import parse
 from ddl_triton.schedules import IN, OUT, Span, Step, assemble
 from ddl_triton.schedules.native import NAME, expand
-from ddl_triton.schedules.simulate import contributions, execute
+from ddl_triton.schedules.dry_run import contributions, execute
 
 GRIDS = {2: (1, 2), 3: (1, 3), 4: (2, 2), 6: (2, 3), 8: (4, 2), 9: (3, 3)}
 

@@ -10,7 +10,7 @@ import pytest
 from ddl_triton import schedules
 from ddl_triton.schedules import Recv, Schedule, validate
 from ddl_triton.schedules.partition import blocks, chunk_of, rounds
-from ddl_triton.schedules.simulate import contributions, execute
+from ddl_triton.schedules.dry_run import contributions, execute
 
 NAMES = schedules.names()
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ddl_triton.schedules import OUT, assemble, rhd, tree
-from ddl_triton.schedules.simulate import contributions, execute
+from ddl_triton.schedules.dry_run import contributions, execute
 
 RANKS = list(range(1, 10))
 COUNTS = [0, 1, 2, 7, 13, 64, 101]
