@@ -6,8 +6,8 @@ ranks that call different collectives raise ``CollectiveMismatch``. Every ``Coll
 text here reads the same way, whichever layer noticed the failure (the executor's step, the call
 check, the barrier, the call lane's connections, the torch backend's point-to-point)::
 
-    rank 0: allreduce #4 (schedule ring, step 'r1') timed out after 300 s: not heard from rank 2 on h2 (...)
-    rank 0: allreduce #4 (schedule ring, step 'r1') failed within its 300 s deadline: rank 2 on h2 died (...)
+    rank 0: allreduce #4 (schedule ring, step 'r1') timed out after 300 s; not heard from rank 2 on h2 (...)
+    rank 0: allreduce #4 (schedule ring, step 'r1') failed: rank 2 on h2 died (...) before the 300 s deadline
     rank 0: rank 1 on h1 did not connect to the call lane within 300 s
 
 that is: this rank, the call (and where in it), the deadline, the peer *and its host* (also on
@@ -139,9 +139,8 @@ def peer_failed(rank: int, call: str, peer: int, what: str, timeout: float, name
     peer -> its name with its host (``Placement.describe``)."""
     who = _named(peer, name)
     if dead:
-        return CollectiveTimeout(f"rank {rank}: {call} failed within its {timeout:g} s deadline: "
-                                 f"{who} died ({what})")
-    return CollectiveTimeout(f"rank {rank}: {call} timed out after {timeout:g} s: not heard from {who} ({what})")
+        return CollectiveTimeout(f"rank {rank}: {call} failed: {who} died ({what}) before the {timeout:g} s deadline")
+    return CollectiveTimeout(f"rank {rank}: {call} timed out after {timeout:g} s; not heard from {who} ({what})")
 
 
 def wait_failed(rank: int, call: str, e, timeout: float, name=None) -> CollectiveTimeout:

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from . import futex
+from ..errors import process_alive  # the one liveness check: a dead peer is told from a slow one
 from ..runtime.setup.bootstrap import as_bootstrap as _as_bootstrap
 from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until, with_calls_first
 
@@ -50,24 +51,6 @@ _FINGERPRINT_SLOTS = 4
 # transports/futex.py); written by q only. ``publish`` wakes the sleepers.
 _SLEEPING_OFFSET = _FINGERPRINT_OFFSET + 64 * _FINGERPRINT_SLOTS
 _MAX_CACHED_VIEWS = 1024
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process (a zombie, killed but not yet reaped, is not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
 
 
 def _segment_path(creator_pid: int, token: str, local_rank: int) -> str:

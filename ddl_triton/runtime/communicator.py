@@ -24,13 +24,13 @@ import torch
 from .lanes import call_check as calls
 from .calls import gpu_path
 from .. import kernels, schedules
-from ..errors import CollectiveTimeout
+from ..errors import call_name, wait_failed
 from ..ops import check_op_dtype, normalize_op
 from ..options import Options
 from ..planning.planner import Plan, Planner
 from ..transports.base import PeerTimeout, wait_until
 from .setup.bootstrap import MpiBootstrap, StoreBootstrap
-from .calls.executor import Executor, step_error
+from .calls.executor import Executor
 from .calls.issue import IssuePath
 from .setup.mpich_segment import release_init_segment
 from .calls.observing import start_observing
@@ -310,8 +310,8 @@ class Communicator:
         try:
             self._small.broadcast(array.numpy(), shape, self._seq, root)  # type: ignore[union-attr]
         except PeerTimeout as e:
-            raise step_error(self.rank, "broadcast", self._seq, _SMALL_BROADCAST, "copy", e, self.options.timeout,
-                             self.placement.describe) from None
+            raise wait_failed(self.rank, call_name("broadcast", self._seq, _SMALL_BROADCAST, "copy"), e,
+                              self.options.timeout, self.placement.describe) from None
         if work is not flat:
             flat.copy_(work)
         _write_back(tensor, flat)
@@ -323,8 +323,8 @@ class Communicator:
         try:
             self._small.run(array, shape, seq)  # type: ignore[union-attr]
         except PeerTimeout as e:
-            raise step_error(self.rank, "allreduce", seq, _SMALL_PATH, "reduce", e, self.options.timeout,
-                             self.placement.describe) from None
+            raise wait_failed(self.rank, call_name("allreduce", seq, _SMALL_PATH, "reduce"), e,
+                              self.options.timeout, self.placement.describe) from None
 
     def _staged(self, collective: str, output: torch.Tensor, input: torch.Tensor | None, op: str = "sum",
                 root: int = 0) -> torch.Tensor:
@@ -352,9 +352,9 @@ class Communicator:
         req = self._comm.Ibarrier()  # MPI's, or the gloo transport's on a store bootstrap
         try:
             wait_until(req.Test, self.options.timeout, -1, "barrier")
-        except PeerTimeout:
-            raise CollectiveTimeout(f"rank {self.rank}: barrier #{self._seq} timed out after "
-                                    f"{self.options.timeout:g} s") from None
+        except PeerTimeout as e:  # MPI cannot say who is missing: the placement narrows it, with hosts
+            raise wait_failed(self.rank, call_name("barrier", self._seq), e, self.options.timeout,
+                              self.placement.describe) from None
 
 
 def _flat_work(t: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""How a Placement names a peer in errors: with its host when the ranks span hosts, and, for a
+"""How a Placement names a peer in errors: with its host (this host's name on one host), and, for a
 wait on every rank at once, the suspects narrowed from this host's live ranks."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -28,8 +29,8 @@ def test_a_peer_is_named_with_its_host_when_the_ranks_span_hosts():
     p = _placement(0, (me, me, 1, 1))
     assert p.spans_hosts and p.describe(2) == "rank 2 on h2" and p.describe(1) == "rank 1 on h1"
     one_host = Placement(0, 2, Topology((1, 2), "1x2"), (0, 0), (0, 0), (0, 1), ("self", "shm"), "auto")
-    assert not one_host.spans_hosts and one_host.describe(1) == "rank 1"
-    assert "which one is unknown" in one_host.describe(-1)
+    assert not one_host.spans_hosts and one_host.describe(1) == f"rank 1 on {socket.gethostname()}"
+    assert one_host.describe(-1) == f"a rank on {socket.gethostname()} (the wait was on all ranks at once: which one is unknown)"
 
 
 def test_a_wait_on_every_rank_names_the_other_hosts_ranks_when_every_rank_here_is_alive():

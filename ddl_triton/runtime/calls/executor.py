@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ...kernels.reduce import reduce_trusted as _reduce_trusted
-from ...errors import CollectiveTimeout
+from ...errors import call_name, wait_failed
 from ...transports.base import PeerTimeout, Transport
 from ...schedules import IN, Schedule, Span, Step
 from ...schedules.native import expand as _expand_group_steps
@@ -37,17 +37,6 @@ class CallContext:
     collective: str
     op: str = "sum"
     scale: float | None = None  # applied on the final step (avg = sum * 1/size)
-
-
-def step_error(rank: int, collective: str, seq: int, schedule: str, label: str, e: PeerTimeout,
-               timeout: float, describe=None) -> CollectiveTimeout:
-    """The error of a collective whose step ``label`` lost a peer or passed the deadline;
-    ``describe(peer)`` names the peer (Placement.describe: with its host), else ``e.who``."""
-    who = describe(e.peer) if describe is not None else e.who
-    return CollectiveTimeout(
-        f"rank {rank}: {collective} #{seq} (schedule {schedule}, step {label!r}) "
-        + (f"failed: {who} died ({e.what})" if e.dead else
-           f"timed out after {timeout:g} s; not heard from {who} ({e.what})"))
 
 
 class _Compiled:
@@ -116,7 +105,7 @@ class Executor:
         self._programs: dict[int, tuple[Schedule, list[_Compiled], tuple[int, ...]]] = {}
         self.record = None   # the flight recorder's record of the running call (its step label is kept up to date)
         self.tracer = None   # ddl_triton/observability/tracer.py: when set, every step is a span with its phases
-        self.describe = None  # peer -> how an error names it (Placement.describe: with its host); None: "rank P"
+        self.describe = None  # peer -> how an error names it (Placement.describe: with its host); None: no host
 
     def _program(self, schedule: Schedule) -> tuple[list[_Compiled], tuple[int, ...]]:
         entry = self._programs.get(id(schedule))
@@ -173,8 +162,8 @@ class Executor:
             for t in self._flushers:
                 t.flush(self.timeout)
         except PeerTimeout as e:
-            raise step_error(self.rank, ctx.collective, seq, schedule.name, label, e, self.timeout,
-                             self.describe) from None
+            raise wait_failed(self.rank, call_name(ctx.collective, seq, schedule.name, label), e, self.timeout,
+                              self.describe) from None
         for q in range(self.size):
             base[q] += sends[q]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from dataclasses import dataclass
 
+from ...errors import name_peer
 from ...options import Options
 from ...planning import topology as topology_mod
 from ...planning.topology import Topology
@@ -47,32 +47,9 @@ class Placement:
         return len(set(self.host_of_rank)) > 1
 
     def describe(self, peer: int) -> str:
-        """``peer`` as an error names it: "rank 2 on h2" when the ranks span hosts, else "rank 2".
-        ``peer`` < 0 is a wait on every rank at once (an MPI or gloo collective), which cannot say
-        whose message is missing; what can be said is narrowed from this host: a rank of this host
-        whose process has exited, else (every rank here alive) one of the ranks on the other hosts."""
-        if peer >= 0:
-            return f"rank {peer} on {self.host_names[peer]}" if self.spans_hosts else f"rank {peer}"
-        unknown = "a rank (the wait was on all ranks at once: which one is unknown)"
-        if not self.spans_hosts:
-            return unknown
-        here = [r for r in range(self.size) if self.host_of_rank[r] == self.host_of_rank[self.rank] and r != self.rank]
-        exited = [r for r in here if not _alive(self.pids[r])]
-        for _ in range(_RECHECKS if here else 0):  # a peer that just died may still be closing its sockets
-            if exited:
-                break
-            time.sleep(_RECHECK_SECONDS)
-            exited = [r for r in here if not _alive(self.pids[r])]
-        if exited:
-            return (f"rank(s) {', '.join(map(str, exited))} on {self.host_names[self.rank]} (this host), whose "
-                    "process has exited (the wait was on all ranks at once)")
-        elsewhere: dict[str, list[int]] = {}
-        for r in range(self.size):
-            if self.host_of_rank[r] != self.host_of_rank[self.rank]:
-                elsewhere.setdefault(self.host_names[r], []).append(r)
-        return ("a rank on another host, one of " + "; ".join(f"rank(s) {', '.join(map(str, rs))} on {h}"
-                                                               for h, rs in elsewhere.items())
-                + f" (the wait was on all ranks at once, and every rank on {self.host_names[self.rank]} is alive)")
+        """``peer`` as every error names it, with its host: "rank 2 on h2" (ddl_triton/errors.py:
+        ``name_peer``, which also narrows a wait on every rank at once, ``peer`` < 0)."""
+        return name_peer(self, peer)
 
     @property
     def every_peer_on_shm(self) -> bool:
@@ -125,23 +102,3 @@ def _every_name_and_pid(bootstrap) -> list[list]:
         if shaped(value, (str, int), f"rank {r}'s host name and pid", bootstrap.rank)[1] < 1:
             raise BootstrapError(f"rank {bootstrap.rank}: rank {r} sent pid {value[1]}")
     return every
-
-
-_RECHECKS, _RECHECK_SECONDS = 6, 0.05  # an error path only: 0.3 s at most
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host still runs: a zombie (killed, its parent not yet told,
-    as torchrun's agent is not at once) has ended."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)  # no /proc (not Linux)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
