@@ -47,8 +47,8 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-from . import base
-from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
+from . import waits
+from .waits import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 from .staged_sends import StagedSends
 
 _TAG_RANGE = 1 << 30
@@ -246,21 +246,21 @@ class GlooTransport(StagedSends):
     def wait_work(self, work, timeout: float, peer: int, what: str) -> None:
         """Block in ``work.wait`` until gloo completes it (see the module doc); PeerTimeout
         after ``timeout`` seconds, or at once (dead) when gloo fails it: a peer gone."""
-        base.current_wait = (peer, what, time.time())  # for the flight recorder, as wait_until sets it
+        waits.current_wait = (peer, what, time.time())  # for the flight recorder, as wait_until sets it
         start = time.monotonic()
         try:
             work.wait(timedelta(seconds=timeout))
         except RuntimeError as e:
-            base.last_stuck = base.current_wait
+            waits.last_stuck = waits.current_wait
             if "Timed out" in str(e) or time.monotonic() - start >= timeout:
                 raise PeerTimeout(peer, what) from None  # gloo's deadline, which is ours
             raise _failed(peer, what, e) from None
         finally:
-            base.current_wait = None
+            waits.current_wait = None
 
     # -- group steps (schedules/native.py) ------------------------------------------------------
     def allreduce_group(self, group: tuple[int, ...], tensor: torch.Tensor, op: str, timeout: float) -> None:
-        """gloo's own allreduce of ``tensor`` among ``group`` (transports/base.py), on the process
+        """gloo's own allreduce of ``tensor`` among ``group`` (transports/protocol.py), on the process
         group of those ranks: the whole one, or one made for the group on first use, which is
         collective over its members (every member reaches the same group step). gloo reduces on
         its worker threads; this thread waits in ``Work.wait`` as for a receive (module doc)."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from mpi4py import MPI
 
-from . import base
-from .base import DEFAULT_SPIN_SECONDS, wait_until
+from . import waits
+from .waits import DEFAULT_SPIN_SECONDS, wait_until
 from .link_emulation import Pacer
 from .staged_sends import StagedSends
 
@@ -78,7 +78,7 @@ class MpiTransport(StagedSends):
         self._group_comms: dict[tuple[int, ...], object] = {}
         if self._pacer is not None:
             # Queued sends must go out while this rank waits on any transport (a shm wait too).
-            base.progress_hooks.append(self._pacer.pump)
+            waits.progress_hooks.append(self._pacer.pump)
         self.bytes_sent = 0
         self.bytes_received = 0
         self.spin = DEFAULT_SPIN_SECONDS
@@ -167,7 +167,7 @@ class MpiTransport(StagedSends):
         self._group_comms[tuple(members)] = sub
 
     def allreduce_group(self, group: tuple[int, ...], tensor: torch.Tensor, op: str, timeout: float) -> None:
-        """MPI's own allreduce of ``tensor`` among ``group`` (transports/base.py), polled against the
+        """MPI's own allreduce of ``tensor`` among ``group`` (transports/protocol.py), polled against the
         deadline like a receive. 16-bit floats, which MPI has no type for, are reduced in fp32 and
         rounded once (the same bits on every member). A group not made at init is made here with
         ``Create_group``, which blocks until every member arrives."""
@@ -192,8 +192,8 @@ class MpiTransport(StagedSends):
             except MPI.Exception:
                 pass
         self._group_comms.clear()
-        if self._pacer is not None and self._pacer.pump in base.progress_hooks:
-            base.progress_hooks.remove(self._pacer.pump)
+        if self._pacer is not None and self._pacer.pump in waits.progress_hooks:
+            waits.progress_hooks.remove(self._pacer.pump)
         for req, _ in self._posted.values():
             req.Cancel()
         self._posted.clear()

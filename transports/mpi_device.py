@@ -31,7 +31,7 @@ from collections import defaultdict, deque
 import torch
 from mpi4py import MPI
 
-from .base import DEFAULT_SPIN_SECONDS, wait_until
+from .waits import DEFAULT_SPIN_SECONDS, wait_until
 from .mpi import _TAG_RANGE
 from .staged_sends import size_class as _size_class
 

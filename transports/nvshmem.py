@@ -1,6 +1,6 @@
 """NVSHMEM transport: messages between the GPUs of one node through symmetric memory.
 
-Semantics (the transport protocol of base.py, on CUDA tensors):
+Semantics (the transport protocol of protocol.py, on CUDA tensors):
 - Every PE owns ``depth`` send slots in one symmetric tensor. ``acquire`` hands out a view
   of this PE's slot; the executor reduces or copies straight into it.
 - ``recv`` returns a view of the *sender's* slot through ``get_peer_tensor`` (NVLink
@@ -17,7 +17,7 @@ Semantics (the transport protocol of base.py, on CUDA tensors):
   as already sent.
 - Deadlines: a device-side wait cannot time out, so the host bounds the whole collective
   instead: ``flush`` records an event after the last step and polls it with the deadline
-  (``base.wait_until``); a peer that never signals becomes a CollectiveTimeout there.
+  (``waits.wait_until``); a peer that never signals becomes a CollectiveTimeout there.
   That poll is the one host synchronisation of a collective.
 
 The NVSHMEM runtime is per process: ``NvshmemRuntime.get`` initialises it once, over the
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import DEFAULT_SPIN_SECONDS, wait_until
+from .waits import DEFAULT_SPIN_SECONDS, wait_until
 
 
 def _core():

@@ -37,7 +37,7 @@ import torch
 from . import futex
 from ..errors import process_alive  # the one liveness check: a dead peer is told from a slow one
 from ..runtime.setup.bootstrap import as_bootstrap as _as_bootstrap
-from .base import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until, with_calls_first
+from .waits import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until, with_calls_first
 
 _SHM_DIR = "/dev/shm"
 _HEADER_BYTES = 4096

@@ -191,8 +191,8 @@ class FlightRecorder:
 
 
 def _current_wait(wait=None):
-    from ..transports import base
-    wait = wait or base.current_wait
+    from ..transports import waits
+    wait = wait or waits.current_wait
     if wait is None:
         return None
     peer, what, since = wait
@@ -201,8 +201,8 @@ def _current_wait(wait=None):
 
 def stuck_wait():
     """The wait that last gave up (for the record of a collective that timed out)."""
-    from ..transports import base
-    return _current_wait(base.last_stuck) if base.last_stuck else None
+    from ..transports import waits
+    return _current_wait(waits.last_stuck) if waits.last_stuck else None
 
 
 def default_dump_dir() -> str:

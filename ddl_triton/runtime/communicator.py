@@ -28,7 +28,7 @@ from ..errors import call_name, wait_failed
 from ..ops import check_op_dtype, normalize_op
 from ..options import Options
 from ..planning.planner import Plan, Planner
-from ..transports.base import PeerTimeout, wait_until
+from ..transports.waits import PeerTimeout, wait_until
 from .setup.bootstrap import MpiBootstrap, StoreBootstrap
 from .calls.executor import Executor
 from .calls.issue import IssuePath

@@ -73,7 +73,7 @@ def _exit_rendezvous() -> bool:
         return True
     from ..observability import flight
     from ..launch import status
-    from ..transports.base import PeerTimeout, wait_until
+    from ..transports.waits import PeerTimeout, wait_until
 
     request = MPI.COMM_WORLD.Ibarrier()
     try:

@@ -114,11 +114,11 @@ def signal_wait(signal_var: Buffer, value: int, cmp, stream) -> None:
     assert cmp == ComparisonType.CMP_GE, "the transport only waits for >="
     flag = signal_var.tensor.view(torch.int64)
     deadline = time.monotonic() + WAIT_LIMIT
-    from ddl_triton.transports import base
+    from ddl_triton.transports import waits
     while int(flag[0]) < value:
         # A device-side wait does not hold the host: it goes on posting sends meanwhile (the
         # progress hooks every host wait runs), which this host stand-in must do itself.
-        for hook in list(base.progress_hooks):
+        for hook in list(waits.progress_hooks):
             hook()
         if time.monotonic() > deadline:
             raise RuntimeError(f"fake nvshmem: PE {_state['pe']} waited {WAIT_LIMIT} s for signal "

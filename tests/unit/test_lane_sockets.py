@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ddl_triton.errors import CollectiveMismatch, CollectiveTimeout, DDLError
 from ddl_triton.runtime.lanes import call_lane
 from ddl_triton.runtime.lanes.lane_sockets import LaneSockets, _addresses
-from ddl_triton.transports.base import PeerTimeout
+from ddl_triton.transports.waits import PeerTimeout
 
 
 class _Counter:

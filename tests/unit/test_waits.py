@@ -1,6 +1,6 @@
 """Waits give the CPU back: a long wait must not burn a core the application computes on.
 
-transports/base.py: a wait spins briefly, then yields; a background thread's wait (a
+transports/waits.py: a wait spins briefly, then yields; a background thread's wait (a
 communicator's, overlapping DDP's backward) naps right after its spin where its peer wakes it,
 and any wait naps after 1 ms of yielding while every core of the host has a runnable thread.
 A background wait naps after 100 us of yielding even where a core is spare, and a polled one
@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from ddl_triton.transports import base
-from ddl_triton.transports.base import PeerTimeout, run_in_background, wait_until
+from ddl_triton.transports import waits
+from ddl_triton.transports.waits import PeerTimeout, run_in_background, wait_until
 
 WAIT_S = 0.5
 
@@ -47,7 +47,7 @@ def _wait_in_thread(background: bool, ready_after: float, sleep=None, prompt: bo
 @pytest.mark.parametrize("woken", [True, False], ids=["woken naps", "timed naps"])
 @pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
 def test_a_long_wait_naps_instead_of_using_the_core(background, woken, monkeypatch):
-    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: False)  # every core is busy
+    monkeypatch.setattr(waits, "_host_has_a_spare_core", lambda: False)  # every core is busy
     cpu, wall = _wait_in_thread(background, WAIT_S, time.sleep if woken else None)
     assert wall >= WAIT_S * 0.9
     # Spinning or yielding for the whole wait would use ~WAIT_S of CPU; napping uses a few percent.
@@ -55,9 +55,9 @@ def test_a_long_wait_naps_instead_of_using_the_core(background, woken, monkeypat
 
 
 def test_a_timed_wait_on_the_application_thread_keeps_yielding_while_a_core_is_spare(monkeypatch):
-    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: True)
+    monkeypatch.setattr(waits, "_host_has_a_spare_core", lambda: True)
     naps = []
-    monkeypatch.setattr(base.time, "sleep", lambda s: naps.append(s))
+    monkeypatch.setattr(waits.time, "sleep", lambda s: naps.append(s))
     cpu, wall = _wait_in_thread(False, 0.05)
     assert wall >= 0.05 * 0.9
     assert naps == [], f"a wait with a spare core napped {len(naps)} times"
@@ -66,7 +66,7 @@ def test_a_timed_wait_on_the_application_thread_keeps_yielding_while_a_core_is_s
 def test_a_background_wait_naps_after_a_short_yield_even_with_a_spare_core(monkeypatch):
     # Yielding for a whole transfer slows the application's compute even beside a spare core
     # (a hyperthread sibling; the testbed's peer rank): a background wait yields 100 us at most.
-    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: True)
+    monkeypatch.setattr(waits, "_host_has_a_spare_core", lambda: True)
     cpu, wall = _wait_in_thread(True, WAIT_S)
     assert wall >= WAIT_S * 0.9
     assert cpu < 0.25 * wall, f"a background wait used {cpu:.3f} s of CPU in {wall:.3f} s with a spare core"
@@ -76,7 +76,7 @@ def test_a_long_polled_background_wait_naps_longer_but_never_past_an_eighth_of_i
     # A background wait on a transfer of milliseconds (MPI, across hosts) wakes less often as it
     # lasts: each wake-up's tests cost the core backward computes on. A nap never exceeds an
     # eighth of the wait so far (bounding how late it answers), nor 1 ms.
-    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: False)
+    monkeypatch.setattr(waits, "_host_has_a_spare_core", lambda: False)
     naps = []
     real_sleep = time.sleep
     began = []
@@ -85,27 +85,27 @@ def test_a_long_polled_background_wait_naps_longer_but_never_past_an_eighth_of_i
         naps.append((seconds, time.monotonic() - began[0]))
         real_sleep(seconds)
 
-    monkeypatch.setattr(base.time, "sleep", recorded)
+    monkeypatch.setattr(waits.time, "sleep", recorded)
     began.append(time.monotonic())
     _wait_in_thread(True, 0.06)
     longest = max(n for n, _ in naps)
-    assert base._LONGEST_NAP_SECONDS < longest <= base._LONGEST_BACKGROUND_NAP_SECONDS, naps
+    assert waits._LONGEST_NAP_SECONDS < longest <= waits._LONGEST_BACKGROUND_NAP_SECONDS, naps
     for nap, elapsed in naps:  # elapsed from before the thread started: the wait's own is shorter
-        assert nap <= max(base._LONGEST_NAP_SECONDS, elapsed * base._BACKGROUND_NAP_SHARE) + 1e-9, (nap, elapsed)
+        assert nap <= max(waits._LONGEST_NAP_SECONDS, elapsed * waits._BACKGROUND_NAP_SHARE) + 1e-9, (nap, elapsed)
     # The application thread's timed naps stay short: it answers its peer at once.
     naps.clear()
     began[0] = time.monotonic()
     _wait_in_thread(False, 0.06)
-    assert naps and max(n for n, _ in naps) <= base._LONGEST_NAP_SECONDS, naps
+    assert naps and max(n for n, _ in naps) <= waits._LONGEST_NAP_SECONDS, naps
 
 
 @pytest.mark.parametrize("background", [True, False], ids=["background thread", "application thread"])
 def test_a_prompt_wait_never_naps_on_the_application_thread(background, monkeypatch):
     # A wait for a two-sided transport's message (MPI, gloo) answers at once however busy the
     # host: a nap would cost the protocol a round trip. A background thread still naps.
-    monkeypatch.setattr(base, "_host_has_a_spare_core", lambda: False)  # every core is busy
+    monkeypatch.setattr(waits, "_host_has_a_spare_core", lambda: False)  # every core is busy
     naps = []
-    monkeypatch.setattr(base.time, "sleep", lambda s: naps.append(s))
+    monkeypatch.setattr(waits.time, "sleep", lambda s: naps.append(s))
     _, wall = _wait_in_thread(background, 0.05, prompt=True)
     assert wall >= 0.05 * 0.9
     if background:
@@ -120,7 +120,7 @@ def test_a_host_whose_cores_are_all_busy_has_no_spare_core():
         time.sleep(0.3)  # every spinner is running
         seen = []
         for _ in range(50):
-            seen.append(base._host_has_a_spare_core())
+            seen.append(waits._host_has_a_spare_core())
             time.sleep(0.002)
     finally:
         for p in spinners:
@@ -137,14 +137,14 @@ def test_a_napping_wait_still_meets_its_deadline():
             wait_until(lambda: False, 0.3, 3, "a condition that never comes")
         assert time.monotonic() - t0 < 0.3 + 0.25  # the longest nap is well under the slack
     finally:
-        base._background.on = False
+        waits._background.on = False
 
 
 def test_a_process_confined_to_some_cores_never_counts_on_a_spare_one(monkeypatch):
     # The running count is the whole host's: it says nothing about the cores a pinned process may use.
-    monkeypatch.setattr(base.os, "cpu_count", lambda: 8)
-    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(base, "_loadavg_fd", None)
-    monkeypatch.setattr(base, "_cpus", 0)
-    assert base._usable_cpus() == 0
-    assert base._host_has_a_spare_core() is False
+    monkeypatch.setattr(waits.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(waits.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(waits, "_loadavg_fd", None)
+    monkeypatch.setattr(waits, "_cpus", 0)
+    assert waits._usable_cpus() == 0
+    assert waits._host_has_a_spare_core() is False

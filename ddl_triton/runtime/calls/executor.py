@@ -25,7 +25,8 @@ import torch
 
 from ...kernels.reduce import reduce_trusted as _reduce_trusted
 from ...errors import call_name, wait_failed
-from ...transports.base import PeerTimeout, Transport
+from ...transports.protocol import Transport
+from ...transports.waits import PeerTimeout
 from ...schedules import IN, Schedule, Span, Step
 from ...schedules.native import expand as _expand_group_steps
 

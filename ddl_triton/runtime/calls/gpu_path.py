@@ -27,9 +27,9 @@ import torch
 
 from ... import schedules
 from .executor import Executor
-from ...transports import base
+from ...transports import waits
 from ...transports.mpi_device import DeviceMpiTransport
-from ...transports.self import SelfTransport
+from ...transports.self_transport import SelfTransport
 
 
 def available() -> bool:
@@ -124,7 +124,7 @@ class GpuPath:
             self.transports.append(nvshmem)
             # Every wait (the NVSHMEM stream's in flush included) posts the MPI sends whose copies
             # are done: a peer whose stream waits for one holds back the NVSHMEM signal we wait for.
-            base.progress_hooks.append(mpi.post_ready_sends)
+            waits.progress_hooks.append(mpi.post_ready_sends)
         self.intra_node = "" if len(on_node) == 1 else ("nvshmem" if nvshmem is not None else "mpi")
         intra = nvshmem or mpi
         route = [SelfTransport()] if size == 1 else \
@@ -155,8 +155,8 @@ class GpuPath:
     def close(self) -> None:
         for t in self.transports:
             hook = getattr(t, "post_ready_sends", None)
-            if hook is not None and hook in base.progress_hooks:
-                base.progress_hooks.remove(hook)
+            if hook is not None and hook in waits.progress_hooks:
+                waits.progress_hooks.remove(hook)
             t.close()
         self.transports = []
         self._executor = None

@@ -45,7 +45,7 @@ from collections import deque
 from typing import Callable, Iterator
 
 from ...errors import CollectiveTimeout, DDLError
-from ...transports.base import run_in_background
+from ...transports.waits import run_in_background
 
 
 class Work:

@@ -20,7 +20,7 @@ import torch
 from . import call_lane
 from ...errors import CollectiveMismatch, CollectiveTimeout
 from ...ops import DTYPES, OPS
-from ...transports.base import PeerTimeout
+from ...transports.waits import PeerTimeout
 
 CALLS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier")
 

@@ -38,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...errors import CollectiveMismatch
-from ...transports.base import wait_until
+from ...transports.waits import wait_until
 from . import call_check as fingerprints
 from .lane_sockets import LaneSockets, SocketWire
 

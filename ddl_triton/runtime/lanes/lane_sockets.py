@@ -44,7 +44,7 @@ import time
 from datetime import timedelta
 
 from ...errors import CollectiveTimeout, DDLError
-from ...transports.base import PeerTimeout
+from ...transports.waits import PeerTimeout
 from . import lane_handshake
 from .lane_handshake import Greeting, Refused, log_drop
 

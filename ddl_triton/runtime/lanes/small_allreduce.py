@@ -51,7 +51,7 @@ import torch
 
 from ...errors import CollectiveMismatch
 from ...ops import DTYPES, OPS
-from ...transports.base import wait_until
+from ...transports.waits import wait_until
 
 # An inf from overflow is a result here, as in torch; numpy would also warn about it. Silenced for
 # this module's ufunc calls only (np.errstate per call would cost more than the reduction).

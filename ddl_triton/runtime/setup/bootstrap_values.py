@@ -99,11 +99,11 @@ def _is(value, kind) -> bool:
 def mpi_wait(request, timeout: float, what: str, rank: int, size: int, roll=None) -> None:
     """Wait for ``request`` (a nonblocking MPI collective over ``size`` ranks) at most
     ``timeout`` seconds; BootstrapTimeout past it, or soon after the launcher reports a lost
-    process (transports/base.py's ``wait_until``). ``roll``: (RollCall, the step's name, the
+    process (transports/waits.py's ``wait_until``). ``roll``: (RollCall, the step's name, the
     same on every rank; roll_call.py), which answers peers meanwhile and, past the deadline,
     finds the ranks that did not arrive, for the error to name; without it the error names
     the step only (MPI cannot say who is missing from a collective)."""
-    from ...transports.base import PeerTimeout, wait_until
+    from ...transports.waits import PeerTimeout, wait_until
 
     call, step = roll if roll is not None else (None, "")
     ready = request.Test if call is None else (lambda: call.answer() or request.Test())

@@ -24,7 +24,7 @@ from ...options import Options
 from ...transports import link_emulation
 from ...transports.gloo import GlooTransport
 from ...transports.mpi import MpiTransport
-from ...transports.self import SelfTransport
+from ...transports.self_transport import SelfTransport
 from ...transports.shm import ShmTransport
 from ..lanes.call_lane import CallLane
 from ..lanes.lane_sockets import LaneSockets

@@ -1,4 +1,4 @@
-"""Loopback transport for a world of one rank: messages to oneself, kept in memory.
+"""The self transport: loopback for a world of one rank, messages to oneself kept in memory.
 
 Schedules never address a rank's own messages to itself, so at size 1 this
 transport only carries what a caller sends explicitly; it exists so that every
