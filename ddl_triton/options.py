@@ -5,8 +5,9 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 
+from . import compression_methods
+
 _KIB = 1024
-COMPRESSION = ("none", "int8", "onebit", "auto")  # Options.compression: see ddl_triton/torch/level_compression.py
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class Options:
                                           a slower link (transports/link_emulation.py); "" (default): off
     compression (DDL_COMPRESSION)         lossy, so opt-in: the "ddl" process group's float allreduces of at least
                                           64 KiB (DDP's buckets) go fp32 over shm inside a host and compressed
-                                          between hosts (ddl_triton/runtime/compression/per_level.py): "int8", "onebit", or
+                                          between hosts (ddl_triton/runtime/compression/per_level.py): a method of
+                                          ddl_triton/compression_methods.py ("int8", "onebit", "fp16", "bf16"), or
                                           "auto" (per size, where it pays: ddl_triton/tuning/compression.py);
                                           "none" (default): full precision everywhere
     """
@@ -93,9 +95,7 @@ class Options:
             raise ValueError(f"Options.flight_entries must be >= 1, got {self.flight_entries}")
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"Options.kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
-        if self.compression not in COMPRESSION:
-            raise ValueError(f"Options.compression (DDL_COMPRESSION) must be one of {', '.join(COMPRESSION)}, "
-                             f"got {self.compression!r}")
+        compression_methods.check_choice(self.compression, "Options.compression (DDL_COMPRESSION)")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Options":

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--schedule", type=_schedules, default=["multidim"])
     t.add_argument("--batch", type=int, default=32)
     t.add_argument("--bucket-mb", type=float, default=25.0)
-    t.add_argument("--compress", choices=sorted(scale.COMPRESSION), default="none")
+    t.add_argument("--compress", choices=scale.compression_choices(), default="none")
     t.add_argument("--img-per-s", type=float, default=None, help="measured single-GPU rate for --model (default: "
                    "the cluster's, scaled by multiply-adds)")
     t.add_argument("--baseline", type=int, default=0, help="also report efficiency against this many GPUs")
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--chunk-bytes", type=int, default=2 << 20, help="pipeline chunk (default: Options' 2 MiB)")
     a.add_argument("--link-emulation", default="")
     a.add_argument("--rate", default="", help="a shaped cluster's tbf rate (--cluster testbed), e.g. 100mbit")
-    a.add_argument("--compress", choices=sorted(scale.COMPRESSION), default="none")
+    a.add_argument("--compress", choices=scale.compression_choices(), default="none")
     a.add_argument("--no-probe", action="store_true", help="without a tuning table, use the built-in model")
     args = p.parse_args(argv)
     return train(args) if args.command == "train" else allreduce(args)

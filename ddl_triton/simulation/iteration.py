@@ -18,8 +18,9 @@ schedule by name:
   the ring of 16 GPUs on that link with the same bytes per step, scaled by (N-1)/15.
   ``tree`` adds, beyond 64 GPUs, two latency-bound hops per doubling.
 
-**Compression** (``--compress``) sends fewer bytes (int8 3.94x, fp16/bf16 2x, 1-bit 31.96x,
-the ratios measured by this project's hooks) and pays its kernels: three passes over the
+**Compression** (``--compress``: "none" or a method of ddl_triton/compression_methods.py) sends
+fewer bytes, by the ratio its row's wire bits per element give (``wire_ratio``: int8 3.94x at
+block 256, fp16/bf16 2x, 1-bit 32x, as this project's hooks measure them) and pays its kernels: three passes over the
 fp32 bucket at memory speed (quantize, dequantize-add-requantize, dequantize).
 
 **One training iteration** (``iteration``): forward then backward on each GPU; layer i's
@@ -43,7 +44,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import schedules
+from .. import compression_methods, schedules
 from .cluster import Cluster
 from .shaped_link import ShapedLink, TokenBucket
 from ..planning.costmodel import CostModel
@@ -52,8 +53,12 @@ from .workload import Layer
 
 _WALK_LIMIT = 32
 _CHUNKS = 64                 # schedules are costed at most this many chunks long (as the planner does)
-COMPRESSION = {"none": 1.0, "fp16": 2.0, "bf16": 2.0, "int8": 3.94, "onebit": 31.96}
 SCHEDULES = ("ring", "rhd", "tree", "hierarchical", "hierarchical_native", "multidim")
+
+
+def compression_choices() -> tuple[str, ...]:
+    """What ``--compress`` accepts: "none" and every compression method (not "auto", a runtime rule)."""
+    return (compression_methods.NONE, *compression_methods.names())
 
 
 def _walk(model: CostModel, name: str, nranks: int, count: int, chunk_elems: int, link_of, grid=None,
@@ -125,12 +130,12 @@ def best_line_algorithm(cluster: Cluster, d: int, size: int, count: int, chunk: 
 def allreduce_time(cluster: Cluster, gpus: int, nbytes: int, schedule: str, *, chunk_bytes: int = 4 << 20,
                    compress: str = "none") -> tuple[float, str]:
     """(seconds, how it was costed) for one fp32 allreduce of ``nbytes`` on ``gpus`` GPUs."""
-    if compress not in COMPRESSION:
-        raise ValueError(f"unknown compression {compress!r}; valid: {', '.join(COMPRESSION)}")
+    if compress not in compression_choices():
+        raise ValueError(f"unknown compression {compress!r}; valid: {', '.join(compression_choices())}")
     kernels = 0.0
-    if compress != "none":
+    if compress != compression_methods.NONE:
         kernels = 3 * nbytes / (cluster.hbm_gbps * 1e9)
-        nbytes = int(nbytes / COMPRESSION[compress])
+        nbytes = int(nbytes / compression_methods.get(compress).wire_ratio())
     count = max(1, nbytes // 4)
     chunk = max(1, chunk_bytes // 4)
     dims = cluster.grid(gpus)

@@ -11,6 +11,8 @@ and averages the bucket over the ranks of ``state.comm``:
     onebit_compress_hook   1 bit + fp32 scale / chunk  1-bit Adam style, error feedback on both sides
     auto_compress_hook     fp32 on shm inside a host;  per-level: compressed only where the link is slow,
                            int8 (or 1-bit) between     as ``state.compression`` says ("auto": decided per size)
+    compress_hook(name)    any method's wire format    the hook of any row of ddl_triton/compression_methods.py
+                                                       (the four named hooks above are those of the built-in rows)
 
 The hooks talk over ``state.comm`` (default ``ddl_triton.init()``, i.e. MPI.COMM_WORLD), not over
 DDP's process group, so they work the same whether DDP runs on gloo or on the "ddl" backend; the
@@ -48,11 +50,12 @@ import torch.distributed as dist
 
 import ddl_triton
 
+from .. import compression_methods
 from ..runtime.compression import compressed, per_level
 from .level_compression import LevelCompression
 
-__all__ = ["HookState", "allreduce_hook", "auto_compress_hook", "bf16_compress_hook", "fp16_compress_hook",
-           "int8_compress_hook", "onebit_compress_hook"]
+__all__ = ["HookState", "allreduce_hook", "auto_compress_hook", "bf16_compress_hook", "compress_hook",
+           "fp16_compress_hook", "int8_compress_hook", "onebit_compress_hook"]
 
 
 class HookState:
@@ -61,11 +64,12 @@ class HookState:
     comm: the Communicator to reduce over (default ``ddl_triton.init()``, the world).
     error_feedback: keep and re-send what the int8 / 1-bit compression lost (default True).
     block: the int8 quantization block (a power of two in [4, 65536]; default 256).
-    onebit_param_scales: 1-bit sends one scale per chunk (default) or, when True, one per
-    parameter within each chunk (4 bytes more per parameter; a layer of small gradients then
-    is not sent at the scale of a layer of large ones).
+    onebit_param_scales: 1-bit (and any method whose row takes scale groups) sends one scale per
+    chunk (default) or, when True, one per parameter within each chunk (4 bytes more per
+    parameter; a layer of small gradients then is not sent at the scale of a layer of large ones).
     compression: what ``auto_compress_hook`` sends between hosts: "auto" (default: decided per
-    bucket size, ddl_triton/tuning/compression.py), "int8", "onebit" or "none" (fp32 everywhere).
+    bucket size, ddl_triton/tuning/compression.py), a method of ddl_triton/compression_methods.py
+    (int8, onebit, fp16, bf16, or one registered) or "none" (fp32 everywhere).
     Counters: ``calls`` (hook invocations), ``grad_bytes`` (bucket bytes handed to the hooks),
     ``payload_bytes`` (bytes the hooks' algorithms send from this rank, computed from their
     layouts; for allreduce_hook that of a bandwidth-optimal ring, 2(n-1)/n * bytes),
@@ -172,7 +176,7 @@ def fp16_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
     Inputs beyond fp16's range (|g| > 65504) become inf, as with torch's fp16_compress_hook.
     Example (2 ranks): [1.0, 0.1] and [1.0, 0.3] -> both [1.0, 0.199951171875] (the fp16 nearest 0.2).
     """
-    return _sixteen_bit(state, bucket, torch.float16)
+    return _compressed(state, bucket, "fp16")
 
 
 def bf16_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -180,7 +184,7 @@ def bf16_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
 
     Example (2 ranks): [1.0, 0.1] and [1.0, 0.3] -> both [1.0, 0.2001953125] (the bf16 nearest 0.2).
     """
-    return _sixteen_bit(state, bucket, torch.bfloat16)
+    return _compressed(state, bucket, "bf16")
 
 
 def int8_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -192,12 +196,7 @@ def int8_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
     Bytes sent per rank: about 2(n-1)/n * N * (1 + 4/block), 3.94x fewer than fp32 at block 256.
     Example (2 ranks, block 4): [1, 2, 3, 4] and [3, 2, 1, 0] -> both [2.0118, 2.0118, 1.9960, 1.9960].
     """
-    buf = bucket.buffer()
-    comm = state.comm
-    state._count(buf, compressed.wire_bytes("int8", buf.numel(), comm.size, block=state.block))
-    residual = state._residual(bucket, "int8", buf.numel())[0] if state.error_feedback else None
-    return _future(lambda: compressed.allreduce_int8(comm, buf, op="avg", block=state.block, residual=residual,
-                                                     async_op=True))
+    return _compressed(state, bucket, "int8")
 
 
 def onebit_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -213,17 +212,24 @@ def onebit_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.fut
     and training oscillates (examples/train_cnn.py, momentum 0.9: test accuracy 0.71 against 0.98).
     Example (2 ranks, 4 elements): [0.5, -1.5, 2.0, 0.0] and [1, 1, 1, 1] -> both [0.75] * 4.
     """
-    buf = bucket.buffer()
-    comm = state.comm
-    n = buf.numel()
-    groups = _param_starts(bucket) if state.onebit_param_scales else None
-    state._count(buf, compressed.wire_bytes("onebit", n, comm.size, groups=groups))
-    worker = server = None
-    if state.error_feedback:
-        a, b = compressed.chunk_bounds(n, comm.size, 32)[comm.rank]
-        worker, server = state._residual(bucket, "onebit", n, b - a)
-    return _future(lambda: compressed.allreduce_onebit(comm, buf, op="avg", residual=worker,
-                                                       server_residual=server, groups=groups, async_op=True))
+    return _compressed(state, bucket, "onebit")
+
+
+def compress_hook(method: str):
+    """The DDP hook that averages each bucket with compression ``method`` on the wire: any row of
+    ddl_triton/compression_methods.py, a registered one included (the named hooks above are these
+    for the built-in rows). Error feedback where the row keeps it (``state.error_feedback``), one
+    scale per parameter where it takes scale groups (``state.onebit_param_scales``).
+    Example: model.register_comm_hook(HookState(), compress_hook("bf16"))  # as bf16_compress_hook
+    """
+    compression_methods.get(method)  # an unknown name fails here, listing the valid ones
+
+    def hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return _compressed(state, bucket, method)
+
+    # not "<method>_compress_hook": DDP refuses hooks named as torch's own bf16/fp16 ones without NCCL
+    hook.__name__ = hook.__qualname__ = f"ddl_compress_hook_{method}"
+    return hook
 
 
 def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -244,13 +250,13 @@ def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
     buf = bucket.buffer()
     lc = state._levels
     method = lc.decide(buf.numel() * 4, calling=True).method  # by its size and its place in backward
-    if method == "none" or buf.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+    if method == compression_methods.NONE or buf.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return allreduce_hook(state, bucket)
     levels = lc.levels
     state._count(buf, sum(per_level.wire_bytes(levels, method, buf.numel(), block=state.block).values()))
     worker = server = None
     if state.error_feedback:
-        w, s = per_level.residual_sizes(levels, method, buf.numel())
+        w, s = per_level.residual_sizes(levels, method, buf.numel(), block=state.block)
         worker, server = state._residual(bucket, "per-level " + method, w, s)
     return _future(lambda: per_level.allreduce(levels, buf, method=method, op="avg", block=state.block,
                                                residual=worker, server_residual=server, async_op=True))
@@ -261,11 +267,23 @@ def auto_compress_hook(state: HookState, bucket: dist.GradBucket) -> torch.futur
 bf16_compress_hook.__name__ = bf16_compress_hook.__qualname__ = "ddl_bf16_compress_hook"
 
 
-def _sixteen_bit(state: HookState, bucket, wire_dtype: torch.dtype) -> torch.futures.Future[torch.Tensor]:
+def _compressed(state: HookState, bucket, method: str) -> torch.futures.Future[torch.Tensor]:
+    """Average the bucket with ``method``'s allreduce (its row says which residuals and keywords)."""
+    row = compression_methods.get(method)
     buf = bucket.buffer()
-    state._count(buf, compressed.wire_bytes("16bit", buf.numel(), state.comm.size))
-    return _future(lambda: compressed.allreduce_16bit(state.comm, buf, wire_dtype=wire_dtype, op="avg",
-                                                      async_op=True))
+    comm = state.comm
+    n = buf.numel()
+    groups = _param_starts(bucket) if row.scale_groups and state.onebit_param_scales else None
+    state._count(buf, compressed.wire_bytes(method, n, comm.size, block=state.block, groups=groups))
+    worker = server = None
+    if state.error_feedback and row.worker_residual:
+        server_numel = None
+        if row.server_residual:  # the server residual covers this rank's chunk
+            a, b = compressed.chunk_bounds(n, comm.size, row.align(state.block))[comm.rank]
+            server_numel = b - a
+        worker, server = state._residual(bucket, method, n, server_numel)
+    return _future(lambda: row.run(comm, buf, op="avg", block=state.block, residual=worker, server_residual=server,
+                                   groups=groups, async_op=True))
 
 
 def _param_starts(bucket) -> list[int]:

@@ -6,8 +6,9 @@ DDP's bucket index, in ``HookState``) and the "ddl" process group's allreduce un
 persist across steps). For a call of ``nbytes`` it decides the inter-host method:
 
     setting   method between hosts
-    "int8"    int8 blocks, error feedback          (full precision on one host: nothing to save)
-    "onebit"  1 bit per element, error feedback    (likewise)
+    a method  that method's row of ddl_triton/compression_methods.py (int8, onebit, fp16, bf16, or
+              one registered), with error feedback where the row keeps it (full precision on one
+              host: nothing to save)
     "auto"    what ddl_triton/tuning/compression.py decides for this size: the tuning table's
               ``compression`` section if the communicator's table has one, else the cost model
               on the link probed at first use
@@ -34,12 +35,12 @@ from collections import OrderedDict
 
 import torch
 
+from .. import compression_methods
 from ..runtime.compression import per_level
-from ..tuning import compression as rule
+from ..tuning import compression as auto_rule
 from ..tuning.compression import Decision
 from .backward_position import BackwardPositions
 
-SETTINGS = ("none", "int8", "onebit", "auto")
 # The option path compresses only tensors of at least this many bytes: DDP's buckets are 1 MiB
 # and up (but for a small model's only or last one), while the small allreduces an application
 # makes itself (losses, metrics, batch-norm statistics) expect exact results; and below it the
@@ -61,8 +62,7 @@ class LevelCompression:
     was dropped because the tensor under them changed size or method."""
 
     def __init__(self, comm, setting: str, *, block: int = 256, error_feedback: bool = True):
-        if setting not in SETTINGS:
-            raise ValueError(f"rank {comm.rank}: compression must be one of {', '.join(SETTINGS)}, got {setting!r}")
+        compression_methods.check_choice(setting, f"rank {comm.rank}: compression")
         self.comm, self.setting, self.block, self.error_feedback = comm, setting, block, bool(error_feedback)
         self.decisions: dict = {}
         self.positioned: OrderedDict = OrderedDict()
@@ -82,7 +82,7 @@ class LevelCompression:
     def takes(self, tensor: torch.Tensor, op: str) -> bool:
         """Whether the option path compresses this allreduce: a setting other than "none", an
         "avg" or "sum" of a float CPU tensor of at least MIN_BYTES."""
-        return (self.setting != "none" and op in ("avg", "sum") and tensor.is_cpu
+        return (self.setting != compression_methods.NONE and op in ("avg", "sum") and tensor.is_cpu
                 and tensor.dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and tensor.numel() * tensor.element_size() >= MIN_BYTES)
 
@@ -90,14 +90,15 @@ class LevelCompression:
     def groups(self) -> list:
         """The communicators the per-level groups added (none before first use, or where the groups
         are ``comm`` itself): their ``transport_bytes`` count the bytes of per-level calls."""
-        return list(self._levels._owned) if self._levels is not None else []
+        return list(self._levels.owned) if self._levels is not None else []
 
     def decide(self, nbytes: int, calling: bool = False):
         """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason.
         ``calling``: this is an allreduce being made (once per call): inside backward, "auto" then
         weighs its place there (module doc). Collective on first use, and at a place's first
         positioned decision."""
-        place, behind = self._positions.observe(nbytes) if calling and self.setting == "auto" else (None, None)
+        place, behind = self._positions.observe(nbytes) if calling and self.setting == compression_methods.AUTO \
+            else (None, None)
         if behind is not None and self.levels.hosts > 1 and self.levels.uniform:
             held = self.positioned.get(place)
             if held is None:
@@ -110,10 +111,10 @@ class LevelCompression:
         if held is not None:
             return held
         lv = self.levels
-        if self.setting == "none":
-            d = Decision("none", "compression is off (Options.compression = none)")
-        elif self.setting != "auto":
-            d = rule.decide(nbytes, lv.hosts, lv.local_size, None, None, uniform=lv.uniform) \
+        if self.setting == compression_methods.NONE:
+            d = Decision(compression_methods.NONE, "compression is off (Options.compression = none)")
+        elif self.setting != compression_methods.AUTO:
+            d = auto_rule.decide(nbytes, lv.hosts, lv.local_size, None, None, uniform=lv.uniform) \
                 if lv.hosts == 1 or not lv.uniform else Decision(self.setting, f"named: {self.setting}")
         else:
             d = self._decide_auto(nbytes, 0.0)
@@ -132,7 +133,7 @@ class LevelCompression:
     def allreduce(self, tensor: torch.Tensor, key, method: str, op: str = "avg", async_op: bool = True):
         """Allreduce ``tensor`` in place with ``method``, as ``decide`` chose it for this call on
         the calling thread; residuals under ``key``."""
-        if method == "none":
+        if method == compression_methods.NONE:
             return self.comm.allreduce(tensor, op=op, async_op=async_op)
         worker, server = self.residuals(key, method, tensor.numel()) if self.error_feedback else (None, None)
         return per_level.allreduce(self.levels, tensor, method=method, op=op, block=self.block, residual=worker,
@@ -141,7 +142,7 @@ class LevelCompression:
     def residuals(self, key, method: str, numel: int):
         """(worker, server) error-feedback residuals under ``key``: zeros when new, or when the size or
         method under the key changed (counted in ``residual_resets``). At most MAX_KEYS are kept."""
-        w, s = per_level.residual_sizes(self.levels, method, numel)
+        w, s = per_level.residual_sizes(self.levels, method, numel, block=self.block)
         held = self._residuals.get(key)
         if held is not None and held[0] == (method, numel):
             self._residuals.move_to_end(key)
@@ -161,12 +162,12 @@ class LevelCompression:
         lv = self.levels
         table = getattr(self.comm.planner, "table", None)
         section = getattr(table, "compression", None) if table is not None else None
-        d = rule.from_table(section, nbytes, lv.hosts, behind_us=behind_us) if section else None
+        d = auto_rule.from_table(section, nbytes, lv.hosts, behind_us=behind_us) if section else None
         if d is None:
             if lv.hosts > 1 and lv.uniform and self._speeds is None:
-                self._speeds = rule.probe(lv)
+                self._speeds = auto_rule.probe(lv)
             link, speed = self._speeds or (None, None)
-            d = rule.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform, block=self.block,
+            d = auto_rule.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform, block=self.block,
                             behind_us=behind_us)
         return d
 

@@ -53,12 +53,12 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from .. import compression_methods
 from ..runtime.compression import compressed
 
-__all__ = ["AUTO_METHODS", "CompressorSpeed", "Decision", "LinkSpeed", "decide", "exposed_us", "from_table",
+__all__ = ["CompressorSpeed", "Decision", "LinkSpeed", "decide", "exposed_us", "from_table",
            "predict_us", "probe", "sweep_compression"]
 
-AUTO_METHODS = ("int8",)  # what auto may choose besides "none" (see the module doc for 1-bit)
 _PROBE_SMALL, _PROBE_FIXED, _PROBE_BIG = 8, 1 << 10, 1 << 20
 
 
@@ -87,7 +87,7 @@ class CompressorSpeed:
 class Decision:
     """What auto chose for one size, and why (``reason``: one line, as explain prints it)."""
 
-    method: str                         # "none", "int8" (or "onebit" when a caller allows it)
+    method: str                         # "none", or a method of ddl_triton/compression_methods.py
     reason: str
     estimates_us: dict = field(default_factory=dict)
 
@@ -107,34 +107,38 @@ def exposed_us(method: str, nbytes: int, hosts: int, local: int, link: LinkSpeed
 
 
 def decide(nbytes: int, hosts: int, local: int, link: LinkSpeed | None, speed: CompressorSpeed | None, *,
-           uniform: bool = True, methods=AUTO_METHODS, block: int = 256, behind_us: float = 0.0) -> Decision:
+           uniform: bool = True, methods=None, block: int = 256, behind_us: float = 0.0) -> Decision:
     """auto's choice for an ``nbytes`` fp32 allreduce on ``hosts`` hosts of ``local`` ranks, with
-    ``behind_us`` of backward known to follow the call (0: the step waits for it)."""
+    ``behind_us`` of backward known to follow the call (0: the step waits for it), among "none"
+    and ``methods`` (default: the rows auto may choose, ``compression_methods.auto_names()``)."""
+    methods = compression_methods.auto_names() if methods is None else tuple(methods)
     if hosts == 1:
         return Decision("none", "one host: every level is shm, where compression never pays")
     if not uniform:
         return Decision("none", "hosts hold unequal rank counts: no per-level groups, full precision")
     if behind_us <= 0:
-        est = {m: predict_us(m, nbytes, hosts, local, link, speed, block) for m in ("none", *methods)}
+        est = {m: predict_us(m, nbytes, hosts, local, link, speed, block) for m in (compression_methods.NONE, *methods)}
         what = "cost model of the inter-host phase"
     else:
-        est = {m: exposed_us(m, nbytes, hosts, local, link, speed, behind_us, block) for m in ("none", *methods)}
+        est = {m: exposed_us(m, nbytes, hosts, local, link, speed, behind_us, block)
+               for m in (compression_methods.NONE, *methods)}
         what = f"cost model of what the inter-host phase adds to the step, {behind_us / 1e3:.1f} ms of backward behind it,"
     best = _fastest(est)
     return Decision(best, f"{what} on {link.describe()}: {_shown(est)}", est)
 
 
-def from_table(section: dict, nbytes: int, hosts: int, methods=AUTO_METHODS, behind_us: float = 0.0) -> Decision | None:
+def from_table(section: dict, nbytes: int, hosts: int, methods=None, behind_us: float = 0.0) -> Decision | None:
     """The table's choice for ``nbytes`` (the entry measured nearest in log size), or None when
     the section has no entries. ``section``: a tuning table's ``compression`` (module doc);
-    ``behind_us``: as for ``decide``."""
+    ``methods`` and ``behind_us``: as for ``decide``."""
+    methods = compression_methods.auto_names() if methods is None else tuple(methods)
     rows = section.get("entries") or []
     if hosts == 1:
         return Decision("none", "one host: every level is shm, where compression never pays")
     if not rows:
         return None
     row = min(rows, key=lambda r: (abs(math.log(max(r["bytes"], 1) / max(nbytes, 1))), r["bytes"]))
-    times = {m: t for m, t in row["by_method"].items() if m == "none" or m in methods}
+    times = {m: t for m, t in row["by_method"].items() if m == compression_methods.NONE or m in methods}
     inter = section.get("levels", {}).get("inter")
     link = f" on an inter-host link of {inter['bytes_per_s'] / 1e9:.3f} GB/s" if inter else ""
     if behind_us <= 0:
@@ -147,29 +151,33 @@ def from_table(section: dict, nbytes: int, hosts: int, methods=AUTO_METHODS, beh
 
 
 def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
-    """Measure the inter-host link and this CPU's compressors (collective over ``levels.comm``:
-    every rank, same point; about 10 fp32 allreduces of at most 1 MiB). Every rank returns the
-    slowest rank's figures, so every rank decides alike."""
+    """Measure the inter-host link and this CPU's compressors, every method of
+    ddl_triton/compression_methods.py (collective over ``levels.comm``: every rank, same point;
+    about 10 fp32 allreduces of at most 1 MiB). Every rank returns the slowest rank's figures, so
+    every rank decides alike."""
     import torch
 
     comm, cross, hosts = levels.comm, levels.cross, levels.hosts
+    methods = compression_methods.names()  # the same table on every rank: the same figures, in order
     mine = [_time_allreduce(cross, _PROBE_SMALL), _time_allreduce(cross, _PROBE_BIG)]
-    mine += [_time_compressor(m, n) for m in ("int8", "onebit") for n in (_PROBE_FIXED, _PROBE_BIG)]
+    mine += [_time_compressor(m, n) for m in methods for n in (_PROBE_FIXED, _PROBE_BIG)]
     agreed = torch.tensor(mine, dtype=torch.float64)
     comm.allreduce(agreed, op="max")  # same figures everywhere: the same decisions everywhere
-    small, big, i8_fixed, i8_big, ob_fixed, ob_big = agreed.tolist()
+    small, big, *kernels = agreed.tolist()
     latency = small / max(1, compressed.latency_steps(hosts)) * 1e6  # an 8 B allreduce: its latency steps alone
     bw = 2 * (hosts - 1) / hosts * _PROBE_BIG / max(big - small, 1e-9)
     link = LinkSpeed(latency, bw, f"probed at first use over the {hosts} hosts")
-    return link, CompressorSpeed({"int8": _PROBE_BIG / max(i8_big - i8_fixed, 1e-9),
-                                  "onebit": _PROBE_BIG / max(ob_big - ob_fixed, 1e-9)},
-                                 {"int8": i8_fixed * 1e6, "onebit": ob_fixed * 1e6})
+    fixed = dict(zip(methods, kernels[0::2]))
+    whole = dict(zip(methods, kernels[1::2]))
+    return link, CompressorSpeed({m: _PROBE_BIG / max(whole[m] - fixed[m], 1e-9) for m in methods},
+                                 {m: fixed[m] * 1e6 for m in methods})
 
 
 def sweep_compression(levels, sizes: list[int], rounds: int = 5) -> dict:
     """The tuning table's ``compression`` section: each level's link, and per size the median
     time (slowest rank, interleaved rounds) of the plain fp32 allreduce ("none") and of the
-    per-level int8 and 1-bit allreduces with error feedback. Collective over ``levels.comm``."""
+    per-level allreduce of every method of ddl_triton/compression_methods.py, with error feedback
+    where it keeps it. Collective over ``levels.comm``."""
     import torch
 
     from ..runtime.compression import per_level
@@ -184,9 +192,9 @@ def sweep_compression(levels, sizes: list[int], rounds: int = 5) -> dict:
         x = torch.ones(nbytes // 4, dtype=torch.float32)
         runs = {"none": lambda: comm.allreduce(x, op="avg")}
         if levels.hosts > 1 and levels.uniform:
-            for m in per_level.METHODS:
+            for m in compression_methods.names():
                 w, s = per_level.residual_sizes(levels, m, x.numel())
-                res = torch.zeros(w)
+                res = torch.zeros(w) if w else None
                 srv = torch.zeros(s) if s is not None else None
                 runs[m] = lambda m=m, res=res, srv=srv: per_level.allreduce(levels, x, method=m, residual=res,
                                                                             server_residual=srv)
@@ -242,28 +250,18 @@ def _time_allreduce(comm, nbytes: int, reps: int = 5) -> float:
 
 
 def _time_compressor(method: str, nbytes: int, reps: int = 5) -> float:
-    """Median seconds of one compress + decompress of ``nbytes`` of fp32 with ``method``'s kernels."""
+    """Median seconds of one compress + decompress of ``nbytes`` of fp32 with ``method``'s kernels
+    (its row's ``roundtrip``)."""
     import torch
 
-    from ..kernels import dequantize_int8, quantize_int8, sign_compress, sign_decompress
-
+    roundtrip = compression_methods.resolve(compression_methods.get(method).roundtrip)
     x = torch.linspace(-1, 1, nbytes // 4, dtype=torch.float32)
-    residual = torch.zeros_like(x)
     out = torch.empty_like(x)
-
-    def once() -> None:
-        if method == "int8":
-            q, s = quantize_int8(x, block=256)
-            dequantize_int8(q, s, out=out, block=256)
-        else:
-            bits, scale = sign_compress(x, residual)
-            sign_decompress(bits, scale, x.numel(), out=out)
-
-    once()
+    roundtrip(x, out)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        once()
+        roundtrip(x, out)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -1,6 +1,6 @@
 """Per-level compression without ranks: the option's parsing, the auto rule, the table section, the groups' arithmetic.
 
-- ``Options.compression`` / ``DDL_COMPRESSION``: "none" by default, the four settings accepted, anything
+- ``Options.compression`` / ``DDL_COMPRESSION``: "none" by default, every choice (none, each method, auto) accepted, anything
   else refused with an error naming the variable; a bad setting handed to the torch side names the rank;
 - ``tuning.compression.decide``: never compresses on one host or on unequal hosts; on a slow link a
   bucket compresses and a small tensor does not; on a fast link nothing does; the docstring's figures;
@@ -32,18 +32,18 @@ SPEED = CompressorSpeed({"int8": 1e9, "onebit": 1e9}, {"int8": 40.0, "onebit": 4
 
 def test_compression_option_parses_and_refuses():
     assert Options().compression == "none"
-    for value in ("none", "int8", "onebit", "auto"):
+    for value in ("none", "int8", "onebit", "fp16", "bf16", "auto"):
         assert Options.from_env({"DDL_COMPRESSION": value}).compression == value
-    with pytest.raises(ValueError, match="DDL_COMPRESSION.*none, int8, onebit, auto.*'int4'"):
+    with pytest.raises(ValueError, match="DDL_COMPRESSION.*none, int8, onebit, fp16, bf16, auto.*'int4'"):
         Options.from_env({"DDL_COMPRESSION": "int4"})
     with pytest.raises(ValueError, match="compression"):
-        Options(compression="fp16")
+        Options(compression="16bit")  # the 16-bit layout's name, not a method
 
 
 def test_a_bad_setting_on_the_torch_side_names_the_rank():
     from ddl_triton.torch.level_compression import LevelCompression
 
-    with pytest.raises(ValueError, match="rank 3: compression must be one of none, int8, onebit, auto"):
+    with pytest.raises(ValueError, match="rank 3: compression must be one of none, int8, onebit, fp16, bf16, auto"):
         LevelCompression(SimpleNamespace(rank=3), "zstd")
 
 

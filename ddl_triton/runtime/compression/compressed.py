@@ -90,9 +90,10 @@ from __future__ import annotations
 import torch
 
 from . import gathered
+from ... import compression_methods
 from ..calls import gpu_path, scratch_pool
-from .layout import (ONEBIT_ALIGN, align, chunk_bounds, chunk_elems, nbytes, segments, slot_words,
-                                whole_slot_words)
+from .layout import ONEBIT_ALIGN, chunk_bounds, chunk_elems, nbytes, segments, slot_words, whole_slot_words
+from ...kernels import sixteen_bit
 from ...kernels import (dequantize_int8, quantize_int8, quantize_int8_keep_error, reduce_int8, sign_compress,
                        sign_decompress)
 from ..calls.work import Work
@@ -103,22 +104,24 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def wire_bytes(kind: str, numel: int, size: int, *, block: int = 256, groups=None) -> int:
-    """Exact payload bytes one rank sends for one call of ``allreduce_<kind>`` on ``numel`` elements.
+    """Exact payload bytes one rank sends for one call of method ``kind`` on ``numel`` elements.
 
-    kind: "int8" (with ``block``), "onebit" (with its ``groups``, if any), or "16bit".
-    0 when size == 1 or numel == 0.
+    kind: a method of ddl_triton/compression_methods.py ("int8" with ``block``, "onebit" with its
+    ``groups``, if any, "fp16", "bf16"; "16bit" names fp16 and bf16's shared layout), whose row
+    gives the layout. 0 when size == 1 or numel == 0.
     Example: wire_bytes("int8", 1 << 20, 4) -> 6 * 4 * (65536 + 1024) = 1_597_440
              (fp32 ring: 2*3/4 * 4 MiB = 6_291_456 bytes, 3.94x more);
              wire_bytes("int8", 1 << 20, 2) -> 4 * (262144 + 4096) = 1_064_960 (one slot of all of it).
     """
+    row = compression_methods.layout(kind)
     if size == 1 or numel == 0:
         return 0
-    if size == 2:  # gathered: each rank sends its one slot of the whole tensor
-        return whole_slot_words(kind, numel, block, groups) * (2 if kind == "16bit" else 4)
-    bounds = chunk_bounds(numel, size, align(kind, block))
-    scales = max(len(g) for g in segments(bounds, groups)) if kind == "onebit" else 1
-    words = slot_words(kind, chunk_elems(numel, size, align(kind, block)), block, scales)
-    return 2 * (size - 1) * words * (2 if kind == "16bit" else 4)
+    if size == 2 and row.gathered:  # gathered: each rank sends its one slot of the whole tensor
+        return whole_slot_words(kind, numel, block, groups) * row.word_bytes
+    bounds = chunk_bounds(numel, size, row.align(block))
+    scales = max(len(g) for g in segments(bounds, groups)) if row.scale_groups else 1
+    words = row.slot_words(chunk_elems(numel, size, row.align(block)), block, scales)
+    return 2 * (size - 1) * words * row.word_bytes
 
 
 def latency_steps(size: int) -> int:
@@ -257,9 +260,10 @@ def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: t
                      f"allreduce_onebit({op}, {n} x {tensor.dtype})", async_op)
 
 
-def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = torch.float16, op: str = "avg",
+def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype=torch.float16, op: str = "avg",
                     async_op: bool = False):
-    """Allreduce ``tensor`` in place with ``wire_dtype`` (fp16 or bf16) values on the wire.
+    """Allreduce ``tensor`` in place with ``wire_dtype`` (torch.float16 / torch.bfloat16, or their names)
+    values on the wire: the fp16 and bf16 methods.
 
     The result is the fp32 sum in rank order of the inputs rounded to ``wire_dtype`` ([* fp32(1/n)]
     for "avg"), rounded once to ``wire_dtype``, then stored in tensor's dtype: bitwise identical
@@ -268,8 +272,11 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
              -> bf16 inputs [1.0, 3.0] and [1.0, 0.10009765625]; fp32 mean [1.0, 1.550048828125]
              -> both ranks [1.0, 1.546875] (the nearest bf16).
     """
-    if wire_dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"rank {comm.rank}: allreduce_16bit: wire_dtype must be float16 or bfloat16, got {wire_dtype}")
+    try:
+        wire_dtype = sixteen_bit.wire_dtype(wire_dtype)  # a torch dtype, or its name (the fp16 / bf16 rows)
+    except TypeError:
+        raise TypeError(f"rank {comm.rank}: allreduce_16bit: wire_dtype must be float16 or bfloat16, "
+                        f"got {wire_dtype}") from None
     flat, size, n = _prepare(comm, tensor, op, "allreduce_16bit", None)
     if n == 0:
         return _done(tensor, async_op)
@@ -277,7 +284,7 @@ def allreduce_16bit(comm, tensor: torch.Tensor, *, wire_dtype: torch.dtype = tor
         return gathered.sixteen_bit(comm, tensor, flat, wire_dtype, op, async_op)
     c = chunk_elems(n, size, 1)
     buffers, send, recv, gin, gout = _message_buffers(size, c, wire_dtype, flat.device)
-    send[:n].copy_(flat)  # the one rounding of the inputs
+    sixteen_bit.compress_16bit(flat, wire_dtype, out=send[:n])  # the one rounding of the inputs
     a, b = chunk_bounds(n, size, 1)[comm.rank]
     mine = b - a
     inv = torch.tensor(1.0 / size, dtype=torch.float32, device=flat.device) if op == "avg" else None

@@ -7,10 +7,11 @@ chunk, compressed, fills one message slot.
   1 for 16-bit), so no quantization block or bit word spans two chunks; the trailing chunks
   may be short or empty (``chunk_bounds``). The two-rank form sends the whole tensor as one
   chunk (n = 1 here: ``whole_slot_words``).
-- One chunk's slot (``slot_words``), in 32-bit words (16-bit values for "16bit"):
-      int8    C int8 values (C/4 words), then C/block fp32 scales
-      onebit  C sign bits (C/32 words), then one fp32 scale per scale group (at least 1)
-      16bit   C values of the wire dtype
+- One chunk's slot (``slot_words``), in wire elements of the method's ``word_bytes``: the
+  method's row in ddl_triton/compression_methods.py says (no method is spelled out here):
+      int8         C int8 values (C/4 int32 words), then C/block fp32 scales
+      onebit       C sign bits (C/32 words), then one fp32 scale per scale group (at least 1)
+      fp16, bf16   C values of the wire dtype ("16bit": their shared layout's older name)
 - 1-bit's scale groups (``segments``): a chunk split at the ``groups`` offsets, each rounded
   down to a multiple of 8 so that every group starts on a whole byte of bits (``nbytes``).
 
@@ -19,18 +20,14 @@ Example: int8, N = 10, n = 3, block 4: C = 4, chunks [(0, 4), (4, 8), (8, 10)], 
 """
 from __future__ import annotations
 
+from ... import compression_methods
+
 ONEBIT_ALIGN = 32  # 32 sign bits = one int32 word: a chunk's bits fill whole words
 
 
 def align(kind: str, block: int) -> int:
-    """The multiple every chunk (but the trailing ones) holds for compressor ``kind``."""
-    if kind == "int8":
-        return block
-    if kind == "onebit":
-        return ONEBIT_ALIGN
-    if kind == "16bit":
-        return 1
-    raise ValueError(f"unknown compression kind {kind!r}; valid: int8, onebit, 16bit")
+    """The multiple every chunk (but the trailing ones) holds for method ``kind`` (its row's ``align``)."""
+    return compression_methods.layout(kind).align(block)
 
 
 def chunk_elems(numel: int, size: int, alignment: int) -> int:
@@ -52,19 +49,17 @@ def chunk_bounds(numel: int, size: int, alignment: int = 1) -> list[tuple[int, i
 
 
 def slot_words(kind: str, c: int, block: int, scales: int = 1) -> int:
-    """Elements of one chunk's slot of C = ``c`` elements: int32 words (int8, onebit) or 16-bit values."""
-    if kind == "int8":
-        return c // 4 + c // block  # c int8 values, then c/block fp32 scales
-    if kind == "onebit":
-        return c // 32 + max(1, scales)  # c sign bits, then the fp32 scales of the chunk's groups
-    return c
+    """Wire elements of one chunk's slot of C = ``c`` elements (its row's ``slot_words``): int32
+    words (int8, onebit) or 16-bit values, as the row's ``word_bytes`` says."""
+    return compression_methods.layout(kind).slot_words(c, block, scales)
 
 
 def whole_slot_words(kind: str, numel: int, block: int, groups) -> int:
     """Elements of the two-rank form's one slot: the whole tensor as one chunk."""
-    c = chunk_elems(numel, 1, align(kind, block))
-    scales = len(segments([(0, numel)], groups)[0]) if kind == "onebit" else 1
-    return slot_words(kind, c, block, scales)
+    row = compression_methods.layout(kind)
+    c = chunk_elems(numel, 1, row.align(block))
+    scales = len(segments([(0, numel)], groups)[0]) if row.scale_groups else 1
+    return row.slot_words(c, block, scales)
 
 
 def segments(bounds: list[tuple[int, int]], groups) -> list[list[tuple[int, int]]]:

@@ -121,6 +121,12 @@ class Levels:
         c = _shard(numel, self.local_size)
         return min(self.local_rank * c, numel), min((self.local_rank + 1) * c, numel)
 
+    @property
+    def owned(self) -> tuple:
+        """The communicators this Levels made (``node`` and ``cross`` when it split ``comm``; none
+        when they are ``comm`` itself): their ``transport_bytes`` count the per-level calls' bytes."""
+        return tuple(self._owned)
+
     def close(self) -> None:
         for c in self._owned:
             c.close()
@@ -162,13 +168,13 @@ def wire_bytes(levels: Levels, method: str, numel: int, *, block: int = 256) -> 
     return {"intra": intra if L > 1 else 0, "inter": inter}
 
 
-def allreduce(levels: Levels, tensor: torch.Tensor, *, method: str = "int8", op: str = "avg", block: int = 256,
-              residual: torch.Tensor | None = None, server_residual: torch.Tensor | None = None,
+def allreduce(levels: Levels, tensor: torch.Tensor, *, method: str = compression_methods.DEFAULT, op: str = "avg",
+              block: int = 256, residual: torch.Tensor | None = None, server_residual: torch.Tensor | None = None,
               async_op: bool = False):
     """Allreduce ``tensor`` in place: fp32 inside each host, ``method`` between hosts (module doc).
 
     tensor: float32/float16/bfloat16 on the CPU. method: a method of ddl_triton/compression_methods.py
-    (``compression_methods.names()``). op: "avg" or "sum".
+    (``compression_methods.names()``; default its ``DEFAULT``, int8). op: "avg" or "sum".
     block: the int8 quantization block. residual / server_residual: fp32 error feedback of
     ``residual_sizes`` elements, updated in place (None: no error feedback on that side).
     Returns ``tensor``, or a Work resolving to it. On one host, a plain fp32 ``comm.allreduce``.
@@ -254,5 +260,6 @@ def _check_method(levels: Levels, method: str):
     """The row of ``method``; an unknown one raises naming the rank and the valid methods."""
     try:
         return compression_methods.get(method)
-    except ValueError as e:
-        raise ValueError(f"rank {levels.comm.rank}: per-level compression: {e}") from None
+    except ValueError:
+        raise ValueError(f"rank {levels.comm.rank}: per-level compression method must be one of "
+                         f"{', '.join(compression_methods.names())}, got {method!r}") from None
