@@ -169,3 +169,36 @@ def test_runtime_rooms_stay_small_and_say_what_lives_there():
     for room in RUNTIME_ROOMS:
         files = sorted(p.name for p in (runtime / room).glob("*.py") if p.name != "__init__.py")
         assert 0 < len(files) <= RUNTIME_ROOM_MAX_FILES, (room, files)
+
+
+def test_the_compression_registry_is_the_only_place_a_method_is_named():
+    """A compression method's name ("int8", ...) as a string literal outside the registry
+    (ddl_triton/compression_methods.py) is a list of methods waiting to drift from the table: only
+    a method's own code, a function named after it (allreduce_int8, gathered.onebit,
+    fp16_compress_hook), may name it, to read its own row. Docstrings are whole strings: not names."""
+    from ddl_triton import compression_methods
+
+    methods = set(compression_methods.names())
+
+    def named(tree: ast.AST) -> list[tuple[int, str]]:
+        found = []
+
+        def visit(node, scope: tuple[str, ...]) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit(child, scope + (child.name,))
+                    continue
+                if isinstance(child, ast.Constant) and isinstance(child.value, str) and child.value in methods \
+                        and not any(child.value in function for function in scope):
+                    found.append((child.lineno, child.value))
+                visit(child, scope)
+
+        visit(tree, ())
+        return found
+
+    sample = "M = ('int8', 'onebit')\ndef allreduce_int8(x):\n    return x == 'int8' or x == 'fp16'\n"
+    assert named(ast.parse(sample)) == [(1, "int8"), (1, "onebit"), (3, "fp16")]  # the check can fail
+    registry = ROOT / "ddl_triton" / "compression_methods.py"
+    listed = {str(p.relative_to(ROOT)): hits for p in _sources() if p != registry
+              and (hits := named(ast.parse(p.read_text(), str(p))))}
+    assert not listed, f"compression methods named outside {registry.relative_to(ROOT)}: {listed}"
