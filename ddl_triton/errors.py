@@ -149,11 +149,25 @@ def wait_failed(rank: int, call: str, e, timeout: float, name=None) -> Collectiv
     return peer_failed(rank, call, e.peer, e.what, timeout, name, e.dead)
 
 
+def engine_failed(rank: int, call: str, peer: int, engine: str, report: str, timeout: float,
+                  name=None) -> DDLError:
+    """``call`` failed inside another engine (``engine``: "gloo"), which bounds its own waits by
+    ``timeout`` and said ``report``; ``peer``: the rank it was exchanging with (-1: several)."""
+    return DDLError(f"rank {rank}: {call} failed (with {_named(peer, name)}, within the {timeout:g} s deadline): "
+                    f"{engine} reported: {report}")
+
+
 def did_not_arrive(rank: int, peer: int, what: str, timeout: float, name=None,
                    detail: str = "") -> CollectiveTimeout:
     """A peer that did not take its part in setting something up (``what``: "connect to the call
     lane") within ``timeout`` seconds; ``detail``: what else is known (a refused connection)."""
     return CollectiveTimeout(f"rank {rank}: {_named(peer, name)} did not {what} within {timeout:g} s{detail}")
+
+
+def did_not_finish(rank: int, what: str, timeout: float) -> CollectiveTimeout:
+    """Work of this rank's own (``what``: "the call lane's accepting thread") still under way past
+    the deadline, with no one peer to blame."""
+    return CollectiveTimeout(f"rank {rank}: {what} did not finish within {timeout:g} s")
 
 
 def calls_disagree(rank: int, seq: int, calls: dict[int, str], size: int) -> CollectiveMismatch:

@@ -58,7 +58,8 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
         rendezvous.check_matches_mpi(rank, size, world)
         owns = current_world() is None
         comm = ddl.init()
-        return DdlProcessGroup(comm, MpiPointToPoint(world.Dup(), comm.options.timeout, comm.rank), owns_comm=owns)
+        p2p = MpiPointToPoint(world.Dup(), comm.options.timeout, comm.rank, comm.placement.describe)
+        return DdlProcessGroup(comm, p2p, owns_comm=owns)
     if dist.get_rank() != world.Get_rank():
         raise ValueError(f"ddl backend: the default process group's rank {dist.get_rank()} differs from the "
                          f"MPI rank {world.Get_rank()}; a 'ddl' subgroup needs them equal")
@@ -69,7 +70,7 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
     sub_group.Free()
     try:
         comm = ddl.init(sub)
-        p2p = MpiPointToPoint(sub.Dup(), comm.options.timeout, comm.rank)
+        p2p = MpiPointToPoint(sub.Dup(), comm.options.timeout, comm.rank, comm.placement.describe)
     finally:
         sub.Free()
     if comm.rank != rank or comm.size != size:
@@ -100,7 +101,8 @@ def _over_store(common_opts) -> DdlProcessGroup:
         bootstrap = StoreBootstrap(store, rank, size, timeout=opts.timeout, prefix="ddl_triton/group",
                                    world_rank=dist.get_rank(), world_size=dist.get_world_size(), host=host)
         comm, owns = Communicator(bootstrap, opts), True
-    p2p = GlooPointToPoint(dist.PrefixStore("ddl_triton/p2p/", store), rank, size, comm.options.timeout)
+    p2p = GlooPointToPoint(dist.PrefixStore("ddl_triton/p2p/", store), rank, size, comm.options.timeout,
+                           comm.placement.describe)
     return DdlProcessGroup(comm, p2p, owns_comm=owns)
 
 

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch
 
-from ..errors import CollectiveTimeout, DDLError
+from ..errors import engine_failed, peer_failed
 from ..runtime.calls.work import OrderedRunner, Work
 from .staging import as_bytes, byte_counts, displs, nbytes
 
@@ -65,7 +65,8 @@ def _unpack(outputs, stagings, recv: torch.Tensor) -> None:
 class MpiPointToPoint:
     """Point-to-point over ``mpi_comm``, a communicator private to it (freed at close)."""
 
-    def __init__(self, mpi_comm, timeout: float, rank: int):
+    def __init__(self, mpi_comm, timeout: float, rank: int, describe=None):
+        self._describe = describe  # peer -> how an error names it, with its host (Placement.describe)
         self._mpi = mpi_comm
         self._timeout = timeout
         self._rank = rank
@@ -77,7 +78,7 @@ class MpiPointToPoint:
 
         data = as_bytes(tensor.detach().contiguous())
         req = self._mpi.Isend([data.numpy(), data.numel(), MPI.BYTE], dest=dst, tag=check_tag(tag))
-        return self._complete(req, None, f"send to {dst} (tag {tag})", keep=(data,))
+        return self._complete(req, None, f"send to {dst} (tag {tag})", keep=(data,), peer=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         from mpi4py import MPI
@@ -85,7 +86,8 @@ class MpiPointToPoint:
         staging = torch.empty(tensor.shape, dtype=tensor.dtype)
         data = as_bytes(staging)
         req = self._mpi.Irecv([data.numpy(), data.numel(), MPI.BYTE], source=src, tag=check_tag(tag))
-        return self._complete(req, lambda: tensor.copy_(staging), f"recv from {src} (tag {tag})", keep=(data,))
+        return self._complete(req, lambda: tensor.copy_(staging), f"recv from {src} (tag {tag})", keep=(data,),
+                              peer=src)
 
     def recv_anysource(self, tensor: torch.Tensor, tag: int) -> tuple[Work, list[int]]:
         """``recv`` from whichever rank sends first; the list gets the sender's rank."""
@@ -113,20 +115,22 @@ class MpiPointToPoint:
         return self._complete(req, lambda: _unpack(outputs, stagings, recv), "all_to_all (uneven splits)",
                               keep=(send,))
 
-    def _complete(self, req, finish, what: str, keep=(), status=None) -> Work:
+    def _complete(self, req, finish, what: str, keep=(), status=None, peer: int = -1) -> Work:
         def job():
             _ = keep  # the message buffers live until the request completes
-            self._wait(req, what, status)
+            self._wait(req, what, status, peer)
             if finish is not None:
                 finish()
         return self._runner.submit(job, what)
 
-    def _wait(self, req, what: str, status=None) -> None:
+    def _wait(self, req, what: str, status=None, peer: int = -1) -> None:
+        """Poll ``req`` to completion; past the deadline, a CollectiveTimeout naming ``peer`` (-1: any
+        rank, or every rank of an all-to-all) with its host."""
         deadline = time.monotonic() + self._timeout
         pause = 0.0
         while not (req.Test(status) if status is not None else req.Test()):
             if time.monotonic() > deadline:
-                raise CollectiveTimeout(f"rank {self._rank}: {what} timed out after {self._timeout:g} s")
+                raise peer_failed(self._rank, what, peer, "its MPI request", self._timeout, self._describe)
             time.sleep(pause)  # releases the GIL for the training thread
             pause = min(1e-3, pause * 2 or 1e-6)
 
@@ -145,11 +149,12 @@ class GlooPointToPoint:
     """Point-to-point over a gloo process group made on ``store`` (a namespace nobody else
     uses). Collective: every rank of the group constructs it."""
 
-    def __init__(self, store, rank: int, size: int, timeout: float):
+    def __init__(self, store, rank: int, size: int, timeout: float, describe=None):
         import torch.distributed as dist
 
         from ..transports.gloo import Watchers
 
+        self._describe = describe  # peer -> how an error names it, with its host (Placement.describe)
         self._rank = rank
         self._timeout = timeout
         self._pg = dist.ProcessGroupGloo(store, rank, size, timedelta(seconds=timeout))
@@ -158,13 +163,13 @@ class GlooPointToPoint:
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         data = as_bytes(tensor.detach().contiguous()).clone()  # ours until gloo has sent it
         return self._complete(self._pg.send([_nonempty(data)], dst, check_tag(tag)), None,
-                              f"send to {dst} (tag {tag})", keep=data)
+                              f"send to {dst} (tag {tag})", keep=data, peer=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         staging = torch.empty(tensor.shape, dtype=tensor.dtype)
         data = as_bytes(staging)
         return self._complete(self._pg.recv([_nonempty(data)], src, check_tag(tag)), lambda: tensor.copy_(staging),
-                              f"recv from {src} (tag {tag})", keep=data)
+                              f"recv from {src} (tag {tag})", keep=data, peer=src)
 
     def recv_anysource(self, tensor: torch.Tensor, tag: int) -> tuple[Work, list[int]]:
         staging = torch.empty(tensor.shape, dtype=tensor.dtype)
@@ -185,14 +190,14 @@ class GlooPointToPoint:
         return self._complete(work, lambda: _unpack(outputs, stagings, recv), "all_to_all (uneven splits)",
                               keep=send)
 
-    def _complete(self, gloo_work, finish, what: str, keep=None) -> Work:
+    def _complete(self, gloo_work, finish, what: str, keep=None, peer: int = -1) -> Work:
         work = Work(what)
 
         def done(pending) -> None:
             _ = keep  # the message buffers live until gloo is done with them
             if pending.error is not None:
                 first = str(pending.error).splitlines()[0][:300]
-                error = DDLError(f"rank {self._rank}: {what} failed: gloo reported: {first}")
+                error = engine_failed(self._rank, what, peer, "gloo", first, self._timeout, self._describe)
                 work.set_exception(error)
                 return
             try:

@@ -44,7 +44,7 @@ import traceback
 from collections import deque
 from typing import Callable, Iterator
 
-from ...errors import CollectiveTimeout, DDLError
+from ...errors import CollectiveTimeout, DDLError, queue_stuck
 from ...transports.waits import run_in_background
 
 
@@ -293,9 +293,7 @@ class OrderedRunner:
                 left = since + timeout - time.monotonic()
                 if left <= 0:
                     running = self._current.description if self._current is not None else "a synchronous call"
-                    raise CollectiveTimeout(
-                        f"{self._name}: {running} still running, {len(self._queue)} more queued, and no call "
-                        f"finished for {timeout:g} s (the communicator's timeout) while waiting for them to finish")
+                    raise queue_stuck(self._name, running, len(self._queue), timeout)
                 self._cond.wait(left)
 
     def close(self, timeout: float | None = None) -> None:

@@ -40,7 +40,7 @@ import sys
 import time
 from datetime import timedelta
 
-from ...errors import CollectiveTimeout, DDLError
+from ...errors import DDLError, did_not_arrive
 
 MAGIC = b"DDLlane1"
 HANDSHAKE_SECONDS = 5.0  # a real peer answers in milliseconds: its lane serves connections as they come
@@ -61,8 +61,9 @@ class Refused(Exception):
         self.claimed = claimed
 
 
-def lane_secret(store, rank: int, deadline: float, timeout: float) -> bytes:
-    """The lane's secret: drawn and published by rank 0, read from ``store`` by the others (collective)."""
+def lane_secret(store, rank: int, deadline: float, timeout: float, describe=None) -> bytes:
+    """The lane's secret: drawn and published by rank 0, read from ``store`` by the others (collective).
+    ``describe``: peer -> how an error names it, with its host (``Placement.describe``)."""
     if rank == 0:
         secret = secrets.token_bytes(SECRET_BYTES)
         store.set(_SECRET_KEY, secret)
@@ -70,8 +71,7 @@ def lane_secret(store, rank: int, deadline: float, timeout: float) -> bytes:
     try:
         store.wait([_SECRET_KEY], timedelta(seconds=max(0.1, deadline - time.monotonic())))
     except RuntimeError:  # the store's timeout: rank 0 never got as far as its lane
-        raise CollectiveTimeout(f"rank {rank}: rank 0 did not publish the call lane's secret and address "
-                                f"within {timeout:g} s") from None
+        raise did_not_arrive(rank, 0, "publish the call lane's secret and address", timeout, describe) from None
     secret = store.get(_SECRET_KEY)
     if len(secret) != SECRET_BYTES:
         raise DDLError(f"rank {rank}: the store's {_SECRET_KEY!r} holds {len(secret)} bytes, not the "

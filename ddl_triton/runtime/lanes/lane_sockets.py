@@ -43,7 +43,7 @@ import threading
 import time
 from datetime import timedelta
 
-from ...errors import CollectiveTimeout, DDLError
+from ...errors import DDLError, did_not_arrive, did_not_finish
 from ...transports.waits import PeerTimeout
 from . import lane_handshake
 from .lane_handshake import Greeting, Refused, log_drop
@@ -97,13 +97,14 @@ def _listen(rank: int, size: int) -> tuple[list[socket.socket], list[str]]:
 class LaneSockets:
     """A connected TCP stream to every other rank (module doc). ``socks[p]``: the one to rank p."""
 
-    def __init__(self, store, rank: int, size: int, timeout: float):
-        self.rank, self.size, self.timeout = rank, size, timeout
+    def __init__(self, store, rank: int, size: int, timeout: float, describe=None):
+        """``describe``: peer -> how an error names it, with its host (``Placement.describe``)."""
+        self.rank, self.size, self.timeout, self.describe = rank, size, timeout, describe
         self.socks: dict[int, socket.socket] = {}
         deadline = time.monotonic() + timeout
-        self._secret = lane_handshake.lane_secret(store, rank, deadline, timeout)
+        self._secret = lane_handshake.lane_secret(store, rank, deadline, timeout, describe)
         listeners, entries = _listen(rank, size)
-        acceptor = _Acceptor(listeners, self._secret, rank, size, deadline, timeout)
+        acceptor = _Acceptor(listeners, self._secret, rank, size, deadline, timeout, describe)
         try:
             store.set(f"lane-{rank}", ",".join(entries))
             for peer in range(rank):
@@ -122,8 +123,7 @@ class LaneSockets:
         try:
             store.wait([key], timedelta(seconds=max(0.1, deadline - time.monotonic())))
         except RuntimeError:  # the store's timeout: the peer never got as far as its lane
-            raise CollectiveTimeout(f"rank {self.rank}: rank {peer} did not publish its call lane address "
-                                    f"within {self.timeout:g} s") from None
+            raise did_not_arrive(self.rank, peer, "publish its call lane address", self.timeout, self.describe) from None
         tried = []
         for entry in store.get(key).decode(errors="replace").split(","):
             host, _, port = entry.rpartition(":")
@@ -168,8 +168,9 @@ class _Acceptor:
     own connects wait for. One selector loop serves the listeners and every handshake under way,
     each with its own deadline; the wait is recomputed from the nearest deadline every turn."""
 
-    def __init__(self, listeners, secret: bytes, rank: int, size: int, deadline: float, timeout: float):
-        self._listeners, self._secret = listeners, secret
+    def __init__(self, listeners, secret: bytes, rank: int, size: int, deadline: float, timeout: float,
+                 describe=None):
+        self._listeners, self._secret, self._describe = listeners, secret, describe
         self._rank, self._size, self._deadline, self._timeout = rank, size, deadline, timeout
         self._accepted: dict[int, socket.socket] = {}
         self._error: BaseException | None = None
@@ -181,8 +182,7 @@ class _Acceptor:
         """The proven connection of every higher rank, once all are in; ``CollectiveTimeout`` at the deadline."""
         self._thread.join(max(0.0, self._deadline - time.monotonic()) + 5.0)  # the loop ends by the deadline
         if self._thread.is_alive():
-            raise CollectiveTimeout(f"rank {self._rank}: the call lane's accepting thread did not finish "
-                                    f"within {self._timeout:g} s")
+            raise did_not_finish(self._rank, "the call lane's accepting thread", self._timeout)
         if self._error is not None:
             raise self._error
         return self._accepted
@@ -225,9 +225,8 @@ class _Acceptor:
                 self._drop(sel, pending, sock, f"no handshake within {lane_handshake.HANDSHAKE_SECONDS:g} s")
             if now >= self._deadline:
                 missing = [p for p in range(rank + 1, size) if p not in self._accepted][0]
-                raise CollectiveTimeout(f"rank {rank}: rank {missing} did not connect to the call lane within "
-                                        f"{self._timeout:g} s" + (f"; a connection {refused[missing]}"
-                                                                   if missing in refused else ""))
+                raise did_not_arrive(rank, missing, "connect to the call lane", self._timeout, self._describe,
+                                     f"; a connection {refused[missing]}" if missing in refused else "")
             wake = min([self._deadline, *(g.deadline for g in pending.values())])
             for key, _ in sel.select(max(0.0, wake - now)):
                 if key.data == "wake":

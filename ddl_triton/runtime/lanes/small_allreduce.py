@@ -49,7 +49,7 @@ import warnings
 import numpy as np
 import torch
 
-from ...errors import CollectiveMismatch
+from ...errors import calls_disagree
 from ...ops import DTYPES, OPS
 from ...transports.waits import wait_until
 
@@ -186,5 +186,4 @@ class SmallAllreduce:
             if seen >> _CODE_BITS > k:
                 seen = words[self._heads[k & 1]]
             calls[peer] = describe(seen & mask) if seen >> _CODE_BITS == k else "(has not reached this call yet)"
-        listing = "; ".join(f"rank {r}: {calls[r]}" for r in range(self.size))
-        raise CollectiveMismatch(f"rank {self.rank}: ranks disagree on collective #{seq}: {listing}")
+        raise calls_disagree(self.rank, seq, calls, self.size)
