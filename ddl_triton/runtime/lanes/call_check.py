@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from . import call_lane
-from ...errors import CollectiveMismatch, CollectiveTimeout
+from ...errors import call_name, calls_disagree, wait_failed
 from ...ops import DTYPES, OPS
 from ...transports.waits import PeerTimeout
 
@@ -91,9 +91,7 @@ class CallChecker:
             run()
             self.end(seq, fp)
         except PeerTimeout as e:
-            who = self.describe(e.peer) if self.describe is not None else e.who
-            raise CollectiveTimeout(f"rank {self.rank}: {collective} #{seq} timed out: "
-                                    f"{'lost' if e.dead else 'not heard from'} {who} ({e.what})") from None
+            raise wait_failed(self.rank, call_name(collective, seq), e, self.timeout, self.describe) from None
 
     def begin(self, seq: int, fp: tuple[int, ...], head: bytes | None = None) -> None:
         """Before the collective: publish (shm) or exchange and compare (the call lane: ``head``
@@ -138,8 +136,7 @@ class CallChecker:
     def _compare(self, seq: int, fp: tuple[int, ...], theirs: dict) -> None:
         if all(v == fp for v in theirs.values()):
             return
-        listing = "; ".join(f"rank {p}: {describe_posted(theirs.get(p))}" for p in range(self.size))
-        raise CollectiveMismatch(f"rank {self.rank}: ranks disagree on collective #{seq}: {listing}")
+        raise calls_disagree(self.rank, seq, {p: describe_posted(theirs.get(p)) for p in range(self.size)}, self.size)
 
 
 def describe_posted(fp) -> str:

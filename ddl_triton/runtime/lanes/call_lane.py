@@ -37,7 +37,7 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from ...errors import CollectiveMismatch
+from ...errors import calls_disagree
 from ...transports.waits import wait_until
 from . import call_check as fingerprints
 from .lane_sockets import LaneSockets, SocketWire
@@ -237,8 +237,7 @@ class CallLane:
         for peer in self.peers:
             calls[peer] = _describe(self._recv_heads[peer].tobytes())
         self.done_reading()  # the lane stays in step: every peer's message of this call was read
-        listing = "; ".join(f"rank {r}: {calls[r]}" for r in range(self.size))
-        raise CollectiveMismatch(f"rank {self.rank}: ranks disagree on collective #{seq}: {listing}")
+        raise calls_disagree(self.rank, seq, calls, self.size)
 
     def close(self) -> None:
         self.wire.close()
