@@ -201,7 +201,7 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
                 m = counter.take(r)
                 for p in s.send:
                     addressed.setdefault((r, p), []).append((m, s.count))
-                s = _replace(s, msg=m)
+                s = replace_step(s, msg=m)
             out.append(s)
         numbered.append(out)
     taken: dict[tuple[int, int], int] = {}
@@ -218,7 +218,7 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
                 msg, size = queue[k]
                 recvs.append(Recv(rv.peer, msg, rv.offset, size))
                 taken[(rv.peer, r)] = k + 1
-            steps[i] = _replace(s, recv=tuple(recvs))
+            steps[i] = replace_step(s, recv=tuple(recvs))
     native = any(s.group for steps in numbered for s in steps)
     schedule = Schedule(name, collective, nranks, in_count, out_count,
                         tuple(tuple(s) for s in numbered), params or {}, single_pass, native)
@@ -226,7 +226,7 @@ def assemble(name: str, collective: str, nranks: int, in_count: int, out_count: 
     return schedule
 
 
-def _replace(step: Step, **changes) -> Step:
+def replace_step(step: Step, **changes) -> Step:
     """``dataclasses.replace`` for a Step, four times quicker (1.4 against 5.9 us): a schedule
     of thousands of steps renumbers every one, and a new call shape builds several schedules
     (the planner's candidates)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from . import ring
 from .grid import lines
-from .ir import IN, OUT, Recv, Schedule, Span, Step, _replace, assemble
+from .ir import IN, OUT, Recv, Schedule, Span, Step, assemble, replace_step
 
 NAME = "hierarchical_native"
 
@@ -92,7 +92,7 @@ def expand(schedule: Schedule) -> Schedule:
     for r, steps in enumerate(schedule.steps):
         for s in steps:
             if not s.group:
-                drafts[r].append(_replace(s, msg=-1, recv=tuple(Recv(rv.peer, -1, rv.offset) for rv in s.recv)))
+                drafts[r].append(replace_step(s, msg=-1, recv=tuple(Recv(rv.peer, -1, rv.offset) for rv in s.recv)))
                 continue
             k = taken.get((r, s.group), 0)
             taken[(r, s.group)] = k + 1
@@ -102,7 +102,7 @@ def expand(schedule: Schedule) -> Schedule:
                 rs, owned = ring.reduce_scatter_phase(s.group, region, chunk, final=s.final)
                 ag = ring.all_gather_phase(s.group, region, owned, chunk)
                 ring_steps = pending[(s.group, k)] = {w: rs[w] + ag[w] for w in s.group}
-            drafts[r] += [_replace(x, native=True, label=f"{s.label}: {x.label}") for x in ring_steps[r]]
+            drafts[r] += [replace_step(x, native=True, label=f"{s.label}: {x.label}") for x in ring_steps[r]]
     expanded = assemble(schedule.name, schedule.collective, schedule.nranks, schedule.in_count,
                         schedule.out_count, drafts, params=schedule.params, single_pass=schedule.single_pass)
     if len(_EXPANDED) > 64:

@@ -342,3 +342,13 @@ class GlooTransport(StagedSends):
             # groups are kept, because a destructor would wait on a receive that never comes.
             self._group_pgs.clear()
             self.pg = None
+
+
+def open_for(opening) -> GlooTransport:
+    """The gloo transport of ranks that met through a store (transports/table.py's row "gloo"): its
+    process group on the bootstrap's store, which also serves as the communicator's control channel."""
+    place, options = opening.placement, opening.options
+    if options.link_emulation:
+        raise ValueError(f"rank {place.rank}: DDL_LINK_EMULATION emulates the MPI transport, but these "
+                         "ranks were not launched by MPI: their inter-node transport is gloo")
+    return GlooTransport(opening.bootstrap.store_for("gloo"), place.rank, place.size, options.timeout)

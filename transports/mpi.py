@@ -17,10 +17,10 @@ from mpi4py import MPI
 
 from . import waits
 from .waits import DEFAULT_SPIN_SECONDS, wait_until
-from .link_emulation import Pacer
+from .link_emulation import Pacer, parse
 from .staged_sends import StagedSends
 
-_TAG_RANGE = 32767  # MPI guarantees MPI_TAG_UB >= 32767
+TAG_RANGE = 32767  # tags are message ids modulo this (MPI guarantees MPI_TAG_UB >= 32767); mpi_device.py too
 _MPI_TYPES = {torch.float32: MPI.FLOAT, torch.float64: MPI.DOUBLE, torch.int32: MPI.INT32_T,
               torch.int64: MPI.INT64_T}
 _MPI_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX}
@@ -118,13 +118,13 @@ class MpiTransport(StagedSends):
         mem = buf.numpy()
         self.bytes_sent += nbytes * len(peers)
         if self._pacer is None:
-            reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE) for p in peers]
+            reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % TAG_RANGE) for p in peers]
             self._sending.append((reqs, buf, peers[0]))
             return
         pending = _Pending(len(peers))
         for p in peers:  # one emulated wire transfer per addressee
             self._pacer.submit(nbytes, lambda p=p: pending.reqs.append(
-                self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE)))
+                self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % TAG_RANGE)))
         self._sending.append((pending, buf, peers[0]))
 
     # -- receiver ------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class MpiTransport(StagedSends):
             return
         nbytes = size * dtype.itemsize
         buf = self._take(nbytes)
-        req = self.comm.Irecv([buf.numpy(), nbytes, MPI.BYTE], source=peer, tag=msg_id % _TAG_RANGE)
+        req = self.comm.Irecv([buf.numpy(), nbytes, MPI.BYTE], source=peer, tag=msg_id % TAG_RANGE)
         self._posted[key] = (req, buf)
 
     def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
@@ -199,3 +199,18 @@ class MpiTransport(StagedSends):
         self._posted.clear()
         self._sending = []
         self._free.clear()
+
+
+def open_for(opening) -> MpiTransport:
+    """The MPI transport of a communicator MPI launched (transports/table.py's row "mpi"), over its
+    private communicator, with the link emulation its options ask for; where some peer is not on shm
+    and MPI reduces for itself, also the communicators of the group steps (schedules/native.py)."""
+    place = opening.placement
+    transport = MpiTransport(opening.control, parse(opening.options.link_emulation))
+    if not place.every_peer_on_shm and transport.has_group_allreduce:
+        # Every rank or none (the nodes partition the ranks): the communicators of the ranks with one
+        # index inside their nodes, for hierarchical_native's group steps. MPI's Split has no deadline:
+        # it starts once the bootstrap's barrier (which has one) shows every rank here.
+        opening.bootstrap.barrier()
+        transport.split_for_groups(place.on_node.index(place.rank))
+    return transport

@@ -32,7 +32,7 @@ import torch
 from mpi4py import MPI
 
 from .waits import DEFAULT_SPIN_SECONDS, wait_until
-from .mpi import _TAG_RANGE
+from .mpi import TAG_RANGE
 from .staged_sends import size_class as _size_class
 
 
@@ -128,7 +128,7 @@ class DeviceMpiTransport:
         self._progress()
 
     def _isend(self, buf: torch.Tensor, pool: dict, peers, nbytes: int, msg_id: int) -> None:
-        reqs = [self.comm.Isend([_mpi_buffer(buf), nbytes, MPI.BYTE], dest=p, tag=msg_id % _TAG_RANGE) for p in peers]
+        reqs = [self.comm.Isend([_mpi_buffer(buf), nbytes, MPI.BYTE], dest=p, tag=msg_id % TAG_RANGE) for p in peers]
         self._sending.append((reqs, buf, pool, peers[0]))
 
     def _progress(self) -> bool:
@@ -161,7 +161,7 @@ class DeviceMpiTransport:
             buf = self._take(self._device_pool, nbytes, pinned=False)
         else:
             buf = self._take(self._host_pool, nbytes, pinned=True)
-        req = self.comm.Irecv([_mpi_buffer(buf), nbytes, MPI.BYTE], source=peer, tag=msg_id % _TAG_RANGE)
+        req = self.comm.Irecv([_mpi_buffer(buf), nbytes, MPI.BYTE], source=peer, tag=msg_id % TAG_RANGE)
         self._posted[key] = (req, buf, nbytes)
 
     def recv(self, peer: int, msg_id: int, count: int, dtype: torch.dtype, timeout: float,
@@ -211,3 +211,9 @@ class DeviceMpiTransport:
         self._host_pool.clear()
         if not MPI.Is_finalized():
             self.comm.Free()
+
+
+def open_for(opening) -> DeviceMpiTransport:
+    """MPI for CUDA tensors on ``opening.device`` (transports/table.py's CUDA row "mpi"), over a
+    duplicate of the communicator's private MPI communicator."""
+    return DeviceMpiTransport(opening.control.Dup(), opening.device, cuda_aware=opening.options.mpi_cuda_aware)

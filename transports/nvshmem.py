@@ -339,3 +339,21 @@ def smoke_test(device_index: int = 0) -> dict:
     except Exception as e:  # noqa: BLE001 - a smoke test reports, it does not raise
         result["error"] = f"{type(e).__name__}: {e}"
     return result
+
+
+def open_for(opening) -> NvshmemTransport:
+    """NVSHMEM over the ranks of this rank's node (transports/table.py's row "nvshmem"). Collective
+    over the communicator: every rank opens it, a node of one rank too. CannotOpen, saying why,
+    where it cannot serve (a communicator that does not span its node, NVSHMEM's LIMITED MPG mode)."""
+    from mpi4py import MPI  # noqa: PLC0415 - the world rank of each PE
+    from .table import CannotOpen  # noqa: PLC0415
+    place, options = opening.placement, opening.options
+    node = opening.control.Split(place.node_of_rank[place.rank], place.rank)
+    try:
+        world_of_node = opening.gather_ints(node, MPI.COMM_WORLD.Get_rank(), "NVSHMEM's node")
+        return NvshmemTransport(node, list(place.on_node), slot_bytes=options.chunk_bytes,
+                                depth=options.pipeline_depth, device=opening.device, world_ranks=world_of_node)
+    except ValueError as e:
+        raise CannotOpen(str(e)) from e
+    finally:
+        node.Free()

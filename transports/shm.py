@@ -390,3 +390,12 @@ class ShmTransport:
             except BufferError:
                 pass  # a caller still holds a view; the mapping goes when it is collected
         self._maps = []
+
+
+def open_for(opening) -> ShmTransport:
+    """Host shared memory among the ranks of this rank's node (transports/table.py's row "shm"),
+    collective over them: ``pipeline_depth`` slots of ``chunk_bytes`` each, and the small-message
+    lane's bytes."""
+    place, options = opening.placement, opening.options
+    return ShmTransport(opening.node, list(place.on_node), slot_bytes=options.chunk_bytes,
+                        depth=options.pipeline_depth, lane_bytes=opening.lane_bytes)

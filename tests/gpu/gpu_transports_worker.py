@@ -27,10 +27,11 @@ from support import fake_nvshmem as _fake_nvshmem  # noqa: E402
 from support.report import gather_and_report  # noqa: E402
 
 import ddl_triton as ddl  # noqa: E402
-from ddl_triton.runtime.calls import gpu_path
 from ddl_triton import schedules  # noqa: E402
 from ddl_triton.runtime.calls.executor import CallContext, Executor  # noqa: E402
+from ddl_triton.transports import mpi_device as mpi_device_transport  # noqa: E402
 from ddl_triton.transports import nvshmem as nvshmem_transport  # noqa: E402
+from ddl_triton.transports import table as transport_table  # noqa: E402
 from ddl_triton.transports.mpi_device import DeviceMpiTransport  # noqa: E402
 
 SIZES = [0, 1, 7, 13, 127, 1000, 4099]
@@ -124,8 +125,9 @@ def run_gpu_path(rank: int, size: int, failures: list[str]) -> int:
     """A Communicator whose collectives all take its GPU path's executor (ddl_triton/runtime/calls/gpu_path.py:
     routing, lazy build, close), over the stand-ins, through the public API."""
     world = MPI.COMM_WORLD
-    gpu_path.DeviceMpiTransport = functools.partial(DeviceMpiTransport, _stream_ops=_fake_nvshmem.SlowEvents())
-    gpu_path.nvshmem_importable = lambda: True
+    mpi_device_transport.DeviceMpiTransport = functools.partial(DeviceMpiTransport,
+                                                                _stream_ops=_fake_nvshmem.SlowEvents())
+    transport_table.nvshmem_importable = lambda: True
     cases = 0
     topologies = {2: ["", "1x2"], 3: ["", "1x3"], 4: ["", "2x2"]}.get(size, [""])
     for topo in topologies:

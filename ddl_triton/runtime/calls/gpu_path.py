@@ -8,12 +8,18 @@ without a host synchronisation per chunk, and the only host wait is the transpor
 end-of-collective check (an event polled against the deadline, see transports/nvshmem.py),
 plus what MPI staging needs (transports/mpi_device.py).
 
-Transports, per peer, for CUDA tensors:
+Transports, per peer, for CUDA tensors: the transport table's choice (transports/table.py),
+which as it stands gives
 - same node: NVSHMEM (peers' symmetric buffers read in place by the kernels) when
   nvshmem4py is importable, the communicator spans every rank of its node, and
-  ``Options.transport`` is not "mpi"; otherwise MPI.
+  ``Options.transport`` is not "mpi"; otherwise MPI (the next row: a transport that cannot
+  open after all leaves its pairs to the next row that can connect them);
 - other nodes: MPI, host-staged through pinned buffers, or with the device buffers
-  themselves when ``Options.mpi_cuda_aware`` is set.
+  themselves when ``Options.mpi_cuda_aware`` is set;
+- a world of one: itself, unless ``Options.transport`` is "nvshmem".
+MPI, the row between nodes, is opened on every communicator of several ranks. A transport
+that ``Options.transport`` names (beside that row: "nvshmem") must serve: where it cannot,
+the first CUDA collective raises a ValueError saying why, on every rank.
 
 Built on the first CUDA collective (a collective step: every rank reaches it at the same
 call, which the call fingerprint, carrying "on CUDA", has just checked), for the device of
@@ -21,15 +27,11 @@ that tensor; a later CUDA tensor on another device is refused.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from ... import schedules
 from .executor import Executor
-from ...transports import waits
-from ...transports.mpi_device import DeviceMpiTransport
-from ...transports.self_transport import SelfTransport
+from ...transports import table, waits
 
 
 def available() -> bool:
@@ -41,10 +43,6 @@ def unavailable_reason(t: torch.Tensor) -> str:
     if t.is_cuda:
         return "torch.cuda.is_available() is False"
     return f"only CPU and CUDA tensors are supported, not {t.device.type}"
-
-
-def nvshmem_importable() -> bool:
-    return importlib.util.find_spec("nvshmem") is not None
 
 
 class GpuPath:
@@ -99,58 +97,52 @@ class GpuPath:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
-        size, rank = place.size, place.rank
-        nvshmem = None
-        if size == 1 and opts.transport != "nvshmem":
-            loop = SelfTransport()
-            self.transports = [loop]
-            self._executor = Executor(rank, size, [loop], timeout=opts.timeout, depth=opts.pipeline_depth)
+        size, rank, kind = place.size, place.rank, place.bootstrap_kind
+        nodes, hosts = place.node_of_rank, place.host_of_rank
+        opening = table.Opening(place, opts, control=self._control, device=device, gather_ints=self._gather_ints)
+        failed: dict[str, str] = {}  # rows opened that could not serve: why
+        rows = table.to_open(rank, nodes, hosts, opts, kind, "cuda")
+        between = rows[0]
+        required = table.named(opts.transport, "cuda")  # Options.transport naming a transport: it must serve
+        if required is not None and (required == between or (size == 1 and rows[0].name == "self")):
+            required = None
+        mates = table.Pair.node_mates(size, place.max_ranks_per_node)
+        if required is not None and required not in rows and required.can_connect(mates, opts, kind):
+            rows.append(required)
+        for row in rows:  # the row between nodes first; every rank opens the same rows, in one order
+            try:
+                opening.opened[row.name] = row.open(opening)
+            except table.CannotOpen as e:
+                failed[row.name] = str(e)
+        self.transports = list(opening.opened.values())
+        if rows[0].name == "self":  # a world of one, on the loopback
+            self._executor = Executor(rank, size, self.transports, timeout=opts.timeout, depth=opts.pipeline_depth)
             return
-        mpi = DeviceMpiTransport(self._control.Dup(), device, cuda_aware=opts.mpi_cuda_aware)
-        self.transports.append(mpi)
-        on_node = list(place.on_node)
-        if opts.transport == "mpi":
-            self.why = "Options.transport is 'mpi'"
-        elif not nvshmem_importable():
-            self.why = "nvshmem4py is not installed"
-        elif place.max_ranks_per_node == 1 and opts.transport != "nvshmem":
-            # Decided from the whole layout, not this node alone: opening NVSHMEM is collective.
-            self.why = "no node holds more than one rank"
-        else:
-            nvshmem = self._open_nvshmem(on_node, device)
-        if nvshmem is None and opts.transport == "nvshmem":
-            raise ValueError(f"rank {rank}: DDL_TRANSPORT=nvshmem but NVSHMEM cannot be used: {self.why}")
-        if nvshmem is not None:
-            self.transports.append(nvshmem)
+        self.why = table.why_not_preferred(mates, opts, kind, "cuda", failed)
+        if required is not None and required.name not in opening.opened:
+            raise ValueError(f"rank {rank}: DDL_TRANSPORT={opts.transport} but "
+                             f"{required.name.upper()} cannot be used: {self.why}")
+        if len(self.transports) > 1:
             # Every wait (the NVSHMEM stream's in flush included) posts the MPI sends whose copies
             # are done: a peer whose stream waits for one holds back the NVSHMEM signal we wait for.
-            waits.progress_hooks.append(mpi.post_ready_sends)
-        self.intra_node = "" if len(on_node) == 1 else ("nvshmem" if nvshmem is not None else "mpi")
-        intra = nvshmem or mpi
-        route = [SelfTransport()] if size == 1 else \
-            [None if p == rank else intra if p in on_node else mpi for p in range(size)]
+            for t in self.transports:
+                if hasattr(t, "post_ready_sends"):
+                    waits.progress_hooks.append(t.post_ready_sends)
+        links = table.links(rank, nodes, hosts, opts, kind, "cuda", failed)
+        intra = {links[p].name for p in place.on_node if p != rank}
+        self.intra_node = intra.pop() if intra else ""  # "nvshmem", "mpi" or "" (no peer on the node)
+        route = [table.named("self", "cuda").open(opening)] if size == 1 else \
+            [None if p == rank else opening.opened[links[p].name] for p in range(size)]
         self._executor = Executor(rank, size, route, timeout=opts.timeout, depth=opts.pipeline_depth,
                                   transports=self.transports)
 
-    def _open_nvshmem(self, on_node: list[int], device: torch.device):
-        """NVSHMEM over this node's ranks, or None (with ``why``) where it cannot serve.
-        Collective over the communicator: every rank takes the same branch."""
-        from mpi4py import MPI
-        from ...transports.nvshmem import NvshmemTransport
+    def _gather_ints(self, comm, value: int, what: str) -> list[int]:
+        """Every rank's int ``value`` over the MPI communicator ``comm``, bounded by the deadline and
+        checked (an opener's collective: NVSHMEM's node ranks)."""
         from ..setup.bootstrap_values import checked, mpi_allgather
-        place, opts = self._placement, self._options
-        node = self._control.Split(place.node_of_rank[place.rank], place.rank)
-        try:
-            world_of_node = [checked(w, int, f"node rank {i}'s world rank", place.rank) for i, w in
-                             enumerate(mpi_allgather(node, MPI.COMM_WORLD.Get_rank(), opts.timeout, "NVSHMEM's node"))]
-            return NvshmemTransport(node, on_node, slot_bytes=opts.chunk_bytes,
-                                    depth=opts.pipeline_depth, device=device,
-                                    world_ranks=world_of_node)
-        except ValueError as e:  # e.g. a sub-communicator that does not span its node
-            self.why = str(e)
-            return None
-        finally:
-            node.Free()
+        rank = self._placement.rank
+        return [checked(v, int, f"{what}: rank {i}'s value", rank)
+                for i, v in enumerate(mpi_allgather(comm, value, self._options.timeout, what))]
 
     def close(self) -> None:
         for t in self.transports:

@@ -3,8 +3,9 @@
 Semantics: a :class:`Placement` is fixed when the communicator is made and never changes.
 It holds the grid of ranks (``Options.topology``, else the detected hosts), each rank's
 node and host, the ranks that share this rank's node, and the name of the link that
-carries this rank's messages to each peer ("self", "shm", or the inter-node transport:
-"mpi" under an MPI bootstrap, "gloo" over a store). The CPU wiring (wiring.py), the GPU
+carries this rank's messages to each peer: the transport table's choice for CPU tensors
+(transports/table.py: "self", "shm" inside a node, else "mpi" under an MPI bootstrap and
+"gloo" over a store). The CPU wiring (wiring.py), the GPU
 path (gpu_path.py), the planner (``link``) and the tuner all read this one object, so
 they can never disagree about where a rank is.
 """
@@ -18,6 +19,7 @@ from ...errors import name_peer
 from ...options import Options
 from ...planning import topology as topology_mod
 from ...planning.topology import Topology
+from ...transports import table
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Placement:
     transport: str                  # Options.transport: "mpi" sends everything over the inter-node link
     host_names: tuple[str, ...] = ()  # each rank's host name, when the ranks span hosts (for errors)
     pids: tuple[int, ...] = ()        # each rank's process id, likewise
+    bootstrap_kind: str = "mpi"       # how the ranks met: "mpi", or "store" (the transport table reads it)
 
     def link(self, a: int, b: int) -> str:
         """The planner's link class between ranks ``a`` and ``b``: "shm" inside a node, else "mpi"
@@ -68,8 +71,9 @@ def place(bootstrap, options: Options) -> Placement:
     puts ranks of different hosts in one node."""
     rank, size = bootstrap.rank, bootstrap.size
     if size == 1:
-        return Placement(rank, size, Topology((1,), "a single rank"), (0,), (0,), (0,), ("self",),
-                         options.transport)
+        return Placement(rank, size, Topology((1,), "a single rank"), (0,), (0,), (0,),
+                         _links(rank, (0,), (0,), options, bootstrap.kind), options.transport,
+                         bootstrap_kind=bootstrap.kind)
     host_of_rank = tuple(bootstrap.host_of_rank())  # for each rank, the lowest rank on its host
     if options.topology:
         topology = topology_mod.parse(options.topology, size, rank)
@@ -83,14 +87,16 @@ def place(bootstrap, options: Options) -> Placement:
         topology = topology_mod.detect(list(host_of_rank))
         node_of_rank = host_of_rank
     on_node = tuple(r for r in range(size) if node_of_rank[r] == node_of_rank[rank])
-    # Shared memory inside a node of several ranks unless told otherwise; else the inter-node engine.
-    use_shm = options.transport == "auto" and len(on_node) > 1
-    between = "mpi" if bootstrap.kind == "mpi" else "gloo"
-    links = tuple("self" if p == rank else "shm" if use_shm and p in on_node else between for p in range(size))
+    links = _links(rank, node_of_rank, host_of_rank, options, bootstrap.kind)
     # Across hosts, errors name each rank's host, and tell a rank of this host that has exited (its pid).
     names, pids = zip(*_every_name_and_pid(bootstrap)) if len(set(host_of_rank)) > 1 else ((), ())
     return Placement(rank, size, topology, node_of_rank, host_of_rank, on_node, links, options.transport,
-                     tuple(names), tuple(pids))
+                     tuple(names), tuple(pids), bootstrap.kind)
+
+
+def _links(rank: int, node_of_rank, host_of_rank, options: Options, bootstrap_kind: str) -> tuple[str, ...]:
+    """Per peer, the transport the table chooses for CPU tensors between ``rank`` and it."""
+    return tuple(row.name for row in table.links(rank, node_of_rank, host_of_rank, options, bootstrap_kind, "cpu"))
 
 
 def _every_name_and_pid(bootstrap) -> list[list]:

@@ -1,7 +1,9 @@
 """The CPU wiring of a communicator: one transport per peer, as its placement says.
 
 Semantics: ``connect`` opens the transports that carry CPU tensors and returns them with
-the route (the transport per peer) and the control channel:
+the route (the transport per peer) and the control channel. Which transport serves which
+peer is the transport table's choice (transports/table.py), which the placement's links
+name; as the table stands:
 - inside a (possibly emulated) node of several ranks, host shared memory (shm), unless
   ``Options.transport`` is "mpi";
 - between nodes, MPI on an MPI bootstrap and gloo on a store bootstrap (which then is the
@@ -12,6 +14,8 @@ the route (the transport per peer) and the control channel:
 - where any peer is reached over MPI or gloo, the call lane (call_lane.py) over the control
   channel: the call check's messages, which carry small allreduces' data, to every peer
   (small_allreduce_two_sided.py), peers on shm included.
+A communicator of several ranks always opens the table's row between nodes (MPI or gloo):
+it is the control channel and carries the call lane, even where every peer is on shm.
 It is collective over the bootstrap: every rank calls it at the same point. Where more
 ranks share a host than this process may use cores, the transports wait without spinning.
 """
@@ -21,11 +25,7 @@ import os
 from dataclasses import dataclass
 
 from ...options import Options
-from ...transports import link_emulation
-from ...transports.gloo import GlooTransport
-from ...transports.mpi import MpiTransport
-from ...transports.self_transport import SelfTransport
-from ...transports.shm import ShmTransport
+from ...transports import table
 from ..lanes.call_lane import CallLane
 from ..lanes.lane_sockets import LaneSockets
 from .placement import Placement
@@ -49,40 +49,30 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
     """Open the transports ``placement.links`` names (see the module doc)."""
     rank, size = placement.rank, placement.size
     control = bootstrap.comm if bootstrap.kind == "mpi" else None
+    rows = table.to_open(rank, placement.node_of_rank, placement.host_of_rank, options, bootstrap.kind, "cpu")
+    opening = table.Opening(placement, options, bootstrap, control, lane_bytes=LANE_BYTES)
     if size == 1:
-        loop = SelfTransport()
+        loop = rows[0].open(opening)
         return Wiring([loop], [loop], None, control)
-    node = bootstrap.split(placement.node_of_rank[rank])
-    if bootstrap.kind == "mpi":
-        between = MpiTransport(control, link_emulation.parse(options.link_emulation))
-        if not placement.every_peer_on_shm and between.has_group_allreduce:
-            # Every rank or none (the nodes partition the ranks): the communicators of the ranks
-            # with one index inside their nodes, for hierarchical_native's group steps. MPI's Split
-            # has no deadline: it starts once the bootstrap's barrier (which has one) shows every rank here.
-            bootstrap.barrier()
-            between.split_for_groups(placement.on_node.index(rank))
-    else:
-        if options.link_emulation:
-            raise ValueError(f"rank {rank}: DDL_LINK_EMULATION emulates the MPI transport, but these "
-                             "ranks were not launched by MPI: their inter-node transport is gloo")
-        between = control = GlooTransport(bootstrap.store_for("gloo"), rank, size, options.timeout)
-    transports: list = [between]
-    shm = None
+    opening.node = bootstrap.split(placement.node_of_rank[rank])
     try:
-        if "shm" in placement.links:
-            shm = ShmTransport(node, list(placement.on_node), slot_bytes=options.chunk_bytes,
-                               depth=options.pipeline_depth, lane_bytes=LANE_BYTES)
-            transports.append(shm)
-            if isinstance(between, MpiTransport):
-                shm.keep_moving = between.push_sends  # an MPI send must move while we wait on shm
+        for row in rows:  # the row between nodes first
+            opening.opened[row.name] = row.open(opening)
     finally:
-        node.close()
+        opening.node.close()
+    transports = list(opening.opened.values())
+    between = transports[0]
+    if bootstrap.kind != "mpi":
+        control = between  # gloo: the control channel too
+    shm = opening.opened.get("shm")
+    if shm is not None and hasattr(between, "push_sends"):
+        shm.keep_moving = between.push_sends  # an MPI send must move while we wait on shm
     host = placement.host_of_rank
     if host.count(host[rank]) > len(os.sched_getaffinity(0)):
         # More ranks than cores here: a spinning wait would hold the core its peer needs.
         for t in transports:
             t.spin = 0.0
-    route = [None if p == rank else shm if placement.links[p] == "shm" else between for p in range(size)]
+    route = [None if p == rank else opening.opened[placement.links[p]] for p in range(size)]
     lane = None
     if not placement.every_peer_on_shm:
         # Every rank takes this branch or none (the nodes partition the ranks): the lane is collective,
