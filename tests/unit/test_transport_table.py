@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -277,3 +279,11 @@ def test_the_choice_takes_a_few_choices_however_many_ranks(monkeypatch):
     monkeypatch.setattr(table, "choose", counted)
     assert [r.name for r in table.to_open(0, nodes, hosts, Options(), "mpi", "cpu")] == ["mpi", "shm"]
     assert len(calls) < 10
+
+
+def test_reading_the_table_loads_neither_torch_nor_mpi():
+    code = ("import sys\nfrom ddl_triton.transports import table\ntable.to_open(0, (0, 0), (0, 0), "
+            "type('O', (), {'transport': 'auto'})(), 'mpi', 'cpu')\n"
+            "print(sorted(m for m in ('torch', 'mpi4py', 'nvshmem') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
