@@ -73,7 +73,12 @@ class Method:
     def run(self, comm, tensor, *, op: str = "avg", block: int = 256, residual=None, server_residual=None,
             groups=None, async_op: bool = False):
         """This method's allreduce of ``tensor`` over ``comm`` in place: the keywords it takes are
-        passed on, a residual or ``groups`` it does not take is refused (naming the rank)."""
+        passed on, a residual or ``groups`` it does not take, or a dtype it does not accept, is
+        refused (naming the rank)."""
+        dtype = str(getattr(tensor, "dtype", type(tensor).__name__)).removeprefix("torch.")
+        if dtype not in self.dtypes:
+            raise TypeError(f"rank {comm.rank}: compression {self.name!r} takes {', '.join(self.dtypes)} tensors, "
+                            f"got {dtype}")
         kwargs = dict(self.options)
         for key, value, takes in (("block", block, self.takes_block), ("residual", residual, self.worker_residual),
                                   ("server_residual", server_residual, self.server_residual),

@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddl_triton as ddl
+from ddl_triton import compression_methods
 import ddl_triton.torch  # noqa: F401 - registers the "ddl" backend
 from ddl_triton.runtime.compression import compressed, per_level
 from ddl_triton.torch import hooks
@@ -97,7 +98,7 @@ def across_hosts(ck: Checker, comm, lv, sizes=SIZES) -> None:
                 ck.equal(f"int8 {op} {n}: nothing lost, so the residual stays zero", res, torch.zeros(w))
     g = torch.Generator().manual_seed(comm.rank)
     for n in sizes:
-        for method in per_level.METHODS:
+        for method in compression_methods.names():
             x = torch.randn(n, generator=g)
             before = [moved(c) for c in (lv.node or comm, lv.cross, comm)]
             w, s = per_level.residual_sizes(lv, method, n)
@@ -277,7 +278,7 @@ def auto_agrees(ck: Checker, comm) -> None:
 def one_host(ck: Checker, comm, lv) -> None:
     ck.true("one host: no groups built", lv.node is comm and lv.cross is None)
     for n in SIZES:
-        for method in per_level.METHODS:
+        for method in compression_methods.names():
             ck.true(f"one host: no residual ({method}, {n})", per_level.residual_sizes(lv, method, n) == (0, None))
             x = torch.randn(n, generator=torch.Generator().manual_seed(comm.rank + n))
             y = x.clone()

@@ -109,9 +109,11 @@ def test_none_and_auto_are_choices_not_methods():
         cm.unregister("bf16")
     with pytest.raises(ValueError, match="rank 0: compression 'fp16' takes no residual"):
         row.run(_RecordingComm(0, 3), torch.ones(4), residual=torch.zeros(4))
+    with pytest.raises(TypeError, match="rank 2: compression 'fp16' takes float32, float16, bfloat16 tensors, got int64"):
+        row.run(_RecordingComm(2, 3), torch.ones(4, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("name", ["int8", "onebit", "fp16", "bf16"])
+@pytest.mark.parametrize("name", cm.names())  # every row, a new one included
 def test_each_rows_wire_bytes_are_what_its_allreduce_sends(name):
     for size in (2, 3, 4):
         for numel in (1, 1000, 4099):

@@ -1,4 +1,8 @@
-"""Compressed allreduce: int8 and 1-bit gradients on the wire, reduced through the compression kernels.
+"""Compressed allreduce: int8, 1-bit and 16-bit gradients on the wire, reduced through the compression kernels.
+
+These are the allreduces the rows of ddl_triton/compression_methods.py name (the fp16 and bf16
+rows both run ``allreduce_16bit``); the rows give each method's wire layout, and ``wire_bytes``
+its exact bytes.
 
 Three lossy allreduces on a :class:`~ddl_triton.Communicator`, each a *two-shot* exchange:
 
