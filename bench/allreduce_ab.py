@@ -1,11 +1,12 @@
-"""Before and after: the small allreduce (and init) of an earlier revision against this checkout, in
+"""Before and after: the allreduce (and init) of an earlier revision against this checkout, in
 alternating jobs of one run, on one host and across two testbed hosts.
 
-    python bench/small_allreduce_ab.py --old-rev 69cf7ec [--rounds 5] [--places host,hosts]
+    python bench/allreduce_ab.py --old-rev 69cf7ec [--rounds 5] [--places host,hosts] [--bytes 128]
+    python bench/allreduce_ab.py --old-rev a73ca32 --places host --launchers ddlrun --bytes 8,65536,16777216
 
 The earlier revision is checked out into a private temporary folder (``git worktree``, removed at the
 end) and run from there through ``PYTHONPATH``, with the same interpreter and packages; each job is
-bench/_small_allreduce_job.py (this checkout's) under one launcher:
+bench/_allreduce_ab_job.py (this checkout's) under one launcher:
 
     host  ddlrun   2 ranks under ``ddlrun -n 2`` (MPI bootstrap; the call lane rides MPI, the data shm)
     host  env://   2 ranks with RANK/WORLD_SIZE/MASTER_*, ``DDL_TOPOLOGY=1x2`` (two emulated hosts:
@@ -14,7 +15,7 @@ bench/_small_allreduce_job.py (this checkout's) under one launcher:
     hosts env://   the same hosts, one process each, gloo and the lane's sockets between them
 
 Jobs alternate old, new, old, new, ... per launcher, so both see the same machine drift; the table
-gives, per launcher and revision, the median over jobs of each job's median block (the slowest rank's
+gives, per size, launcher and revision, the median over jobs of each job's median block (the slowest rank's
 time per call) and init's time, and the new/old ratio. Every job also checks its result exactly and
 names the package folder it ran, so a job that ran the wrong checkout fails the run (exit 1).
 Needs root for the testbed (``--places host`` alone does not).
@@ -32,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-JOB = str(ROOT / "bench" / "_small_allreduce_job.py")
+JOB = str(ROOT / "bench" / "_allreduce_ab_job.py")
 _PORTS = iter(range(29731, 29999))
 
 
@@ -56,19 +57,20 @@ def _env(old: Path | None, **extra: str) -> dict[str, str]:
     return env
 
 
-def _result(out: str, old: Path | None, where: str) -> dict:
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if not lines:
+def _result(out: str, old: Path | None, where: str) -> list[dict]:
+    """The job's result per size, each checked (the checkout it ran, 2 ranks, no wrong element)."""
+    results = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    if not results:
         raise RuntimeError(f"{where}: the job printed no result:\n{out[-3000:]}")
-    result = json.loads(lines[-1])
     expected = str(old / "ddl_triton") if old is not None else str(ROOT / "ddl_triton")
-    if result["package"] != expected or result["wrong"] or result["ranks"] != 2:
-        raise RuntimeError(f"{where}: ran {result['package']} (expected {expected}), {result['ranks']} ranks, "
-                           f"{result['wrong']} wrong elements")
-    return result
+    for result in results:
+        if result["package"] != expected or result["wrong"] or result["ranks"] != 2:
+            raise RuntimeError(f"{where}: ran {result['package']} (expected {expected}), {result['ranks']} ranks, "
+                               f"{result['wrong']} wrong elements at {result.get('bytes')} B")
+    return results
 
 
-def _run_here(launcher: str, old: Path | None, job_args: list[str]) -> dict:
+def _run_here(launcher: str, old: Path | None, job_args: list[str]) -> list[dict]:
     if launcher == "ddlrun":
         cmd = [str(BIN / "ddlrun"), "-n", "2", "--", sys.executable, JOB, *job_args]
         done = subprocess.run(cmd, env=_env(old), capture_output=True, text=True, timeout=180,
@@ -88,7 +90,7 @@ def _run_here(launcher: str, old: Path | None, job_args: list[str]) -> dict:
     return _result(outs[0], old, "host env://")
 
 
-def _run_across(bed, ssh: Path, launcher: str, old: Path | None, job_args: list[str]) -> dict:
+def _run_across(bed, ssh: Path, launcher: str, old: Path | None, job_args: list[str]) -> list[dict]:
     if launcher == "ddlrun":
         env = _env(old, UCX_NET_DEVICES="eth0", GLOO_SOCKET_IFNAME="eth0", HYDRA_LAUNCHER_EXEC=str(ssh))
         cmd = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), str(BIN / "ddlrun"), "-n", "2", "-H", "h1:1,h2:1",
@@ -117,12 +119,14 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="jobs per launcher and revision")
     p.add_argument("--places", default="host,hosts")
     p.add_argument("--rate", default="1gbit")
-    p.add_argument("--bytes", type=int, default=128)
+    p.add_argument("--bytes", default="128", help="a comma list of sizes")
+    p.add_argument("--launchers", default="ddlrun,env://")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
-    job_args = ["--bytes", str(args.bytes)]
+    job_args = ["--bytes", args.bytes]
     places = args.places.split(",")
-    results: dict[tuple[str, str, str], list[dict]] = {}
+    launchers = args.launchers.split(",")
+    results: dict[tuple[str, str, str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="ddl_triton-ab-") as tmp:  # mkdtemp: 0700, a fresh name
         folder = Path(tmp)
         old = _old_checkout(args.old_rev, folder)
@@ -138,35 +142,37 @@ def main(argv=None) -> int:
                     bed = Testbed(hosts=2, rate=args.rate, shared=(str(folder),)).__enter__()
                 try:
                     for _ in range(args.rounds):
-                        for launcher in ("ddlrun", "env://"):
+                        for launcher in launchers:
                             for label, tree in (("old", old), ("new", None)):
-                                run = _run_here(launcher, tree, job_args) if bed is None else \
+                                runs = _run_here(launcher, tree, job_args) if bed is None else \
                                     _run_across(bed, ssh, launcher, tree, job_args)
-                                results.setdefault((place, launcher, label), []).append(run)
-                                print(f"# {place} {launcher} {label}: {statistics.median(run['us_per_call']):.1f} us, "
-                                      f"init {run['init_s']:.2f} s", flush=True)
+                                for run in runs:
+                                    results.setdefault((place, launcher, label, run["bytes"]), []).append(run)
+                                    print(f"# {place} {launcher} {label} {run['bytes']} B: "
+                                          f"{statistics.median(run['us_per_call']):.1f} us, init {run['init_s']:.2f} s",
+                                          flush=True)
                 finally:
                     if bed is not None:
                         bed.__exit__(None, None, None)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
-    print(f"\n| where | launcher | old µs/call | new µs/call | new/old | old init s | new init s |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n| where | launcher | bytes | old µs/call | new µs/call | new/old | old init s | new init s |")
+    print("|---|---|---|---|---|---|---|---|")
     table = []
-    for place in places:
-        for launcher in ("ddlrun", "env://"):
-            o, n = (results[(place, launcher, lab)] for lab in ("old", "new"))
-            med = [statistics.median(statistics.median(r["us_per_call"]) for r in runs) for runs in (o, n)]
-            init = [statistics.median(r["init_s"] for r in runs) for runs in (o, n)]
-            spread = [f"{min(statistics.median(r['us_per_call']) for r in runs):.0f}–"
-                      f"{max(statistics.median(r['us_per_call']) for r in runs):.0f}" for runs in (o, n)]
-            print(f"| {place} | {launcher} | {med[0]:.1f} ({spread[0]}) | {med[1]:.1f} ({spread[1]}) | "
-                  f"{med[1] / med[0]:.2f} | {init[0]:.2f} | {init[1]:.2f} |")
-            table.append({"place": place, "launcher": launcher, "old_us": med[0], "new_us": med[1],
-                          "old_init_s": init[0], "new_init_s": init[1]})
+    sizes = sorted({key[3] for key in results})
+    for place, launcher, nbytes in ((p, la, b) for p in places for la in launchers for b in sizes):
+        o, n = (results[(place, launcher, lab, nbytes)] for lab in ("old", "new"))
+        med = [statistics.median(statistics.median(r["us_per_call"]) for r in runs) for runs in (o, n)]
+        init = [statistics.median(r["init_s"] for r in runs) for runs in (o, n)]
+        spread = [f"{min(statistics.median(r['us_per_call']) for r in runs):.0f}–"
+                  f"{max(statistics.median(r['us_per_call']) for r in runs):.0f}" for runs in (o, n)]
+        print(f"| {place} | {launcher} | {nbytes} | {med[0]:.1f} ({spread[0]}) | {med[1]:.1f} ({spread[1]}) | "
+              f"{med[1] / med[0]:.2f} | {init[0]:.2f} | {init[1]:.2f} |")
+        table.append({"place": place, "launcher": launcher, "bytes": nbytes, "old_us": med[0], "new_us": med[1],
+                      "old_init_s": init[0], "new_init_s": init[1]})
     if args.json:
-        Path(args.json).write_text(json.dumps({"old_rev": args.old_rev, "bytes": args.bytes, "rows": table,
-                                               "raw": {"|".join(k): v for k, v in results.items()}}, indent=1))
+        Path(args.json).write_text(json.dumps({"old_rev": args.old_rev, "rows": table,
+                                               "raw": {"|".join(map(str, k)): v for k, v in results.items()}}, indent=1))
     return 0
 
 
