@@ -132,8 +132,8 @@ def run_gpu_path(rank: int, size: int, failures: list[str]) -> int:
     topologies = {2: ["", "1x2"], 3: ["", "1x3"], 4: ["", "2x2"]}.get(size, [""])
     for topo in topologies:
         comm = ddl.init(world.Dup(), topology=topo, chunk_bytes=CHUNK_BYTES, pipeline_depth=DEPTH)
-        comm._executor = comm._gpu.executor(torch.device("cpu"))  # every collective through the GPU path,
-        comm._small = None  # small allreduces included (the CPU path's shortcut would bypass it)
+        comm._runner.executor = comm._gpu.executor(torch.device("cpu"))  # every collective through the GPU path,
+        comm._runner.small = None  # small allreduces included (the CPU path's shortcut would bypass it)
         label = f"gpu path {topo or 'flat'}"
         for count in SIZES:
             t = data(count, rank, torch.float32)
@@ -175,8 +175,8 @@ def run_limited_mpg(rank: int, size: int, failures: list[str]) -> int:
     cases = 0
     try:
         comm = ddl.init(world.Dup(), topology=f"{size}x1", chunk_bytes=CHUNK_BYTES, pipeline_depth=DEPTH)
-        comm._executor = comm._gpu.executor(torch.device("cpu"))
-        comm._small = None
+        comm._runner.executor = comm._gpu.executor(torch.device("cpu"))
+        comm._runner.small = None
         t = data(4099, rank, torch.float32)
         comm.allreduce(t)
         cases += 2

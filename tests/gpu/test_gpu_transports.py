@@ -19,7 +19,7 @@ import torch
 
 from support.launch import assert_clean_run, ddl_segments, run_ranks
 from support.report import read_report
-from ddl_triton.runtime.lanes import call_check as calls
+from ddl_triton.runtime.lanes import fingerprint
 from ddl_triton.runtime.calls import gpu_path
 from ddl_triton.options import Options
 
@@ -40,11 +40,11 @@ def test_gpu_transports_protocols_on_cpu_stand_ins(ranks):
 
 
 def test_fingerprint_tells_the_gpu_path_from_the_cpu_path():
-    cpu = calls.encode("allreduce", "sum", torch.float32, 10, 0)
-    gpu = calls.encode("allreduce", "sum", torch.float32, 10, 0, on_gpu=True)
+    cpu = fingerprint.encode("allreduce", "sum", torch.float32, 10, 0)
+    gpu = fingerprint.encode("allreduce", "sum", torch.float32, 10, 0, on_gpu=True)
     assert cpu != gpu
-    assert calls.describe(gpu) == "allreduce(sum, 10 x float32, on CUDA)"
-    assert calls.describe(cpu) == "allreduce(sum, 10 x float32)"
+    assert fingerprint.describe(gpu) == "allreduce(sum, 10 x float32, on CUDA)"
+    assert fingerprint.describe(cpu) == "allreduce(sum, 10 x float32)"
 
 
 def test_transport_and_cuda_aware_options():

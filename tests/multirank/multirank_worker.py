@@ -172,14 +172,14 @@ def run_small_path_is_one_shot(ck: Checker, world, tag: str, topology: str = "")
     placed = {"topology": topology} if topology else {}
     fast = ddl.init(world.Dup(), **placed)
     general = ddl.init(world.Dup(), schedule="one_shot", **placed)
-    general._small = None  # the same schedule through the executor
-    if fast._small is None:  # no small path here (one rank): nothing to compare
+    general._runner.small = None  # the same schedule through the executor
+    if fast._runner.small is None:  # no small path here (one rank): nothing to compare
         fast.close()
         general.close()
         return
     r = fast.rank
     for dtype in SMALL_DTYPES:
-        limit = fast._small.limit // dtype.itemsize
+        limit = fast._runner.small.limit // dtype.itemsize
         for count in (1, 2, 3, 255, limit):
             g = torch.Generator().manual_seed(7000 + 31 * r + count)
             x = torch.randn(count, generator=g, dtype=torch.float64) * 1e3
@@ -196,7 +196,7 @@ def run_small_path_is_one_shot(ck: Checker, world, tag: str, topology: str = "")
                             torch.equal(a.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)),
                             "bits differ from one_shot")
                     ck.identical(f"{tag} small path ({entry}) {op} {dtype} n={count}", a)
-    if hasattr(fast._small, "serves_broadcast"):
+    if hasattr(fast._runner.small, "serves_broadcast"):
         check_small_broadcast(ck, fast, tag)
     fast.close()
     general.close()
@@ -206,9 +206,9 @@ def check_small_broadcast(ck: Checker, comm, tag: str) -> None:
     """Across a call lane, small broadcasts ride in it: the root's bits on every rank, for every
     dtype (16-bit floats as their bits), synchronous, async and strided, and no executor message."""
     r, n = comm.rank, comm.size
-    sent_before = list(comm._executor.next_msg)
+    sent_before = list(comm._runner.executor.next_msg)
     for dtype in DTYPES:
-        limit = comm._small.limit // dtype.itemsize
+        limit = comm._runner.small.limit // dtype.itemsize
         for count in (1, 3, limit):
             for root in range(n):
                 g = torch.Generator().manual_seed(9000 + 31 * r + count)
@@ -233,8 +233,8 @@ def check_small_broadcast(ck: Checker, comm, tag: str) -> None:
                 # One check per case whatever its entry, so that planned_checks need not know the lane's limit.
                 ck.true(what, gaps_clean and torch.equal(bits.view(torch.uint8), want.view(torch.uint8)),
                         "not the root's bits" if gaps_clean else "wrote outside the view")
-    ck.true(f"{tag} small broadcasts took the call lane", comm._executor.next_msg == sent_before,
-            f"executor messages {sent_before} -> {comm._executor.next_msg}")
+    ck.true(f"{tag} small broadcasts took the call lane", comm._runner.executor.next_msg == sent_before,
+            f"executor messages {sent_before} -> {comm._runner.executor.next_msg}")
 
 
 def _small_path_entry(comm, x: torch.Tensor, op: str, entry: str) -> torch.Tensor:
@@ -435,8 +435,8 @@ def check_native_on_and_off_the_engines(ck: Checker, world) -> None:
     sent = {}
     for emulated in ("", "mpi:bw=2GB/s,lat=0us"):
         comm = ddl.init(world.Dup(), schedule=NAME, topology="2x2", chunk_bytes=4096, link_emulation=emulated)
-        ck.true(f"{NAME} engines {emulated or 'on'}", comm._executor.group_engines == (not emulated),
-                f"group engines {comm._executor.group_engines}")
+        ck.true(f"{NAME} engines {emulated or 'on'}", comm._runner.executor.group_engines == (not emulated),
+                f"group engines {comm._runner.executor.group_engines}")
         run_allreduce(ck, comm, NATIVE_SIZES, f"{NAME}@2x2 {emulated or 'engines'}", covering=True)
         t = torch.ones(count)
         before = comm.transport_bytes

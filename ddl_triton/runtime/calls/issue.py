@@ -45,7 +45,9 @@ def peers_lost() -> bool:
 class IssuePath:
     """The ordered queue, flight records, trace spans and failure state of one communicator.
 
-    ``attach(record)`` tells whoever runs the collectives which call is running (None after).
+    ``attach(record)`` tells whoever runs the collectives which call is running (None after): the
+    communicator passes its call runner's (running.py: ``CallRunner.attach``) when it is built, so
+    that the path only ever calls down, into the runner, never back into the communicator.
     ``tracer``: the timeline (observability/tracer.py) or None; settable. ``timeout``: the
     communicator's (``Options.timeout``), which bounds ``close``'s wait for the queue."""
 

@@ -22,7 +22,7 @@ import torch
 from ... import schedules
 from ...ops import SIXTEEN_BIT
 from ...planning.planner import Planner
-from ..lanes import call_check as calls
+from ..lanes.fingerprint import encode
 from .executor import CallContext
 
 _BOUND = 256  # entries per cache before it starts over
@@ -102,7 +102,7 @@ class PlanCache:
         key = (op, dtype, numel)
         fast = self.fast.get(key)
         if fast is None:
-            fingerprint = calls.encode("allreduce", op, dtype, numel, 0)
+            fingerprint = encode("allreduce", op, dtype, numel, 0)
             fast = (small.shape(op, dtype, numel, fingerprint), ("allreduce", op, numel, dtype, None))
             if len(self.fast) > _BOUND:
                 self.fast.clear()
@@ -127,7 +127,7 @@ class PlanCache:
             if len(self._broadcast_shapes) > _BOUND:
                 self._broadcast_shapes.clear()
             shape = self._broadcast_shapes[key] = small.shape(
-                "sum", dtype, numel, calls.encode("broadcast", None, dtype, numel, root))
+                "sum", dtype, numel, encode("broadcast", None, dtype, numel, root))
         return shape
 
     def fast_view(self, tensor: torch.Tensor, shape):

@@ -163,6 +163,14 @@ class OrderedRunner:
         self._current: Work | None = None  # the running job's Work (None for an inline run_sync)
         self._broken: DDLError | None = None  # why the background thread stopped (see the module doc)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running, read without the lock: the synchronous fast entry
+        asks at every call, where the lock would cost more than the check. Exact for the thread
+        that issues the calls (only an issuer adds to the queue, and a job that ends cannot start
+        again); a thread that issues while another runs a call inline is not ordered by it."""
+        return not self._queue and not self._running
+
     def run_sync(self, job: Callable[[], object], describe: Callable[[], str]):
         """Run ``job`` after everything issued before it; return its result."""
         with self._cond:

@@ -15,40 +15,10 @@ their data instead, and post here only when they wait long (small_allreduce.py).
 """
 from __future__ import annotations
 
-import torch
-
 from . import call_lane
+from .fingerprint import describe_posted, encode
 from ...errors import call_name, calls_disagree, wait_failed
-from ...ops import DTYPES, OPS
 from ...transports.waits import PeerTimeout
-
-CALLS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "barrier")
-
-
-def encode(collective: str, op: str | None, dtype: torch.dtype | None, numel: int, root: int,
-           on_gpu: bool = False) -> tuple[int, ...]:
-    """The 6 integers: collective, op, dtype, element count, root, and 1 for CUDA tensors
-    (a rank on the CPU path and one on the GPU path would wait on different transports)."""
-    return (CALLS.index(collective), -1 if op is None else OPS.index(op),
-            -1 if dtype is None else DTYPES.index(dtype), numel, root, int(on_gpu))
-
-
-def describe(fp) -> str:
-    if fp is None:
-        return "a later call (this rank issued more collectives)"
-    coll, op, dtype, numel, root, on_gpu = (int(v) for v in fp[:6])
-    name = CALLS[coll] if 0 <= coll < len(CALLS) else f"call#{coll}"
-    args = []
-    if op >= 0:
-        args.append(OPS[op])
-    if dtype >= 0:
-        args.append(f"{numel} x {str(DTYPES[dtype]).replace('torch.', '')}")
-    if name == "broadcast":
-        args.append(f"root {root}")
-    if on_gpu:
-        args.append("on CUDA")
-    return f"{name}({', '.join(args)})"
-
 
 class CallChecker:
     """Compares fingerprints among all ranks of a communicator, through shm or MPI.
@@ -57,9 +27,10 @@ class CallChecker:
     runs the collective, and compares every peer's fingerprint afterwards (a peer that
     took part has posted it long before). A mismatch that would make the collective
     hang is caught inside the transport's long waits, which look at the peers'
-    fingerprints every quarter second (``ShmTransport.wait_hook``). When any peer is
-    reached over MPI or gloo, the ranks exchange fingerprints in the call lane's messages
-    before the collective starts (``lane``: call_lane.py).
+    fingerprints every quarter second (``look_for_mismatch``: the shm transport's wait hook, set
+    when the communicator wires the transports). When any peer is reached over MPI or gloo, the
+    ranks exchange fingerprints in the call lane's messages before the collective starts
+    (``lane``: call_lane.py). The runner brackets each call: ``begin_call``, the call, ``end_call``.
     """
 
     def __init__(self, lane, rank: int, size: int, shm, timeout: float, describe=None):
@@ -72,12 +43,10 @@ class CallChecker:
         self._current: tuple[int, tuple[int, ...]] | None = None
         self._peers = [p for p in range(size) if p != rank]
         self._fingerprints: dict[tuple, tuple] = {}  # call shape -> (its fingerprint, lane header) (bounded)
-        if shm is not None:
-            shm.wait_hook = self._look_for_mismatch
 
-    def checked(self, seq: int, collective: str, op, dtype, numel: int, root: int, run, on_gpu: bool = False):
-        """Run ``run()`` as call ``seq`` between ``begin`` and ``end``; a peer lost or silent past
-        the deadline meanwhile is a CollectiveTimeout naming it."""
+    def begin_call(self, seq: int, collective: str, op, dtype, numel: int, root: int, on_gpu: bool = False):
+        """Before call ``seq`` runs: ``begin`` with its fingerprint, which it returns for ``end_call``.
+        A peer lost or silent past the deadline is a CollectiveTimeout naming the call and the peer."""
         key = (collective, op, dtype, numel, root, on_gpu)
         known = self._fingerprints.get(key)
         if known is None:
@@ -88,7 +57,13 @@ class CallChecker:
         fp, head = known
         try:
             self.begin(seq, fp, head)
-            run()
+        except PeerTimeout as e:
+            raise wait_failed(self.rank, call_name(collective, seq), e, self.timeout, self.describe) from None
+        return fp
+
+    def end_call(self, seq: int, collective: str, fp: tuple[int, ...]) -> None:
+        """After call ``seq`` ran: ``end``, with ``begin_call``'s errors."""
+        try:
             self.end(seq, fp)
         except PeerTimeout as e:
             raise wait_failed(self.rank, call_name(collective, seq), e, self.timeout, self.describe) from None
@@ -121,9 +96,10 @@ class CallChecker:
         only once it waits long (ddl_triton/runtime/lanes/small_allreduce.py)."""
         self._current = None if seq is None else (seq, fp)
 
-    def _look_for_mismatch(self) -> None:
-        """Run inside long waits: a peer that posted a different call for this sequence number
-        will never send what we wait for, so raise now instead of at the deadline."""
+    def look_for_mismatch(self) -> None:
+        """Raise now, not at the deadline, when a peer posted a different call for this sequence
+        number: it will never send what we wait for. The shm transport's wait hook
+        (``ShmTransport.wait_hook``, set to this when the communicator wires the transports)."""
         if self._current is None:
             return
         seq, fp = self._current
@@ -137,9 +113,3 @@ class CallChecker:
         if all(v == fp for v in theirs.values()):
             return
         raise calls_disagree(self.rank, seq, {p: describe_posted(theirs.get(p)) for p in range(self.size)}, self.size)
-
-
-def describe_posted(fp) -> str:
-    if fp is False:
-        return "(has not reached this call yet)"
-    return describe(fp)

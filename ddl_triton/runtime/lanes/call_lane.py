@@ -1,9 +1,9 @@
 """The call lane: one message per peer per collective across two-sided links (over MPI, or its own TCP),
 carrying the call's fingerprint and, for a small allreduce, its data.
 
-Semantics: at every collective the call checker runs (fingerprints.py), each rank sends each
+Semantics: at every collective the call checker runs (call_check.py), each rank sends each
 peer exactly one lane message and receives exactly one from each peer, in call order. A
-message is a 16-byte header, the call's fingerprint (``fingerprints.encode``: 6 integers) and
+message is a 16-byte header, the call's fingerprint (fingerprint.py's ``encode``: 6 integers) and
 the byte count of the data that follows, encoded exactly (``header``), then that data (none for
 a call check alone, the tensor for a small allreduce: ``small_allreduce_two_sided.py``). The
 header is short because the message is: MPICH sends a message of a few tens of bytes in one
@@ -39,7 +39,7 @@ from mpi4py import MPI
 
 from ...errors import calls_disagree
 from ...transports.waits import wait_until
-from . import call_check as fingerprints
+from .fingerprint import describe as describe_call
 from .lane_sockets import LaneSockets, SocketWire
 
 HEADER_BYTES = 16  # two int64 words: see header()
@@ -50,7 +50,7 @@ _DATA_SHIFT = 38
 
 def header(fingerprint: tuple[int, ...], nbytes: int) -> bytes:
     """The 16 header bytes of a call's lane message: ``fingerprint`` (collective, op, dtype, element
-    count, root, on CUDA: fingerprints.encode) and the data's byte count, exactly (word 1 is the
+    count, root, on CUDA: fingerprint.py's encode) and the data's byte count, exactly (word 1 is the
     element count)."""
     coll, op, dtype, numel, root, on_gpu = fingerprint
     if not (0 <= root < 1 << _ROOT_BITS and 0 <= nbytes < 1 << (63 - _DATA_SHIFT)):
@@ -251,7 +251,7 @@ def _waiting_for(seq: int) -> str:
 
 def _describe(raw: bytes) -> str:
     fingerprint, nbytes = _decode(raw)
-    call = fingerprints.describe(fingerprint)
+    call = describe_call(fingerprint)
     if nbytes:
         call += " (small-message path)"
     return call
