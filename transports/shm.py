@@ -35,8 +35,7 @@ import numpy as np
 import torch
 
 from . import futex
-from ..errors import process_alive  # the one liveness check: a dead peer is told from a slow one
-from ..runtime.setup.bootstrap import as_bootstrap as _as_bootstrap
+from ..errors import DDLError, process_alive  # the one liveness check: a dead peer is told from a slow one
 from .waits import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until, with_calls_first
 
 _SHM_DIR = "/dev/shm"
@@ -60,13 +59,11 @@ def _segment_path(creator_pid: int, token: str, local_rank: int) -> str:
 
 def _checked_leader(leader, rank: int) -> list:
     """The [pid, token] the node's first rank sent, checked before it goes into a path: a
-    positive pid and 32 hex digits, nothing that could name another file."""
-    from ..runtime.setup.bootstrap_values import BootstrapError, shaped
-
-    pid, token = shaped(leader, (int, str), "the shm segments' name from the node's first rank", rank)
-    if pid < 1 or not re.fullmatch(r"[0-9a-f]{32}", token):
-        raise BootstrapError(f"rank {rank}: shm: the node's first rank named its segments {leader!r:.100}, "
-                             "not a pid and 32 hex digits")
+    positive pid and 32 hex digits, nothing that could name another file (DDLError otherwise)."""
+    shaped = isinstance(leader, list) and len(leader) == 2 and type(leader[0]) is int and isinstance(leader[1], str)
+    if not shaped or leader[0] < 1 or not re.fullmatch(r"[0-9a-f]{32}", leader[1]):
+        raise DDLError(f"rank {rank}: shm: the node's first rank named its segments {leader!r:.100}, "
+                       "not a pid and 32 hex digits")
     return leader
 
 
@@ -123,8 +120,10 @@ class ShmTransport:
     LANE_FLAG_WORD = _LANE_FLAG_WORD
     LANE_HEAD_WORDS = _LANE_HEAD_WORDS
 
-    def __init__(self, node_comm, world_of_local: list[int], *, slot_bytes: int, depth: int, lane_bytes: int = 0):
-        node = _as_bootstrap(node_comm)  # an MPI node communicator or a ddl_triton bootstrap (ddl_triton/runtime/setup/bootstrap.py)
+    def __init__(self, node, world_of_local: list[int], *, slot_bytes: int, depth: int, lane_bytes: int = 0):
+        # ``node``: the ranks of this node as a bootstrap (rank, size, bcast, barrier, each bounded by the
+        # job's deadline: ddl_triton/runtime/setup/bootstrap.py), made by the caller; the transports
+        # room sits below the runtime and imports none of it.
         self.local_rank = node.rank
         self.local_size = node.size
         self.slot_bytes = slot_bytes
@@ -182,7 +181,9 @@ class ShmTransport:
         node.barrier()  # flags initialised before anyone reads them
         # slot -> (message id, local addressees) of the message that used it last
         self._slot_user: list[tuple[int, tuple[int, ...]]] = [(-1, ())] * depth
-        self.wait_hook = None  # called during long waits; may raise (see ddl_triton/runtime/lanes/call_check.py)
+        # Called during long waits, may raise: set once when the communicator wires the transports (the call
+        # check's look_for_mismatch, ddl_triton/runtime/lanes/call_check.py), so this transport imports none of it.
+        self.wait_hook = None
         # Called at every check of a wait for a peer's message or slot: the same communicator's MPI
         # sends, which must progress meanwhile (MpiTransport.push_sends; set by runtime/setup/wiring.py).
         self.keep_moving = None

@@ -13,7 +13,9 @@ from ddl_triton.transports import shm as shm_module
 @pytest.fixture
 def self_comm():
     from mpi4py import MPI
-    return MPI.COMM_SELF
+
+    from ddl_triton.runtime.setup.bootstrap import as_bootstrap
+    return as_bootstrap(MPI.COMM_SELF)  # the transport takes the node's ranks as a bootstrap
 
 
 def test_segment_is_0600_and_unlinked_once_mapped(self_comm, monkeypatch):
