@@ -8,7 +8,7 @@ A row (:class:`Method`) says everything the rest of the package needs to know of
     allreduce       "module:function" of its allreduce (``comm, tensor, *, op, async_op`` and the
                     keywords below), which also holds its two-rank gathered form; imported on first use
     roundtrip       "module:function" ``(x, out)``: one compress + decompress of fp32 ``x`` into ``out``,
-                    which the tuner's probe times (``tuning/compression.py``)
+                    which the tuner's probe times (``tuning/auto_compression.py``)
     gathered        "module:function" of the two-rank form (one all_gather of the whole compressed
                     tensor), or None: then two ranks run the two-shot like any other count
     align           ``align(block)``: the elements every chunk but the trailing ones is a multiple of
@@ -23,7 +23,7 @@ A row (:class:`Method`) says everything the rest of the package needs to know of
     auto            whether ``compression="auto"`` may choose it (the others must be named)
 
 "none" and "auto" are not methods but *choices* (``choices()``): full precision, or the rule of
-tuning/compression.py picking among the rows with ``auto`` per size. Names are identifiers that are
+tuning/auto_compression.py picking among the rows with ``auto`` per size. Names are identifiers that are
 neither. This module imports nothing of torch or of the rest of the package (``options.py``
 validates against it); the functions a row names are imported when first called (``resolve``).
 
@@ -38,11 +38,11 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["AUTO", "DEFAULT", "NONE", "Method", "auto_names", "choices", "check_choice", "get", "layout", "names", "register",
-           "resolve", "unregister"]
+__all__ = ["AUTO", "DEFAULT", "NONE", "Method", "auto_names", "choices", "check_choice", "get", "layout", "names",
+           "register", "resolve", "unregister"]
 
 NONE = "none"   # the choice of full precision
-AUTO = "auto"   # the choice of tuning/compression.py's rule, per size, among auto_names()
+AUTO = "auto"   # the choice of tuning/auto_compression.py's rule, per size, among auto_names()
 DEFAULT = "int8"  # the method a compressed call runs when none is named (per_level.allreduce)
 _RUNTIME = "ddl_triton.runtime.compression."
 _FLOATS = ("float32", "float16", "bfloat16")

@@ -3,7 +3,7 @@
 DDP issues its buckets from inside backward, in the same order every step. A bucket issued
 early has the rest of backward to hide its link time behind; the last one, issued as backward
 ends, has none, and the step waits for all of it. ``compression="auto"`` weighs a bucket's
-compression by that (ddl_triton/tuning/compression.py, "A call with backward still behind it"),
+compression by that (ddl_triton/tuning/auto_compression.py, "A call with backward still behind it"),
 so it needs, per bucket, the backward time that follows its issue. :class:`BackwardPositions`
 measures it:
 

@@ -68,7 +68,7 @@ class HookState:
     chunk (default) or, when True, one per parameter within each chunk (4 bytes more per
     parameter; a layer of small gradients then is not sent at the scale of a layer of large ones).
     compression: what ``auto_compress_hook`` sends between hosts: "auto" (default: decided per
-    bucket size, ddl_triton/tuning/compression.py), a method of ddl_triton/compression_methods.py
+    bucket size, ddl_triton/tuning/auto_compression.py), a method of ddl_triton/compression_methods.py
     (int8, onebit, fp16, bf16, or one registered) or "none" (fp32 everywhere).
     Counters: ``calls`` (hook invocations), ``grad_bytes`` (bucket bytes handed to the hooks),
     ``payload_bytes`` (bytes the hooks' algorithms send from this rank, computed from their

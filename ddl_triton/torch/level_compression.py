@@ -9,7 +9,7 @@ persist across steps). For a call of ``nbytes`` it decides the inter-host method
     a method  that method's row of ddl_triton/compression_methods.py (int8, onebit, fp16, bf16, or
               one registered), with error feedback where the row keeps it (full precision on one
               host: nothing to save)
-    "auto"    what ddl_triton/tuning/compression.py decides for this size: the tuning table's
+    "auto"    what ddl_triton/tuning/auto_compression.py decides for this size: the tuning table's
               ``compression`` section if the communicator's table has one, else the cost model
               on the link probed at first use
 
@@ -37,8 +37,8 @@ import torch
 
 from .. import compression_methods
 from ..runtime.compression import per_level
-from ..tuning import compression as auto_rule
-from ..tuning.compression import Decision
+from ..tuning import auto_compression
+from ..tuning.auto_compression import Decision
 from .backward_position import BackwardPositions
 
 # The option path compresses only tensors of at least this many bytes: DDP's buckets are 1 MiB
@@ -57,7 +57,7 @@ class LevelCompression:
 
     ``block``: the int8 quantization block; ``error_feedback``: keep what compression lost
     and send it with the next call of the same key. ``decisions``: every size decided so far
-    ({nbytes: tuning.compression.Decision}); ``positioned``: the calls decided by their place in
+    ({nbytes: tuning.auto_compression.Decision}); ``positioned``: the calls decided by their place in
     backward ({(place, nbytes): Decision}, module doc); ``residual_resets``: keys whose residual
     was dropped because the tensor under them changed size or method."""
 
@@ -114,7 +114,7 @@ class LevelCompression:
         if self.setting == compression_methods.NONE:
             d = Decision(compression_methods.NONE, "compression is off (Options.compression = none)")
         elif self.setting != compression_methods.AUTO:
-            d = auto_rule.decide(nbytes, lv.hosts, lv.local_size, None, None, uniform=lv.uniform) \
+            d = auto_compression.decide(nbytes, lv.hosts, lv.local_size, None, None, uniform=lv.uniform) \
                 if lv.hosts == 1 or not lv.uniform else Decision(self.setting, f"named: {self.setting}")
         else:
             d = self._decide_auto(nbytes, 0.0)
@@ -162,13 +162,13 @@ class LevelCompression:
         lv = self.levels
         table = getattr(self.comm.planner, "table", None)
         section = getattr(table, "compression", None) if table is not None else None
-        d = auto_rule.from_table(section, nbytes, lv.hosts, behind_us=behind_us) if section else None
+        d = auto_compression.from_table(section, nbytes, lv.hosts, behind_us=behind_us) if section else None
         if d is None:
             if lv.hosts > 1 and lv.uniform and self._speeds is None:
-                self._speeds = auto_rule.probe(lv)
+                self._speeds = auto_compression.probe(lv)
             link, speed = self._speeds or (None, None)
-            d = auto_rule.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform, block=self.block,
-                            behind_us=behind_us)
+            d = auto_compression.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform,
+                                        block=self.block, behind_us=behind_us)
         return d
 
     def _agreed(self, behind_us: float) -> float:

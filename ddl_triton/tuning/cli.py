@@ -100,7 +100,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kernels", action="store_true", help="tune the Triton kernels' launch configurations (CUDA)")
     p.add_argument("--compression", action="store_true",
                    help="also time the per-level int8 / 1-bit allreduce against fp32 from 4 KiB up, per level's link "
-                        "(what Options.compression=auto follows: ddl_triton/tuning/compression.py)")
+                        "(what Options.compression=auto follows: ddl_triton/tuning/auto_compression.py)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     unknown = [c for c in args.collectives if c not in schedules.COLLECTIVES]
@@ -224,9 +224,9 @@ def _print_summary(table, elapsed: float, stopped: bool, written: list[str]) -> 
 
 
 def _sweep_compression(args, comm, sizes: list[int]) -> dict:
-    """--compression: the table's ``compression`` section, printed on rank 0 (tuning/compression.py)."""
+    """--compression: the table's ``compression`` section, printed on rank 0 (tuning/auto_compression.py)."""
     from ..runtime.compression.per_level import Levels
-    from .compression import from_table, sweep_compression
+    from .auto_compression import from_table, sweep_compression
 
     levels = Levels(comm)
     try:

@@ -35,7 +35,7 @@ a **key**, and the runtime uses it only when every field of the key matches:
                                                # optional (ddl-tune --compression): each level's link and,
                                                #   per size, the fp32 and per-level compressed allreduce's
                                                #   median; what Options.compression="auto" follows
-                                               #   (ddl_triton/tuning/compression.py)
+                                               #   (ddl_triton/tuning/auto_compression.py)
       "measurements": [...]                    # every timed candidate (for plots and refits)
     }
 

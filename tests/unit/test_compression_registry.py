@@ -96,7 +96,7 @@ def test_an_unknown_method_is_refused_with_the_valid_names_everywhere():
 def test_none_and_auto_are_choices_not_methods():
     assert cm.choices() == ("none", *cm.names(), "auto")
     assert set(cm.names()) >= {"int8", "onebit", "fp16", "bf16"} and not {"none", "auto"} & set(cm.names())
-    assert cm.auto_names() == ("int8",)  # 1-bit and 16-bit must be named (tuning/compression.py)
+    assert cm.auto_names() == ("int8",)  # 1-bit and 16-bit must be named (tuning/auto_compression.py)
     row = cm.get("fp16")
     for bad in ("none", "auto", "16bit", "not an identifier"):
         with pytest.raises(ValueError, match="identifier other than 'none' and 'auto'"):
@@ -109,7 +109,8 @@ def test_none_and_auto_are_choices_not_methods():
         cm.unregister("bf16")
     with pytest.raises(ValueError, match="rank 0: compression 'fp16' takes no residual"):
         row.run(_RecordingComm(0, 3), torch.ones(4), residual=torch.zeros(4))
-    with pytest.raises(TypeError, match="rank 2: compression 'fp16' takes float32, float16, bfloat16 tensors, got int64"):
+    with pytest.raises(TypeError, match="rank 2: compression 'fp16' takes float32, float16, bfloat16 tensors, "
+                                        "got int64"):
         row.run(_RecordingComm(2, 3), torch.ones(4, dtype=torch.int64))
 
 
@@ -165,9 +166,9 @@ def test_a_registered_method_is_selectable_everywhere_without_touching_another_f
         assert x.tolist() == torch.tensor([0.1, 2.0]).to(torch.bfloat16).float().tolist()
         assert lc.levels.comm.sent == per_level.wire_bytes(lc.levels, "brain_half", 2)["inter"] == 4
         # the tuner's probe times its roundtrip; the simulator costs its bytes
-        from ddl_triton.tuning import compression as auto_rule
+        from ddl_triton.tuning import auto_compression
 
-        assert auto_rule._time_compressor("brain_half", 1024) > 0
+        assert auto_compression._time_compressor("brain_half", 1024) > 0
         from ddl_triton.simulation import iteration
 
         assert "brain_half" in iteration.compression_choices()

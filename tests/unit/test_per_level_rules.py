@@ -2,7 +2,7 @@
 
 - ``Options.compression`` / ``DDL_COMPRESSION``: "none" by default, every choice (none, each method, auto) accepted, anything
   else refused with an error naming the variable; a bad setting handed to the torch side names the rank;
-- ``tuning.compression.decide``: never compresses on one host or on unequal hosts; on a slow link a
+- ``tuning.auto_compression.decide``: never compresses on one host or on unequal hosts; on a slow link a
   bucket compresses and a small tensor does not; on a fast link nothing does; the docstring's figures;
 - ``from_table``: the entry measured nearest in log size decides; a table's section round-trips through
   JSON and a malformed one is refused;
@@ -23,7 +23,7 @@ import torch
 from ddl_triton.options import Options
 from ddl_triton.runtime.compression import compressed, per_level
 from ddl_triton.tuning import table as tuning
-from ddl_triton.tuning.compression import CompressorSpeed, Decision, LinkSpeed, decide, exposed_us, from_table, predict_us
+from ddl_triton.tuning.auto_compression import CompressorSpeed, Decision, LinkSpeed, decide, exposed_us, from_table, predict_us
 
 GBIT = LinkSpeed(150.0, 0.114e9, "test")           # 1 Gbit/s through tbf, as the testbed measures it
 FAST = LinkSpeed(5.0, 10e9, "test")                 # a link faster than the compressor

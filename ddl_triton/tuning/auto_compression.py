@@ -40,9 +40,11 @@ shows, and compressing could only add kernel time. ``behind_us = 0`` is the plai
 A table's entries are whole measured calls, kernels and wire together, so there the rule is
 ``max(0, t(m) - behind_us)``: it cannot tell the kernels' share, and says so in its reason.
 
-``auto`` picks among "none" and "int8" only: 1-bit's quality depends on the optimizer (it
-oscillates under momentum, docs/torch.md), which a rule measuring time cannot see; name
-``onebit`` to use it. The table still records 1-bit's times, and ``Decision.estimates_us``
+``auto`` picks among "none" and the methods whose row in ddl_triton/compression_methods.py says
+``auto`` (``compression_methods.auto_names()``: int8). 1-bit's quality depends on the optimizer (it
+oscillates under momentum, docs/torch.md), which a rule measuring time cannot see; fp16 and bf16
+were added as rows after auto's measurements (bench/results), so they stay out of it until measured
+there. Name any of them to use it. The table still records 1-bit's times, and ``Decision.estimates_us``
 shows them. Example (2 hosts x 1 rank, 1 Gbit/s: 0.114 GB/s, 150 us; int8: 1 GB/s, 40 us fixed):
 a 2 MiB bucket -> none 18.5 ms, int8 9.1 ms: "int8"; a 4 KiB tensor -> none 186 us, int8 247 us: "none".
 """
@@ -122,7 +124,8 @@ def decide(nbytes: int, hosts: int, local: int, link: LinkSpeed | None, speed: C
     else:
         est = {m: exposed_us(m, nbytes, hosts, local, link, speed, behind_us, block)
                for m in (compression_methods.NONE, *methods)}
-        what = f"cost model of what the inter-host phase adds to the step, {behind_us / 1e3:.1f} ms of backward behind it,"
+        what = (f"cost model of what the inter-host phase adds to the step, {behind_us / 1e3:.1f} ms of backward "
+                "behind it,")
     best = _fastest(est)
     return Decision(best, f"{what} on {link.describe()}: {_shown(est)}", est)
 
