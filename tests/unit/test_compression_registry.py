@@ -9,7 +9,8 @@
   code in-process (two-shot at 3 and 4 ranks, the gathered form at 2), with and without groups;
 - a method registered at run time (a real one: bf16 on the wire under another name) is selectable
   by Options, the hooks, per-level compression, the torch side, the tuner's probe and the
-  simulator, with no other file touched; built-in rows cannot be removed.
+  simulator, with no other file touched; built-in rows cannot be removed;
+- the tuner's probe times every row's roundtrip.
 """
 from __future__ import annotations
 
@@ -188,3 +189,17 @@ def test_the_registry_imports_without_torch_and_names_its_functions_lazily():
         row = cm.get(name)
         for ref in (row.allreduce, row.roundtrip, row.gathered):
             assert callable(cm.resolve(ref)), (name, ref)
+
+
+def test_the_probe_times_every_row():
+    from ddl_triton.tuning import auto_compression
+
+    class _Still:  # allreduces that take no time and change nothing: the link figures are not the point
+        rank, size = 0, 2
+
+        def allreduce(self, tensor, op="sum"):
+            return tensor
+
+    link, speed = auto_compression.probe(SimpleNamespace(comm=_Still(), cross=_Still(), hosts=2))
+    assert set(speed.bytes_per_s) == set(speed.fixed_us) == set(cm.names())
+    assert all(v > 0 for v in (*speed.bytes_per_s.values(), *speed.fixed_us.values()))
