@@ -66,11 +66,11 @@ SIGTERM, are passed on to mpiexec. SIGUSR2 sent to ddlrun goes to every rank, wh
 its flight recorder (ddl_triton/observability/flight.py); ddlrun sends it itself before ending a job
 whose ranks are still running long after one was lost. It signals a pid only when the rank's
 identity record proves it is that rank, on this host; another host's rank gets it from its own
-rank guard (supervision.py, status.py).
+rank guard (supervision.py, ddl_triton/status_files.py).
 
 The parts: checks.py (the pre-launch checks), command.py (the mpiexec command and the ranks'
 environment), supervision.py (the running job: output, signals, survivors' grace), report.py
-(each rank's end and the job's exit status), status.py (the per-rank status files), and
+(each rank's end and the job's exit status), ddl_triton/status_files.py (the per-rank status files), and
 rank_guard.py (the parent of each MPICH rank). This file keeps the command line and ``main``.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from . import status
+from .. import status_files
 from .checks import (CheckFailed, check_ranks, check_same_mpi, check_script, check_timeout, check_topology,
                      find_mpiexec, find_program, probe_interpreter)
 from .command import Job, child_env, command_line, ddl_env_vars, mpiexec_command
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         grace = survivor_grace(job.env)
         returncode = run(job.command, env, failed_pids, status_folder=folder, grace=grace, ranks=args.ranks)
         if returncode != 0:
-            ranks = status.settle(folder, args.ranks)
+            ranks = status_files.settle(folder, args.ranks)
             if every_rank_exited_zero(ranks, args.ranks):
                 # Across hosts hydra may fail after the fact: notifying a host's proxy that has
                 # already finished that another rank ended, it gets EPIPE and exits 255 (the rank
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 say(f"every rank exited 0; mpiexec's own exit status {returncode} came after (hydra could not "
                     "reach a host's proxy that had already finished): the job succeeded")
                 return 0
-            report_ranks(ranks, failed_pids, status.silent_ranks(folder, ranks))
+            report_ranks(ranks, failed_pids, status_files.silent_ranks(folder, ranks))
             return report(returncode, job_status(ranks))
     return report(returncode)
 

@@ -51,7 +51,7 @@ import sys
 import time
 
 _PR_SET_PDEATHSIG = 1
-_HEARTBEAT_SECONDS = 1.0  # status.py's SILENT_SECONDS must be several of these
+_HEARTBEAT_SECONDS = 1.0  # status_files.py's SILENT_SECONDS must be several of these
 _OUTLAST_MARGIN_S = 1.0   # after the last rank's end, for hydra to pass its notice to every proxy
 _OUTLAST_CAP_S = 30.0     # a rank that exited 0 never waits longer than this for the others
 
@@ -80,11 +80,11 @@ _status = None
 
 
 def _status_module():
-    """ddl_triton/launch/status.py, loaded from its file: importing the package would import
-    torch in every guard."""
+    """ddl_triton/status_files.py, loaded from its file: the guard imports no package (it runs
+    below each MPICH rank before any import)."""
     global _status
     if _status is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "status.py")
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "status_files.py")
         spec = importlib.util.spec_from_file_location("_ddl_status", path)
         _status = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(_status)
@@ -92,7 +92,7 @@ def _status_module():
 
 
 def _record(rank: int, event: str, text: str) -> None:
-    """Write ``rank<r>.<event>`` into DDL_STATUS_DIR with status.py's writer."""
+    """Write ``rank<r>.<event>`` into DDL_STATUS_DIR with status_files.py's writer."""
     folder = os.environ.get("DDL_STATUS_DIR", "")
     if folder:
         _status_module().record(folder, rank, event, text)

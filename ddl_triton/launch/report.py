@@ -1,5 +1,5 @@
 """How ddlrun says what happened to a job: each rank's end and exit status (from the status files
-of status.py), and the job's own exit status with its reason.
+of ddl_triton/status_files.py), and the job's own exit status with its reason.
 
 Every line goes to stderr prefixed "ddlrun: " (``say``). The job's status is the first killed
 rank's 128 + N, else the lowest failing rank's own status (even when mpiexec itself then died of a

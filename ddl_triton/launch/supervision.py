@@ -7,8 +7,8 @@ the ranks left running long after one was lost.
   so ddlrun then only waits for the job to wind down; SIGINT sent to ddlrun alone, and SIGTERM,
   are passed on to mpiexec. SIGUSR2 goes to every rank, which dumps its flight recorder: to a
   rank of this host directly, once its start record proves the pid is still that rank (host,
-  boot id, PID namespace, start time, command line: status.signallable); to a rank of another
-  host through that host's rank guard (status.request_signal), never by a pid from there.
+  boot id, PID namespace, start time, command line: status_files.signallable); to a rank of another
+  host through that host's rank guard (status_files.request_signal), never by a pid from there.
 - Survivors' grace: once a rank is lost, the others get one collective deadline (DDL_TIMEOUT,
   else Options' default) plus time to report, to notice and exit by themselves; then ddlrun asks
   those still running for their flight recorders and ends the job.
@@ -30,7 +30,7 @@ import time
 from typing import Iterator
 
 from ..options import Options
-from . import status
+from .. import status_files
 from .report import say
 
 _FAILED_PID = re.compile(r"PID (\d+) RUNNING AT")  # MPICH hydra's "BAD TERMINATION" banner
@@ -113,9 +113,9 @@ def _end_stragglers(process: subprocess.Popen, folder: str, grace: float, ranks:
 
 def _every_rank_ended(folder: str, ranks: int) -> bool:
     """Whether each of ranks 0..ranks-1 has a ``returncode`` record (its guard saw it end), or
-    a guard that fell silent (status.silent_ranks: its host, or the host's link, is gone)."""
+    a guard that fell silent (status_files.silent_ranks: its host, or the host's link, is gone)."""
     try:
-        return status.ended(folder, status.read(folder)) >= set(range(ranks))
+        return status_files.ended(folder, status_files.read(folder)) >= set(range(ranks))
     except OSError:
         return False
 
@@ -144,20 +144,20 @@ def _a_rank_was_lost(folder: str) -> bool:
 def _signal_ranks(folder: str, signum: int) -> None:
     """Send ``signum`` to every rank that recorded its start and no end, only where it is provably
     that rank: a rank of this host whose identity record still matches the live process
-    (status.signallable: host, boot id, PID namespace, start time, command line) is signalled
+    (status_files.signallable: host, boot id, PID namespace, start time, command line) is signalled
     here; any other (another host's, whose pid means an unrelated process here) is asked through
-    its own host's rank guard (status.request_signal), which signals only its own child while it
+    its own host's rank guard (status_files.request_signal), which signals only its own child while it
     runs. A pid that is no longer the rank's (it ended, the pid was reused) is never signalled."""
     name = signal.Signals(signum).name
-    for rank, events in status.read(folder).items():
+    for rank, events in status_files.read(folder).items():
         if "start" not in events or "returncode" in events:
             continue
-        pid = status.signallable(events)
+        pid = status_files.signallable(events)
         if pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signum)
         else:  # its guard knows its own child; a rank that has ended is signalled by nobody
-            status.request_signal(folder, rank, name)
+            status_files.request_signal(folder, rank, name)
 
 
 @contextlib.contextmanager

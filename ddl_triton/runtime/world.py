@@ -41,8 +41,8 @@ def _install_exit_guard() -> None:
         # while a faster peer's clean exit is still being announced.
         failure_notice.ignore_from_now_on()
         if lost:
-            from ..launch import status
-            status.exiting()
+            from .. import status_files
+            status_files.exiting()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
@@ -72,7 +72,7 @@ def _exit_rendezvous() -> bool:
     if not _world_created or not MPI.Is_initialized() or MPI.Is_finalized():
         return True
     from ..observability import flight
-    from ..launch import status
+    from .. import status_files
     from ..transports.waits import PeerTimeout, wait_until
 
     request = MPI.COMM_WORLD.Ibarrier()
@@ -84,7 +84,7 @@ def _exit_rendezvous() -> bool:
         message = (f"rank {MPI.COMM_WORLD.Get_rank()}: at exit, before MPI_Finalize: {e}{late}; "
                    "leaving without finalizing")
         path = flight.RECORDER.dump(message)
-        status.error(message)
+        status_files.error(message)
         print(f"ddl_triton: {message}" + (f" [flight recorder: {path}]" if path else ""), file=sys.stderr, flush=True)
         return False
     return True
@@ -148,8 +148,8 @@ def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int
         _world = comm
         _world_created = comm.bootstrap.kind == "mpi"  # the exit rendezvous is MPI's (see _exit_rendezvous)
         _exit_timeout = opts.timeout
-        from ..launch import status
-        status.start(opts.status_dir, comm.rank)
+        from .. import status_files
+        status_files.start(opts.status_dir, comm.rank)
     return comm
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ddl_triton.launch import checks, command, report, status, supervision
+from ddl_triton import status_files
+from ddl_triton.launch import checks, command, report, supervision
 from ddl_triton.launch.ddlrun import main
 
 JOB_TIMEOUT_S = 60
@@ -253,10 +254,10 @@ def test_the_report_names_the_host_of_a_rank_on_another_host(capsys):
 
 def test_every_rank_ended_needs_each_ranks_end_record(tmp_path):
     for rank in (0, 1, 3):
-        status.record(str(tmp_path), rank, "returncode", "1")
-    status.record(str(tmp_path), 2, "start", "123")
+        status_files.record(str(tmp_path), rank, "returncode", "1")
+    status_files.record(str(tmp_path), 2, "start", "123")
     assert not supervision._every_rank_ended(str(tmp_path), 4)  # rank 2 is still running
-    status.record(str(tmp_path), 2, "returncode", "0")
+    status_files.record(str(tmp_path), 2, "returncode", "0")
     assert supervision._every_rank_ended(str(tmp_path), 4)
     assert not supervision._every_rank_ended(str(tmp_path), 5)
 
@@ -264,20 +265,20 @@ def test_every_rank_ended_needs_each_ranks_end_record(tmp_path):
 def test_a_rank_whose_guard_fell_silent_counts_as_ended_and_is_reported_with_its_host(tmp_path, capsys):
     folder = str(tmp_path)
     for rank in (0, 1):
-        status.record(folder, rank, "returncode", "1")
+        status_files.record(folder, rank, "returncode", "1")
     for rank in (2, 3):
-        status.record(folder, rank, "start", str(100 + rank))
-        status.record(folder, rank, "host", "far-h2")
-        status.record(folder, rank, "alive", "")
+        status_files.record(folder, rank, "start", str(100 + rank))
+        status_files.record(folder, rank, "host", "far-h2")
+        status_files.record(folder, rank, "alive", "")
     assert not supervision._every_rank_ended(folder, 4)  # their guards beat a moment ago: still running
-    stale = time.time() - status.SILENT_SECONDS - 1
+    stale = time.time() - status_files.SILENT_SECONDS - 1
     os.utime(tmp_path / "rank2.alive", (stale, stale))
-    assert status.silent_ranks(folder, status.read(folder)) == [2]
+    assert status_files.silent_ranks(folder, status_files.read(folder)) == [2]
     assert not supervision._every_rank_ended(folder, 4)
     os.utime(tmp_path / "rank3.alive", (stale, stale))
     assert supervision._every_rank_ended(folder, 4)  # rank 3's host is gone too: nothing left to wait for
-    ranks = status.read(folder)
-    report.report_ranks(ranks, [], status.silent_ranks(folder, ranks))
+    ranks = status_files.read(folder)
+    report.report_ranks(ranks, [], status_files.silent_ranks(folder, ranks))
     err = capsys.readouterr().err
     assert ("ddlrun: ranks whose guard fell silent, their host gone or cut off (far-h2): rank 2 (pid 102 on far-h2), "
             "rank 3 (pid 103 on far-h2)") in err, err
@@ -338,20 +339,20 @@ def test_a_job_whose_every_rank_exited_zero_succeeded_whatever_mpiexec_says():
 
 def test_settle_waits_for_a_remote_guards_last_record_but_not_for_a_silent_one(tmp_path):
     folder = str(tmp_path)
-    status.record(folder, 0, "returncode", "0")
-    status.record(folder, 1, "start", "11")
-    status.record(folder, 1, "alive", "")
-    late = threading.Timer(0.3, lambda: status.record(folder, 1, "returncode", "0"))
+    status_files.record(folder, 0, "returncode", "0")
+    status_files.record(folder, 1, "start", "11")
+    status_files.record(folder, 1, "alive", "")
+    late = threading.Timer(0.3, lambda: status_files.record(folder, 1, "returncode", "0"))
     late.start()
     t0 = time.monotonic()
-    records = status.settle(folder, 2, patience=5)
+    records = status_files.settle(folder, 2, patience=5)
     assert records[1]["returncode"] == "0" and 0.25 < time.monotonic() - t0 < 3
-    status.record(folder, 2, "start", "12")
-    status.record(folder, 2, "alive", "")
-    stale = time.time() - status.SILENT_SECONDS - 1
+    status_files.record(folder, 2, "start", "12")
+    status_files.record(folder, 2, "alive", "")
+    stale = time.time() - status_files.SILENT_SECONDS - 1
     os.utime(tmp_path / "rank2.alive", (stale, stale))
     t0 = time.monotonic()
-    assert "returncode" not in status.settle(folder, 3, patience=5)[2]
+    assert "returncode" not in status_files.settle(folder, 3, patience=5)[2]
     assert time.monotonic() - t0 < 1  # its host is gone: nothing to wait for
 
 

@@ -1,5 +1,5 @@
 """ddlrun signals only its own ranks (issue 41, row 2): a pid in a rank's start record is signalled
-only when the record proves it is that rank, on this host (launch/status.py's identity records,
+only when the record proves it is that rank, on this host (ddl_triton/status_files.py's identity records,
 launch/supervision.py's _signal_ranks); another host's rank is reached through its own rank guard.
 
 Each case runs a live ``sleep`` as the process a record points at (SIGUSR2's default action ends
@@ -18,7 +18,8 @@ from unittest import mock
 
 import pytest
 
-from ddl_triton.launch import status, supervision
+from ddl_triton import status_files
+from ddl_triton.launch import supervision
 
 GUARD = Path(supervision.__file__).with_name("rank_guard.py")
 
@@ -32,7 +33,7 @@ def sleeper():
         p = subprocess.Popen(["sleep", "30"], restore_signals=True)
         started.append(p)
         for _ in range(200):  # until it has exec'd: its identity is sleep's, not Python's
-            if status.identity(p.pid)["cmdline"].startswith("sleep"):
+            if status_files.identity(p.pid)["cmdline"].startswith("sleep"):
                 return p
             time.sleep(0.005)
         raise AssertionError("sleep did not start")
@@ -49,11 +50,11 @@ def _alive(p: subprocess.Popen) -> bool:
 
 
 def _write_rank(folder: Path, rank: int, pid: int, **changes) -> None:
-    """The records a rank writes at init (status.start) for process ``pid``, with ``changes``."""
-    record = dict(status.identity(pid), **changes)
-    status.record(str(folder), rank, "host", record["host"])
-    status.record(str(folder), rank, "identity", json.dumps(record))
-    status.record(str(folder), rank, "start", str(pid))
+    """The records a rank writes at init (status_files.start) for process ``pid``, with ``changes``."""
+    record = dict(status_files.identity(pid), **changes)
+    status_files.record(str(folder), rank, "host", record["host"])
+    status_files.record(str(folder), rank, "identity", json.dumps(record))
+    status_files.record(str(folder), rank, "start", str(pid))
 
 
 def _cases(folder: Path, sleeper) -> dict[str, subprocess.Popen]:
@@ -66,7 +67,7 @@ def _cases(folder: Path, sleeper) -> dict[str, subprocess.Popen]:
     _write_rank(folder, 2, procs["other_boot"].pid, boot_id="0d7c1c7e-other-boot")
     _write_rank(folder, 3, procs["reused"].pid, cmdline=f"{sys.executable}\0train.py\0")
     _write_rank(folder, 4, procs["restarted"].pid, start_time="1")
-    status.record(str(folder), 5, "start", str(procs["bare"].pid))  # an old-style record: nothing proven
+    status_files.record(str(folder), 5, "start", str(procs["bare"].pid))  # an old-style record: nothing proven
     return procs
 
 
@@ -98,7 +99,7 @@ def test_sigusr2_sent_to_ddlrun_reaches_only_its_own_ranks(tmp_path, sleeper):
 
 def test_after_a_lost_rank_the_dump_request_reaches_only_its_own_ranks(tmp_path, sleeper, monkeypatch):
     procs = _cases(tmp_path, sleeper)
-    status.record(str(tmp_path), 6, "returncode", "137")  # a rank was lost
+    status_files.record(str(tmp_path), 6, "returncode", "137")  # a rank was lost
     monkeypatch.setattr(supervision, "_DUMP_SECONDS", 0.0)
     mpiexec = sleeper()
     supervision._end_stragglers(mpiexec, str(tmp_path), grace=0.0, ranks=7)
@@ -108,10 +109,10 @@ def test_after_a_lost_rank_the_dump_request_reaches_only_its_own_ranks(tmp_path,
 
 def test_a_record_that_is_not_json_or_lacks_fields_proves_nothing():
     for identity in ("", "not json", "[1]", json.dumps({"pid": os.getpid()}), json.dumps({"pid": "1"})):
-        assert status.signallable({"identity": identity, "start": str(os.getpid())}) is None
-    mine = status.identity(os.getpid())
-    assert status.signallable({"identity": json.dumps(mine), "start": str(os.getpid())}) == os.getpid()
-    assert status.signallable({"identity": json.dumps(mine), "start": "1"}) is None
+        assert status_files.signallable({"identity": identity, "start": str(os.getpid())}) is None
+    mine = status_files.identity(os.getpid())
+    assert status_files.signallable({"identity": json.dumps(mine), "start": str(os.getpid())}) == os.getpid()
+    assert status_files.signallable({"identity": json.dumps(mine), "start": "1"}) is None
 
 
 def test_the_rank_guard_passes_a_requested_sigusr2_to_its_own_rank_only(tmp_path):
@@ -126,13 +127,13 @@ def test_the_rank_guard_passes_a_requested_sigusr2_to_its_own_rank_only(tmp_path
     guard = subprocess.Popen([sys.executable, str(GUARD), *rank], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert guard.stdout.readline().strip() == "up"
-        status.request_signal(str(tmp_path), 3, "SIGTERM")  # not a signal ddlrun relays
+        status_files.request_signal(str(tmp_path), 3, "SIGTERM")  # not a signal ddlrun relays
         deadline = time.monotonic() + 3  # the guard reads (and removes) a request at each 1 s beat
         while (tmp_path / "rank3.signal").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.1)
         assert guard.poll() is None and not (tmp_path / "rank3.signal").exists()
-        status.request_signal(str(tmp_path), 3)
+        status_files.request_signal(str(tmp_path), 3)
         assert guard.wait(5) == 7
         assert (tmp_path / "rank3.returncode").read_text() == "7"
     finally:

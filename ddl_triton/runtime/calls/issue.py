@@ -22,7 +22,7 @@ import torch
 from mpi4py import MPI
 
 from ...errors import CollectiveMismatch, CollectiveTimeout, CommunicatorPoisoned, DDLError
-from ...launch import status
+from ... import status_files
 from ...observability import flight
 from ...transports import failure_notice
 from .work import OrderedRunner
@@ -145,7 +145,7 @@ class IssuePath:
             if path:
                 e.args = (f"{e.args[0]} [flight recorder: {path}]",) + e.args[1:]
         if isinstance(e, DDLError):
-            status.error(str(e))
+            status_files.error(str(e))
             raise e
         raise DDLError(f"rank {self.rank}: collective failed: {e!r}") from e
 

@@ -12,11 +12,13 @@ rank of the world communicator writes there:
     rank<r>.exit    at interpreter exit, however it ends short of being killed
 
 A rank with a ``start`` file and no ``exit`` file was killed (SIGKILL, OOM, a crash).
-The rank guard (rank_guard.py) adds ``rank<r>.killed`` and ``rank<r>.returncode``, and rewrites
+The rank guard (ddl_triton/launch/rank_guard.py) adds ``rank<r>.killed`` and ``rank<r>.returncode``, and rewrites
 ``rank<r>.alive`` every second while the rank runs; ddlrun writes ``rank<r>.signal`` (``SIGUSR2``)
 for a rank it cannot signal itself, and that rank's guard passes it on (``request_signal``) (``silent_ranks``: whose guard fell silent,
 as when its host died); ``ddlrun`` reads them all back with ``read``. The rank guard loads this file by path (it imports no package),
-so it imports nothing beyond the standard library.
+so it imports nothing beyond the standard library. It sits at the top of the package, below every
+room, because the ranks (ddl_triton/runtime/), ddlrun and its guard (ddl_triton/launch/) and
+observability all use it.
 """
 from __future__ import annotations
 
