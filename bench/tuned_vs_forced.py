@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 import ddl_triton as ddl
 from ddl_triton import schedules
-from ddl_triton.tuning import table as tuning
+from ddl_triton.planning import tuning_table
 from ddl_triton.tuning.timing import iterations, time_per_call
 
 
@@ -38,7 +38,7 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(1)
     world = MPI.COMM_WORLD
-    table = tuning.load(args.table)
+    table = tuning_table.load(args.table)
     sizes = [e["bytes"] for e in table.entries.get("allreduce", {}).get("float32", [])]
     tuned = ddl.init(world.Dup(), tuning_file=args.table)
     multi_level = len(tuned.topology.dims) > 1

@@ -386,7 +386,7 @@ def _probe_on_hosts(bed, per_host: int, rate: str):
     """(the cost model a quick ddl-tune of allreduce fits across ``bed``'s hosts, 2 x ``per_host``
     ranks, with the links' shaping off; where it came from). The shaping is what is predicted, so
     the fit never sees it; the probe's table goes nowhere near the tuning cache."""
-    from ddl_triton.tuning import table as tuning
+    from ddl_triton.planning import tuning_table
     out = Path(__file__).resolve().parents[1] / "build" / f"validate-simulator-probe-2x{per_host}-{os.getpid()}.json"
     out.parent.mkdir(exist_ok=True)
     for host in bed.hosts:
@@ -395,7 +395,7 @@ def _probe_on_hosts(bed, per_host: int, rate: str):
         print(f"# probing 2 hosts x {per_host} with the shaping off: a quick ddl-tune of allreduce", flush=True)
         _on_hosts(bed, per_host, "--quick", "--max-bytes", "64M", "--collectives", "allreduce", "--quiet",
                   "--no-validate", "--no-cache", "--out", str(out), python=("-m", "ddl_triton.tune"))
-        fitted = tuning.load(str(out)).model
+        fitted = tuning_table.load(str(out)).model
     finally:
         for host in bed.hosts:
             bed.shape(host, rate)

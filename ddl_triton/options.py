@@ -37,7 +37,7 @@ class Options:
     check_calls (DDL_CHECK_CALLS)         compare every call's fingerprint across ranks first (default 1)
     status_dir (DDL_STATUS_DIR)           folder for per-rank status files (set by ddlrun; see status_files.py)
     tuning_file (DDL_TUNING_FILE)         a tuning table from ddl-tune; "" (default): the cached table whose
-                                          key matches this machine, if any; "off": none (ddl_triton/tuning/table.py)
+                                          key matches this machine, if any; "off": none (ddl_triton/planning/tuning_table.py)
     tuning_dir (DDL_TUNING_DIR)           the folder of cached tuning tables, where ddl-tune writes and init
                                           looks ("" (default): $XDG_CACHE_HOME/ddl_triton/tuning, else
                                           ~/.cache/ddl_triton/tuning)

@@ -4,7 +4,7 @@ One decision, three sources, in this order:
 
 1. **forced**: ``Options.schedule`` / ``DDL_SCHEDULE`` names a schedule that implements the
    collective (one that does not falls through, and the reason says so);
-2. **table**: a tuning table measured on this machine (ddl_triton/tuning/table.py) has an entry at
+2. **table**: a tuning table measured on this machine (ddl_triton/planning/tuning_table.py) has an entry at
    this size, or measured sizes on both sides of it;
 3. **model**: otherwise every candidate schedule is built and timed by the alpha-beta-gamma
    cost model (ddl_triton/planning/costmodel.py) walking the very IR the executor runs; the model's
@@ -29,7 +29,7 @@ from .. import schedules
 from .costmodel import DEFAULT as DEFAULT_COST_MODEL, PARAMETERS, CostModel, tensor_bytes
 from ..schedules import grid as grid_mod, native
 from .topology import Topology
-from ..tuning.table import TuningTable
+from .tuning_table import TuningTable
 
 
 @dataclass(frozen=True)

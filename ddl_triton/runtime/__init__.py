@@ -10,7 +10,7 @@ Its top holds the world's life cycle and exit guard (``world``) and the ``Commun
 - ``lanes/``: the small-message lanes and the call check that rides them.
 
 A room imports only the rooms below it and the rooms below runtime (planning, observability,
-transports, schedules, kernels, tuning's table); tests/unit/test_house.py checks the order.
+transports, schedules, kernels); tests/unit/test_house.py checks the order.
 Runtime is the only room besides ``ddl_triton.torch`` that imports torch and mpi4py at module
 level (``import ddl_triton`` loads none of it).
 """

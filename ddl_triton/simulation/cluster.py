@@ -154,23 +154,23 @@ def local_model(ranks: int, topology: str = "", probe: bool = True, refresh: boo
     a host whose speed drifts, a model is only as good as the host's state when measured."""
     import tempfile
 
-    from ..tuning import table as tuning
+    from ..planning import tuning_table
     from ..planning.costmodel import DEFAULT
 
     if refresh and probe:
         with tempfile.TemporaryDirectory() as folder:
             out = os.path.join(folder, "probe.json")
             _probe(ranks, topology, ["--no-cache", "--out", out], "probing afresh")
-            table = tuning.load(out) if os.path.exists(out) else None
+            table = tuning_table.load(out) if os.path.exists(out) else None
         if table is not None and table.model is not None:
             _refreshed[(ranks, topology)] = (table.model, "fitted by ddl-tune (probed afresh in this process)")
     if (ranks, topology) in _refreshed:
         return _refreshed[(ranks, topology)]
-    key = tuning.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
-    resolved = tuning.resolve("", key)
+    key = tuning_table.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
+    resolved = tuning_table.resolve("", key)
     if resolved.table is None and probe:
         _probe(ranks, topology, [], "no ddl-tune table")
-        resolved = tuning.resolve("", key)
+        resolved = tuning_table.resolve("", key)
     if resolved.table is not None and resolved.table.model is not None:
         return resolved.table.model, f"fitted by ddl-tune ({resolved.source})"
     return DEFAULT, "built-in defaults (no tuning table)"

@@ -22,7 +22,7 @@ once, in turn, and the slower half dropped (anything within 25% of the best stay
 warm-up, and each gets its median and p20/p80 spread. Rank 0 decides every pruning and the
 final table and broadcasts them, so every rank holds the same table.
 
-What it writes: the table (ddl_triton/tuning/table.py documents the schema) to ``--out`` and
+What it writes: the table (ddl_triton/planning/tuning_table.py documents the schema) to ``--out`` and
 to the cache folder where ``ddl_triton.init`` finds it by itself (unless ``--no-cache``).
 The table keeps the winner per (collective, dtype, size) within the layout that is best
 overall (``choose_layout``), every candidate's measured time, and the cost model's
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
     import ddl_triton as ddl
-    from . import table as tuning
+    from ..planning import tuning_table
     from ..runtime.setup.bootstrap_values import mpi_bcast
     from ..options import Options
 
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         table = build_table(args, rows, any_comm, size)
     # Every rank holds the same table: its JSON form crosses, and every rank (rank 0 too) rebuilds it.
-    table = tuning.from_json(mpi_bcast(world, table.to_json() if rank == 0 else None, 0, base.timeout,
+    table = tuning_table.from_json(mpi_bcast(world, table.to_json() if rank == 0 else None, 0, base.timeout,
                                        "the tuned table"), "built by rank 0")
     table.path = ""
     layout = (table.options["chunk_bytes"], table.options["pipeline_depth"])
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             table.save(args.out)
             written.append(args.out)
         if not args.no_cache:
-            path = tuning.cache_path(table.key, base.tuning_dir)
+            path = tuning_table.cache_path(table.key, base.tuning_dir)
             table.save(path)
             written.append(str(path))
         _print_summary(table, elapsed, stopped, written)
@@ -285,7 +285,7 @@ def _tune_kernels(args) -> int:
               "(torch.cuda.is_available() is False); nothing to do", flush=True)
         return 0
     from ..kernels import sweep as kernel_sweep
-    from . import table as tuning
+    from ..planning import tuning_table
 
     result = kernel_sweep.sweep()
     winners = kernel_sweep.winners_to_table(result)
@@ -293,7 +293,7 @@ def _tune_kernels(args) -> int:
         print(f"{name:>16}: {r['config']} {r['us']:.1f} us")
     if args.out:
         path = args.out
-        table = tuning.load(path) if os.path.exists(path) else tuning.TuningTable(
+        table = tuning_table.load(path) if os.path.exists(path) else tuning_table.TuningTable(
             key={}, options={"chunk_bytes": 2 << 20, "pipeline_depth": 4}, entries={})
         table.kernels = winners
         table.save(path)

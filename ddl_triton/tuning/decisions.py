@@ -4,7 +4,7 @@ From the sweep's rows (ddl_triton/tuning/sweep.py): the communicator layout best
 (``choose_layout``), the winner, runner-up and every schedule's best time per (collective,
 dtype, size) within that layout (``entries``), the peers' times, and the cost model's
 parameters fitted by least squares to every timed candidate's median (``fit_model``,
-ddl_triton/tuning/fit.py). ``build_table`` puts them together (ddl_triton/tuning/table.py
+ddl_triton/tuning/fit.py). ``build_table`` puts them together (ddl_triton/planning/tuning_table.py
 documents the schema); rank 0 builds it and broadcasts it, so every rank holds the same.
 """
 from __future__ import annotations
@@ -94,11 +94,11 @@ def fit_model(rows: list[dict], comm) -> tuple:
 
 def build_table(args, rows: list[dict], comm, size: int):
     """The tuning table of this sweep (no validation yet, no creation time: the command adds them)."""
-    from . import table as tuning
+    from ..planning import tuning_table
 
-    key = tuning.machine_key(world_size=size, topology=comm.topology.signature, transport=comm.options.transport)
+    key = tuning_table.machine_key(world_size=size, topology=comm.topology.signature, transport=comm.options.transport)
     layout = choose_layout(rows) if any("depth" in r for r in rows) else (max(args.chunks), args.depths[0])
-    table = tuning.TuningTable(key=key, options={"chunk_bytes": layout[0], "pipeline_depth": layout[1]},
+    table = tuning_table.TuningTable(key=key, options={"chunk_bytes": layout[0], "pipeline_depth": layout[1]},
                                entries=entries(rows, layout), measurements=rows)
     table.peers = _peer_times(rows)
     if any("depth" in r for r in rows):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .._private_files import save_figure
 from ..schedules import bus_factor
-from .table import TuningTable
+from ..planning.tuning_table import TuningTable
 
 
 def crossovers(rows: list[dict]) -> list[tuple[int, str, str]]:

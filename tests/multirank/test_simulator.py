@@ -148,7 +148,7 @@ def test_a_fresh_probe_serves_this_process_and_leaves_the_tuning_cache_alone(mon
     import dataclasses
 
     from ddl_triton.simulation import cluster
-    from ddl_triton.tuning import table as tuning
+    from ddl_triton.planning import tuning_table
     from ddl_triton.planning.costmodel import DEFAULT
 
     probed = dataclasses.replace(DEFAULT, step_overhead=1.25e-3)  # a model no real probe would fit
@@ -157,8 +157,8 @@ def test_a_fresh_probe_serves_this_process_and_leaves_the_tuning_cache_alone(mon
     def fake_probe(ranks, topology, extra, why):
         calls.append(extra)
         out = extra[extra.index("--out") + 1]
-        key = tuning.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
-        tuning.TuningTable(key=key, options={"chunk_bytes": 1 << 20, "pipeline_depth": 4}, entries={},
+        key = tuning_table.machine_key(world_size=ranks, topology=topology or str(ranks), transport="auto")
+        tuning_table.TuningTable(key=key, options={"chunk_bytes": 1 << 20, "pipeline_depth": 4}, entries={},
                            model=probed).save(out)
 
     monkeypatch.setattr(cluster, "_probe", fake_probe)

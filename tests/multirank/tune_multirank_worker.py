@@ -15,7 +15,7 @@ import torch
 from mpi4py import MPI
 
 import ddl_triton as ddl
-from ddl_triton.tuning import table as tuning
+from ddl_triton.planning import tuning_table
 from support.report import print_line
 
 world = MPI.COMM_WORLD
@@ -39,7 +39,7 @@ def expect_error(name: str, kind, needle: str, **options) -> None:
 
 def main() -> int:
     table_path, bad = sys.argv[1], sys.argv[2]
-    table = tuning.load(table_path)
+    table = tuning_table.load(table_path)
     measured = table.entries["allreduce"]["float32"]
 
     # The table is used: explain names it, the chosen schedule runs exactly.
@@ -63,8 +63,8 @@ def main() -> int:
 
     # Bad tables: a corrupt named file refuses on every rank; one from elsewhere is ignored
     # with a warning naming the key; unknown schedules are dropped with their names.
-    expect_error("corrupt", tuning.TuningTableError, "not valid JSON", tuning_file=f"{bad}/corrupt.json")
-    expect_error("missing", tuning.TuningTableError, "no such file", tuning_file=f"{bad}/missing.json")
+    expect_error("corrupt", tuning_table.TuningTableError, "not valid JSON", tuning_file=f"{bad}/corrupt.json")
+    expect_error("missing", tuning_table.TuningTableError, "no such file", tuning_file=f"{bad}/missing.json")
     for name, needle in (("elsewhere", "world_size: table 99"), ("unknown-schedule", "mystery")):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -2,7 +2,7 @@
 
 - ``Options.compression`` / ``DDL_COMPRESSION``: "none" by default, every choice (none, each method, auto) accepted, anything
   else refused with an error naming the variable; a bad setting handed to the torch side names the rank;
-- ``tuning.auto_compression.decide``: never compresses on one host or on unequal hosts; on a slow link a
+- ``tuning_table.auto_compression.decide``: never compresses on one host or on unequal hosts; on a slow link a
   bucket compresses and a small tensor does not; on a fast link nothing does; the docstring's figures;
 - ``from_table``: the entry measured nearest in log size decides; a table's section round-trips through
   JSON and a malformed one is refused;
@@ -22,7 +22,7 @@ import torch
 
 from ddl_triton.options import Options
 from ddl_triton.runtime.compression import compressed, per_level
-from ddl_triton.tuning import table as tuning
+from ddl_triton.planning import tuning_table
 from ddl_triton.tuning.auto_compression import CompressorSpeed, Decision, LinkSpeed, decide, exposed_us, from_table, predict_us
 
 GBIT = LinkSpeed(150.0, 0.114e9, "test")           # 1 Gbit/s through tbf, as the testbed measures it
@@ -184,16 +184,16 @@ def test_the_table_decides_by_the_nearest_measured_size():
 
 
 def test_the_table_section_round_trips_and_is_checked():
-    t = tuning.TuningTable(key={"world_size": 2}, options={"chunk_bytes": 1 << 21, "pipeline_depth": 4}, entries={},
+    t = tuning_table.TuningTable(key={"world_size": 2}, options={"chunk_bytes": 1 << 21, "pipeline_depth": 4}, entries={},
                            compression=_section())
-    back = tuning.from_json(json.loads(json.dumps(t.to_json())))
+    back = tuning_table.from_json(json.loads(json.dumps(t.to_json())))
     assert back.compression == _section() and back.digest() == t.digest()
-    plain = tuning.TuningTable(key={"world_size": 2}, options=dict(t.options), entries={})
+    plain = tuning_table.TuningTable(key={"world_size": 2}, options=dict(t.options), entries={})
     assert "compression" not in plain.to_json() and plain.digest() != t.digest()
     bad = t.to_json()
     bad["compression"]["entries"][0]["by_method"] = {"int8": 5.0}
-    with pytest.raises(tuning.TuningTableError, match="compression.entries"):
-        tuning.from_json(bad)
+    with pytest.raises(tuning_table.TuningTableError, match="compression.entries"):
+        tuning_table.from_json(bad)
 
 
 def _fake(rank: int, node_of_rank: tuple[int, ...]):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddl_triton import schedules
-from ddl_triton.tuning import table as tuning
+from ddl_triton.planning import tuning_table
 from ddl_triton.tuning.candidates import candidates
 from ddl_triton.tuning.cli import parse_bytes
 from ddl_triton.tuning.decisions import choose_layout, entries
@@ -33,7 +33,7 @@ def _row(nbytes, schedule, times, chunk=1 << 20, runner_up=None):
 
 
 def _table_json(**changes):
-    data = {"format": tuning.FORMAT, "version": tuning.VERSION, "key": KEY,
+    data = {"format": tuning_table.FORMAT, "version": tuning_table.VERSION, "key": KEY,
             "options": {"chunk_bytes": 4 << 20, "pipeline_depth": 4},
             "entries": {"allreduce": {"float32": [
                 _row(1024, "one_shot", {"one_shot": 10.0, "ring": 20.0}),
@@ -54,14 +54,14 @@ def _write(tmp_path, data, name="t.json"):
 
 # -- the table ------------------------------------------------------------------------------------
 def test_a_measured_size_takes_its_winner_with_the_evidence():
-    table = tuning.from_json(_table_json())
+    table = tuning_table.from_json(_table_json())
     choice = table.choose("allreduce", "float32", 4096)
     assert (choice.schedule, choice.chunk_bytes) == ("one_shot", 1 << 20)
     assert choice.evidence == "measured one_shot 12 us, ring 22 us"
 
 
 def test_between_measured_sizes_schedules_are_interpolated_log_log():
-    table = tuning.from_json(_table_json())
+    table = tuning_table.from_json(_table_json())
     # Halfway (in log size) between 4096 B and 1 MiB: one_shot ~ sqrt(12*300) = 60, ring ~ sqrt(22*100) = 46.9.
     mid = int(math.sqrt(4096 * (1 << 20)))
     choice = table.choose("allreduce", "float32", mid)
@@ -73,7 +73,7 @@ def test_between_measured_sizes_schedules_are_interpolated_log_log():
 
 
 def test_the_table_is_silent_outside_its_range_and_for_what_it_never_measured():
-    table = tuning.from_json(_table_json())
+    table = tuning_table.from_json(_table_json())
     assert table.choose("allreduce", "float32", 512) is None
     assert table.choose("allreduce", "float32", 2 << 20) is None
     assert table.choose("allreduce", "float16", 4096) is None
@@ -91,23 +91,23 @@ def test_the_table_is_silent_outside_its_range_and_for_what_it_never_measured():
 ])
 def test_a_corrupt_table_is_refused_naming_the_file_and_the_problem(tmp_path, text, message):
     path = _write(tmp_path, text)
-    with pytest.raises(tuning.TuningTableError, match=message) as err:
-        tuning.load(path)
+    with pytest.raises(tuning_table.TuningTableError, match=message) as err:
+        tuning_table.load(path)
     assert str(path) in str(err.value)
 
 
 def test_a_named_table_that_is_missing_or_corrupt_refuses_but_a_cached_one_is_ignored(tmp_path, monkeypatch):
-    with pytest.raises(tuning.TuningTableError, match="no such file"):
-        tuning.resolve(str(tmp_path / "typo.json"), KEY)
+    with pytest.raises(tuning_table.TuningTableError, match="no such file"):
+        tuning_table.resolve(str(tmp_path / "typo.json"), KEY)
     monkeypatch.setenv("DDL_TUNING_DIR", str(tmp_path))
-    tuning.cache_path(KEY).write_text("{broken")
-    resolved = tuning.resolve("", KEY)
+    tuning_table.cache_path(KEY).write_text("{broken")
+    resolved = tuning_table.resolve("", KEY)
     assert resolved.table is None and "ignoring cached" in resolved.note and "not valid JSON" in resolved.note
 
 
 def test_a_table_from_elsewhere_is_ignored_naming_every_differing_key(tmp_path):
     path = _write(tmp_path, _table_json(key=dict(KEY, world_size=4, topology="2x2")))
-    resolved = tuning.resolve(str(path), KEY)
+    resolved = tuning_table.resolve(str(path), KEY)
     assert resolved.table is None
     assert "world_size: table 4, here 2" in resolved.note and "topology: table '2x2', here '2'" in resolved.note
 
@@ -115,24 +115,24 @@ def test_a_table_from_elsewhere_is_ignored_naming_every_differing_key(tmp_path):
 def test_entries_naming_unknown_schedules_are_dropped_with_their_names(tmp_path):
     data = _table_json()
     data["entries"]["allreduce"]["float32"].append(_row(4 << 20, "mystery", {"mystery": 1.0, "ring": 2.0}))
-    resolved = tuning.resolve(str(_write(tmp_path, data)), KEY)
+    resolved = tuning_table.resolve(str(_write(tmp_path, data)), KEY)
     assert resolved.table is not None and "mystery" in resolved.note
     assert [r["bytes"] for r in resolved.table.entries["allreduce"]["float32"]] == [1024, 4096, 1 << 20]
 
 
 def test_the_cache_finds_a_table_by_its_key_and_off_uses_none(tmp_path, monkeypatch):
     monkeypatch.setenv("DDL_TUNING_DIR", str(tmp_path))
-    assert tuning.resolve("", KEY).table is None  # nothing cached yet: silent
-    tuning.from_json(_table_json()).save(tuning.cache_path(KEY))
-    found = tuning.resolve("", KEY)
+    assert tuning_table.resolve("", KEY).table is None  # nothing cached yet: silent
+    tuning_table.from_json(_table_json()).save(tuning_table.cache_path(KEY))
+    found = tuning_table.resolve("", KEY)
     assert found.table is not None and found.source.endswith(", from the cache")
-    assert tuning.resolve("off", KEY).table is None
+    assert tuning_table.resolve("off", KEY).table is None
 
 
 def test_saving_and_loading_round_trips_and_the_digest_follows_the_content(tmp_path):
-    table = tuning.from_json(_table_json())
+    table = tuning_table.from_json(_table_json())
     table.save(tmp_path / "a.json")
-    again = tuning.load(tmp_path / "a.json")
+    again = tuning_table.load(tmp_path / "a.json")
     assert again.digest() == table.digest()
     again.entries["allreduce"]["float32"][0]["schedule"] = "ring"
     assert again.digest() != table.digest()
@@ -162,7 +162,7 @@ def test_an_untuned_plan_across_a_wire_takes_the_wire_chunk(links, wire, expecte
 
 
 def test_planner_order_is_forced_then_table_then_model():
-    table = tuning.from_json(_table_json())
+    table = tuning_table.from_json(_table_json())
     assert _planner(table, forced="tree").plan("allreduce", 4096, torch.float32).reason.startswith("forced")
     tuned = _planner(table).plan("allreduce", 1 << 20, torch.float32)
     assert tuned.schedule == "ring" and tuned.reason == "tuned (t.json): measured ring 100 us, one_shot 300 us"
@@ -179,7 +179,7 @@ def test_a_forced_schedule_that_lacks_the_collective_falls_through_and_says_so()
 
 
 def test_a_table_chunk_larger_than_the_slot_is_clamped_to_it():
-    table = tuning.from_json(_table_json())
+    table = tuning_table.from_json(_table_json())
     plan = _planner(table, slot=64 << 10).plan("allreduce", 4096, torch.float32)
     assert plan.chunk_elems == (64 << 10) // 4
 

@@ -1,6 +1,6 @@
 """Table agreement: every rank of a communicator plans with the same tuning table, or none starts.
 
-Semantics: ``agree_on_planner`` loads this machine's tuning table (ddl_triton/tuning/table.py:
+Semantics: ``agree_on_planner`` loads this machine's tuning table (ddl_triton/planning/tuning_table.py:
 ``Options.tuning_file``, else the table for this world size, topology and transport under
 ``Options.tuning_dir``), then compares the tables' digests across the ranks (a collective
 call over the bootstrap). Ranks whose tables differ could choose different schedules for one
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ...options import Options
 from ...planning.planner import Planner
-from ...tuning import table as tuning
+from ...planning import tuning_table
 from .bootstrap_values import shaped
 from .placement import Placement
 
@@ -27,21 +27,21 @@ def agree_on_planner(bootstrap, placement: Placement, options: Options) -> tuple
     rank, size = placement.rank, placement.size
     table, source = None, ""
     if size > 1:
-        key = tuning.machine_key(world_size=size, topology=placement.topology.signature,
+        key = tuning_table.machine_key(world_size=size, topology=placement.topology.signature,
                                  transport=options.transport)
         failure = ""
         try:
-            resolved = tuning.resolve(options.tuning_file, key, options.tuning_dir)
+            resolved = tuning_table.resolve(options.tuning_file, key, options.tuning_dir)
             table, source = resolved.table, resolved.source
             if rank == 0:
-                tuning.warn_once(resolved.note)
-        except tuning.TuningTableError as e:
+                tuning_table.warn_once(resolved.note)
+        except tuning_table.TuningTableError as e:
             failure = str(e)  # raised below on every rank: a rank leaving alone would hang the others
         digests = [shaped(d, (str, str, str), f"rank {r}'s tuning table digest", rank) for r, d in
                    enumerate(bootstrap.allgather([table.digest() if table else "none", source or "no table", failure]))]
         failed = [(r, f) for r, (_, _, f) in enumerate(digests) if f]
         if failed:
-            raise tuning.TuningTableError(f"rank {rank}: cannot use the tuning table (DDL_TUNING_FILE): "
+            raise tuning_table.TuningTableError(f"rank {rank}: cannot use the tuning table (DDL_TUNING_FILE): "
                                           + "; ".join(f"rank {r}: {f}" for r, f in failed))
         if len(set(d for d, _, _ in digests)) > 1:
             listing = "; ".join(f"rank {r}: {src} ({d})" for r, (d, src, _) in enumerate(digests))

@@ -70,7 +70,7 @@ from pathlib import Path
 
 from .. import schedules
 from .._private_files import chosen_folder, write_private_file
-from ..planning.costmodel import CostModel
+from .costmodel import CostModel
 
 FORMAT = "ddl_triton-tuning"
 VERSION = 1
