@@ -53,7 +53,7 @@ class Options:
                                           64 KiB (DDP's buckets) go fp32 over shm inside a host and compressed
                                           between hosts (ddl_triton/runtime/compression/per_level.py): a method of
                                           ddl_triton/compression_methods.py ("int8", "onebit", "fp16", "bf16"), or
-                                          "auto" (per size, where it pays: ddl_triton/tuning/compression.py);
+                                          "auto" (per size, where it pays: ddl_triton/tuning/auto_compression.py);
                                           "none" (default): full precision everywhere
     """
 
