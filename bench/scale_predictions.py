@@ -26,7 +26,7 @@ import dataclasses
 import json
 import sys
 
-from ddl_triton.simulation import iteration as scale
+from ddl_triton.simulation import iteration
 from ddl_triton.simulation.cluster import load
 from ddl_triton.simulation.workload import load_layers
 
@@ -40,20 +40,20 @@ def facebook_allreduce(cluster, gpus: int):
 
     def cost(nbytes: int) -> float:
         count, chunk = max(1, nbytes // 4), (4 << 20) // 4
-        intra = scale._line(cluster, 0, x, count, chunk, "ring")
-        inter = scale._line(cluster, 1, servers, count, chunk, "rhd") if servers > 1 else 0.0
+        intra = iteration._line(cluster, 0, x, count, chunk, "ring")
+        inter = iteration._line(cluster, 1, servers, count, chunk, "rhd") if servers > 1 else 0.0
         return intra + inter
     return cost
 
 
 def predict_ddl(cluster, layers, compute, jitter: float = 0.0):
-    at = {g: scale.iteration(cluster, layers, g, "multidim", batch=32, compute=compute, jitter=jitter) for g in (4, 256)}
+    at = {g: iteration.iteration(cluster, layers, g, "multidim", batch=32, compute=compute, jitter=jitter) for g in (4, 256)}
     return {"vs_1_gpu": at[256].efficiency, "vs_4_gpus": at[4].iteration / at[256].iteration,
             "iteration_ms": at[256].iteration * 1e3, "exposed_ms": at[256].exposed * 1e3}
 
 
 def predict_facebook(cluster, layers, compute, jitter: float = 0.0):
-    at = {g: scale.iteration(cluster, layers, g, "multidim", batch=32, compute=compute,
+    at = {g: iteration.iteration(cluster, layers, g, "multidim", batch=32, compute=compute,
                              allreduce=facebook_allreduce(cluster, g), jitter=jitter) for g in (8, 256)}
     return {"vs_8_gpus": at[8].iteration / at[256].iteration, "vs_1_gpu": at[256].efficiency,
             "iteration_ms": at[256].iteration * 1e3, "exposed_ms": at[256].exposed * 1e3}
@@ -65,12 +65,12 @@ def _with_link(cluster, level: str, gbps: float | None = None, alpha_us: float |
         link["beta"] = 1 / (gbps * 1e9)
     if alpha_us is not None:
         link["alpha"] = alpha_us * 1e-6
-    scale._LINES.clear()
+    iteration._LINES.clear()
     return dataclasses.replace(cluster, links=dict(cluster.links, **{level: link}), name=f"{cluster.name}*{level}")
 
 
 def sensitivity(name: str, cluster, predict, key: str, layers) -> list[dict]:
-    base_compute = scale.compute_seconds(cluster, layers, 32)
+    base_compute = iteration.compute_seconds(cluster, layers, 32)
     base = predict(cluster, layers, base_compute)[key]
     cases = [
         ("inter bandwidth", "[U] achievable", lambda c: _with_link(c, "inter", gbps=c_gbps(c, "inter") * 0.5), "x0.5"),
@@ -85,21 +85,21 @@ def sensitivity(name: str, cluster, predict, key: str, layers) -> list[dict]:
     ]
     out = []
     for what, tag, change, label in cases:
-        scale._LINES.clear()
+        iteration._LINES.clear()
         changed = change(cluster)
         value = predict(changed, layers, base_compute)[key]
         out.append({"input": what, "tag": tag, "setting": label, "prediction": value, "delta_points": 100 * (value - base)})
     for cv in (0.01, 0.02, 0.03):
-        scale._LINES.clear()
+        iteration._LINES.clear()
         value = predict(cluster, layers, base_compute, cv)[key]
         out.append({"input": "compute jitter", "tag": "[U] not modelled by default", "setting": f"cv {cv:.0%}",
                     "prediction": value, "delta_points": 100 * (value - base)})
     for label, rate in (("Caffe2 231 img/s [C]", 231.0), ("150 img/s (DDL's Torch run [D])", 150.0)):
-        scale._LINES.clear()
-        value = predict(cluster, layers, scale.compute_seconds(cluster, layers, 32, rate))[key]
+        iteration._LINES.clear()
+        value = predict(cluster, layers, iteration.compute_seconds(cluster, layers, 32, rate))[key]
         out.append({"input": "compute rate", "tag": "[C]/[D] alternatives", "setting": label, "prediction": value,
                     "delta_points": 100 * (value - base)})
-    scale._LINES.clear()
+    iteration._LINES.clear()
     return out
 
 
@@ -114,8 +114,8 @@ def main() -> int:
     r50 = load_layers("resnet50")
     minsky, bigbasin = load("minsky"), load("bigbasin")
     results: dict = {}
-    ddl = predict_ddl(minsky, r50, scale.compute_seconds(minsky, r50, 32))
-    fb = predict_facebook(bigbasin, r50, scale.compute_seconds(bigbasin, r50, 32))
+    ddl = predict_ddl(minsky, r50, iteration.compute_seconds(minsky, r50, 32))
+    fb = predict_facebook(bigbasin, r50, iteration.compute_seconds(bigbasin, r50, 32))
     results["ddl"], results["facebook"] = ddl, fb
     print("# Published 256-GPU results, predicted from the specifications (ResNet-50, batch 32 per GPU)")
     print(f"DDL (Minsky 64x4 P100, EDR, multidim 4x16x4): {ddl['vs_1_gpu']:.1%} vs 1 GPU, {ddl['vs_4_gpus']:.1%} vs one "
@@ -136,12 +136,12 @@ def main() -> int:
     print("\n# Our schedules on Minsky, efficiency vs 1 GPU")
     for model in ("resnet50", "resnet101_22k"):
         layers = load_layers(model)
-        compute = scale.compute_seconds(minsky, layers, 32, None, sum(l.fwd_macs for l in r50))
+        compute = iteration.compute_seconds(minsky, layers, 32, None, sum(l.fwd_macs for l in r50))
         for compress in ("none", "int8"):
             print(f"{model}, compression {compress} (compute {compute * 1e3:.0f} ms/iteration):")
             print(f"{'schedule':>19} " + " ".join(f"{g:>6}" for g in GPUS))
-            for schedule in scale.SCHEDULES:
-                effs = [scale.iteration(minsky, layers, g, schedule, batch=32, compute=compute, compress=compress)
+            for schedule in iteration.SCHEDULES:
+                effs = [iteration.iteration(minsky, layers, g, schedule, batch=32, compute=compute, compress=compress)
                         .efficiency for g in GPUS]
                 results.setdefault("minsky", {}).setdefault(f"{model}/{compress}", {})[schedule] = effs
                 print(f"{schedule:>19} " + " ".join(f"{e:>6.1%}" for e in effs))

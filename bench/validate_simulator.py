@@ -429,7 +429,7 @@ def _median_abs(rows: list[dict]) -> str:
 def hosts_main(args) -> int:
     """``--hosts``: the simulator against the testbed (see the module doc)."""
     import testbed_link
-    from ddl_triton.simulation import across_hosts, iteration as scale
+    from ddl_triton.simulation import across_hosts, iteration
     from ddl_triton.simulation.cluster import load
     from ddl_triton.simulation.workload import Layer
     from ddl_triton.testbed import Testbed
@@ -503,7 +503,7 @@ def hosts_main(args) -> int:
                         cluster, model, per_host, 2, nbytes, plan["schedule"], chunk_bytes=plan["chunk_elems"] * 4,
                         grid=tuple(plan["grid"]) if plan["grid"] else None,
                         algos=tuple(plan["algos"]) if plan["algos"] else None, small=plan.get("small", False))
-                it = scale.iteration(cluster, layers, 2 * per_host, "ring", batch=32, compute=got["compute_s"],
+                it = iteration.iteration(cluster, layers, 2 * per_host, "ring", batch=32, compute=got["compute_s"],
                                      bucket_mb=25.0, first_bucket_mb=(1 << 20) / 1e6,
                                      allreduce=lambda n: prediction(n).unshaped,
                                      link=shaped, link_bytes=lambda n: prediction(n).link_bytes,
@@ -585,7 +585,7 @@ def main() -> int:
 
     import torch
 
-    from ddl_triton.simulation import iteration as scale, cli as simulate
+    from ddl_triton.simulation import iteration, cli as simulate
     from ddl_triton.simulation.cluster import load, local_model
     from ddl_triton.planning.planner import Planner
     from ddl_triton.planning.topology import parse
@@ -647,7 +647,7 @@ def main() -> int:
             # the schedule the planner picks for this bucket with no table, as the run had
             choice = planner.plan("allreduce", nbytes, torch.float32).schedule
             return simulate.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0]
-        it = scale.iteration(cluster, layers, 2, "ring", batch=32, compute=got["compute_s"], bucket_mb=0.1,
+        it = iteration.iteration(cluster, layers, 2, "ring", batch=32, compute=got["compute_s"], bucket_mb=0.1,
                              allreduce=cost, bucket_overhead=lambda nbytes, tail=tail: _interpolated(tail, nbytes),
                              overlapped_overhead=lambda nbytes, o=overlapped: _interpolated(o, nbytes))
         err = (it.iteration - got["step_s"]) / got["step_s"]

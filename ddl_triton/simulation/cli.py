@@ -26,7 +26,7 @@ import argparse
 import dataclasses
 import sys
 
-from . import iteration as scale
+from . import iteration
 from .._private_files import save_figure
 from ..runtime.lanes import small_allreduce
 from .cluster import load, local_model
@@ -38,10 +38,10 @@ def _ints(text: str) -> list[int]:
 
 
 def _schedules(text: str) -> list[str]:
-    names = list(scale.SCHEDULES) if text == "all" else [x for x in text.split(",") if x]
-    bad = [n for n in names if n not in scale.SCHEDULES]
+    names = list(iteration.SCHEDULES) if text == "all" else [x for x in text.split(",") if x]
+    bad = [n for n in names if n not in iteration.SCHEDULES]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown schedule(s) {', '.join(bad)}; valid: {', '.join(scale.SCHEDULES)}, all")
+        raise argparse.ArgumentTypeError(f"unknown schedule(s) {', '.join(bad)}; valid: {', '.join(iteration.SCHEDULES)}, all")
     return names
 
 
@@ -51,7 +51,7 @@ def train(args) -> int:
     cluster = load(args.cluster)
     layers = load_layers(args.model)
     reference = load_layers(cluster.model) if cluster.model and cluster.model != args.model else None
-    compute = scale.compute_seconds(cluster, layers, args.batch, args.img_per_s,
+    compute = iteration.compute_seconds(cluster, layers, args.batch, args.img_per_s,
                                     sum(l.fwd_macs for l in reference) if reference and not args.img_per_s else None)
     params = sum(l.params for l in layers)
     print(f"# {cluster.name}: {cluster.description}")
@@ -60,11 +60,11 @@ def train(args) -> int:
           f"{args.compress}")
     curves = {}
     for schedule in args.schedule:
-        rows = [scale.iteration(cluster, layers, g, schedule, batch=args.batch, compute=compute,
+        rows = [iteration.iteration(cluster, layers, g, schedule, batch=args.batch, compute=compute,
                                 bucket_mb=args.bucket_mb, compress=args.compress) for g in args.gpus]
         base = next((r for r in rows if r.gpus == args.baseline), None) if args.baseline else None
         if base is None and args.baseline:
-            base = scale.iteration(cluster, layers, args.baseline, schedule, batch=args.batch, compute=compute,
+            base = iteration.iteration(cluster, layers, args.baseline, schedule, batch=args.batch, compute=compute,
                                    bucket_mb=args.bucket_mb, compress=args.compress)
         print(f"\n{schedule}:")
         print(f"{'gpus':>6} {'grid':>9} {'iter ms':>9} {'exposed ms':>11} {'allreduce ms':>13} {'eff vs 1':>9}"
@@ -105,7 +105,7 @@ def allreduce(args) -> int:
     if args.cluster != "local" and load(args.cluster).calibrated:
         return _allreduce_across_hosts(args)
     if args.cluster != "local":
-        seconds, how = scale.allreduce_time(load(args.cluster), args.ranks, args.bytes, args.schedule[0],
+        seconds, how = iteration.allreduce_time(load(args.cluster), args.ranks, args.bytes, args.schedule[0],
                                             compress=args.compress)
         print(f"{args.schedule[0]} allreduce of {args.bytes} B on {args.ranks} GPUs of {args.cluster}: "
               f"{seconds * 1e6:.1f} us ({how})")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--schedule", type=_schedules, default=["multidim"])
     t.add_argument("--batch", type=int, default=32)
     t.add_argument("--bucket-mb", type=float, default=25.0)
-    t.add_argument("--compress", choices=scale.compression_choices(), default="none")
+    t.add_argument("--compress", choices=iteration.compression_choices(), default="none")
     t.add_argument("--img-per-s", type=float, default=None, help="measured single-GPU rate for --model (default: "
                    "the cluster's, scaled by multiply-adds)")
     t.add_argument("--baseline", type=int, default=0, help="also report efficiency against this many GPUs")
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--chunk-bytes", type=int, default=2 << 20, help="pipeline chunk (default: Options' 2 MiB)")
     a.add_argument("--link-emulation", default="")
     a.add_argument("--rate", default="", help="a shaped cluster's tbf rate (--cluster testbed), e.g. 100mbit")
-    a.add_argument("--compress", choices=scale.compression_choices(), default="none")
+    a.add_argument("--compress", choices=iteration.compression_choices(), default="none")
     a.add_argument("--no-probe", action="store_true", help="without a tuning table, use the built-in model")
     args = p.parse_args(argv)
     return train(args) if args.command == "train" else allreduce(args)

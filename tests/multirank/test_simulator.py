@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from ddl_triton.simulation import iteration as scale, cli as simulate
+from ddl_triton.simulation import iteration, cli as simulate
 from ddl_triton.simulation.cluster import load
 from ddl_triton.planning.costmodel import PARAMETERS
 from ddl_triton.transports.link_emulation import LinkSpec, Pacer, parse
@@ -54,11 +54,11 @@ def test_per_dimension_lines_agree_with_walking_the_whole_multidim_schedule(dims
     gpus = dims[0] * dims[1]
     cluster = minsky.__class__(**{**minsky.__dict__, "gpus_per_node": dims[0], "nodes_per_rack": dims[1]})
     nbytes = 8 << 20
-    walked, how = scale.allreduce_time(cluster, gpus, nbytes, "multidim")
+    walked, how = iteration.allreduce_time(cluster, gpus, nbytes, "multidim")
     assert how == "full schedule walk"
-    monkeypatch.setattr(scale, "_WALK_LIMIT", 1)
-    scale._LINES.clear()
-    lines, how = scale.allreduce_time(cluster, gpus, nbytes, "multidim")
+    monkeypatch.setattr(iteration, "_WALK_LIMIT", 1)
+    iteration._LINES.clear()
+    lines, how = iteration.allreduce_time(cluster, gpus, nbytes, "multidim")
     assert how.startswith("per-dimension lines")
     # The lines ignore cross-level pipelining: never faster, and within a factor 1.6.
     assert walked <= lines * 1.001 and lines < 1.6 * walked, (walked, lines)
@@ -66,9 +66,9 @@ def test_per_dimension_lines_agree_with_walking_the_whole_multidim_schedule(dims
 
 def test_1024_gpus_are_predicted_in_seconds_for_every_schedule():
     minsky, layers = load("minsky"), load_layers("resnet50")
-    compute = scale.compute_seconds(minsky, layers, 32)
+    compute = iteration.compute_seconds(minsky, layers, 32)
     t0 = time.monotonic()
-    effs = {s: scale.iteration(minsky, layers, 1024, s, batch=32, compute=compute).efficiency for s in scale.SCHEDULES}
+    effs = {s: iteration.iteration(minsky, layers, 1024, s, batch=32, compute=compute).efficiency for s in iteration.SCHEDULES}
     assert time.monotonic() - t0 < 60
     assert all(0.5 < e <= 1.0 for e in effs.values()), effs
     assert effs["multidim"] > effs["ring"]  # log-depth across 256 nodes beats a 1024-step ring
@@ -79,13 +79,13 @@ def test_the_engines_inter_node_ring_is_never_slower_than_ours_at_any_scale():
     # per-step overhead and staging copies: walked whole up to 32 GPUs, by lines beyond.
     minsky = load("minsky")
     for gpus in (8, 32, 64, 1024):
-        native, how = scale.allreduce_time(minsky, gpus, 100 << 20, "hierarchical_native")
-        ours, _ = scale.allreduce_time(minsky, gpus, 100 << 20, "hierarchical")
+        native, how = iteration.allreduce_time(minsky, gpus, 100 << 20, "hierarchical_native")
+        ours, _ = iteration.allreduce_time(minsky, gpus, 100 << 20, "hierarchical")
         assert native < ours, (gpus, native, ours)
         assert ("engine's ring x" in how) == (gpus > 32), how
     # at 1024 GPUs, 256 nodes: 2 x 255 steps of overhead gone from the inter-node ring
-    native, _ = scale.allreduce_time(minsky, 1024, 100 << 20, "hierarchical_native")
-    ours, _ = scale.allreduce_time(minsky, 1024, 100 << 20, "hierarchical")
+    native, _ = iteration.allreduce_time(minsky, 1024, 100 << 20, "hierarchical_native")
+    ours, _ = iteration.allreduce_time(minsky, 1024, 100 << 20, "hierarchical")
     assert ours - native > 2 * 255 * minsky.step_overhead * 0.9, (ours, native)
 
 
@@ -93,35 +93,35 @@ def test_the_iteration_overlaps_backward_or_not_as_the_cluster_says():
     layers = [Layer("a", 1_000_000, 1000), Layer("b", 1_000_000, 1000)]
     minsky, local = load("minsky"), load("local")
     fixed = lambda nbytes: 0.001  # noqa: E731 - 1 ms per bucket
-    overlapped = scale.iteration(minsky, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=4, allreduce=fixed,
+    overlapped = iteration.iteration(minsky, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=4, allreduce=fixed,
                                  bucket_overhead=0.0)
-    serial = scale.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=4, allreduce=fixed,
+    serial = iteration.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=4, allreduce=fixed,
                              bucket_overhead=0.0)
     assert overlapped.buckets == 2 and overlapped.iteration == pytest.approx(0.03 + 0.001)  # the first hides
     assert serial.iteration == pytest.approx(0.03 + 0.002)
-    assert scale.straggler_factor(1, 0.03) == 1.0 and scale.straggler_factor(256, 0.03) > 1.08
+    assert iteration.straggler_factor(1, 0.03) == 1.0 and iteration.straggler_factor(256, 0.03) > 1.08
 
 
 def test_a_bucket_issued_during_backward_pays_the_overlapped_overhead_and_the_last_the_tail_one():
     layers = [Layer("a", 1_000_000, 1000), Layer("b", 250_000, 1000)]
     local = load("local")
     fixed = lambda nbytes: 0.001  # noqa: E731
-    it = scale.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=0.5, allreduce=fixed,
+    it = iteration.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=0.5, allreduce=fixed,
                          bucket_overhead=lambda nbytes: nbytes * 1e-9, overlapped_overhead=0.005)
     # layer b's 1 MB bucket is issued mid-backward (overlapped), layer a's 4 MB one last (tail)
     assert it.buckets == 2 and it.iteration == pytest.approx(0.03 + 0.001 + 0.005 + 0.001 + 4e6 * 1e-9)
-    same = scale.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=0.5, allreduce=fixed,
+    same = iteration.iteration(local, layers, 2, "ring", batch=1, compute=0.03, bucket_mb=0.5, allreduce=fixed,
                            bucket_overhead=0.002)
     assert same.iteration == pytest.approx(0.03 + 2 * (0.001 + 0.002))
 
 
 def test_compression_sends_fewer_bytes_and_pays_its_kernels():
     minsky = load("minsky")
-    plain, _ = scale.allreduce_time(minsky, 256, 100 << 20, "multidim")
-    int8, _ = scale.allreduce_time(minsky, 256, 100 << 20, "multidim", compress="int8")
+    plain, _ = iteration.allreduce_time(minsky, 256, 100 << 20, "multidim")
+    int8, _ = iteration.allreduce_time(minsky, 256, 100 << 20, "multidim", compress="int8")
     assert int8 < plain
     with pytest.raises(ValueError, match="unknown compression"):
-        scale.allreduce_time(minsky, 256, 1 << 20, "multidim", compress="zip")
+        iteration.allreduce_time(minsky, 256, 1 << 20, "multidim", compress="zip")
 
 
 def test_the_train_cli_prints_a_table_per_schedule(capsys, tmp_path):

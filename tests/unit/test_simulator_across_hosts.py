@@ -9,7 +9,7 @@ import pytest
 
 from ddl_triton import schedules
 from ddl_triton.planning.costmodel import DEFAULT, CostModel, Link
-from ddl_triton.simulation import across_hosts, cli as simulate, iteration as scale
+from ddl_triton.simulation import across_hosts, cli as simulate, iteration
 from ddl_triton.simulation.cluster import load
 from ddl_triton.simulation.shaped_link import ShapedLink, TokenBucket, host_link_bytes, schedule_seconds
 from ddl_triton.simulation.workload import Layer
@@ -137,7 +137,7 @@ def test_the_cli_predicts_across_the_testbeds_hosts(fitted, capsys):
 def _step(testbed, **kw):
     # 10 layers of 0.2 MB each, backward 100 ms in all; DDP-style buckets of 1 MB after a first of 0.4 MB
     layers = [Layer(f"l{i}", 50_000, 1_000_000) for i in range(10)]
-    return scale.iteration(testbed, layers, 2, "ring", batch=32, compute=0.150, bucket_mb=1.0,
+    return iteration.iteration(testbed, layers, 2, "ring", batch=32, compute=0.150, bucket_mb=1.0,
                            allreduce=lambda n: 1e-3, bucket_overhead=0.0, **kw)
 
 
