@@ -51,7 +51,7 @@ def mpiexec_command(mpiexec: str, family: str, ranks: int, env_vars: dict[str, s
                     command: list[str], *, hosts: str | None = None, launcher_chosen: bool = False) -> list[str]:
     """``mpiexec -n N command``; Open MPI forwards variables to other nodes only when named with -x.
 
-    ``hosts`` ("h1:2,h2:2", hosts.py) places the ranks: MPICH's ``-hosts`` with hydra's ssh launcher
+    ``hosts`` ("h1:2,h2:2", host_list.py) places the ranks: MPICH's ``-hosts`` with hydra's ssh launcher
     (unless ``launcher_chosen``: HYDRA_LAUNCHER names another), Open MPI's ``--host``.
 
     Under MPICH each rank runs below a guard (``rank_guard.py``) and hydra runs with

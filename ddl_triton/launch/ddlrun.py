@@ -9,7 +9,7 @@ Usage::
     ddlrun -n 4 -H h1:2,h2:2 -- python train.py    # 2 ranks on each of two hosts, started over ssh
     ddlrun -n 2 --dry-run python train.py          # check and print the command, run nothing
 
-Hosts (hosts.py): ``-H NAME[:SLOTS],...`` or ``--hostfile FILE`` (lines ``NAME``, ``NAME:SLOTS`` or
+Hosts (host_list.py): ``-H NAME[:SLOTS],...`` or ``--hostfile FILE`` (lines ``NAME``, ``NAME:SLOTS`` or
 ``NAME slots=SLOTS``) place the ranks on those hosts in order, SLOTS at a time; N may not exceed the
 slots. Under MPICH the remote ranks start through hydra's ssh launcher (``-launcher ssh``), unless
 ``HYDRA_LAUNCHER`` chooses another; ``HYDRA_LAUNCHER_EXEC`` (an ssh stand-in, such as the testbed's
@@ -85,7 +85,7 @@ from .. import status_files
 from .checks import (CheckFailed, check_ranks, check_same_mpi, check_script, check_timeout, check_topology,
                      find_mpiexec, find_program, probe_interpreter)
 from .command import Job, child_env, command_line, ddl_env_vars, mpiexec_command
-from .hosts import as_spec, check_slots, parse_hosts, read_hostfile
+from .host_list import as_spec, check_slots, parse_hosts, read_hostfile
 from .report import PROG, every_rank_exited_zero, job_status, report, report_ranks, say
 from .supervision import run, survivor_grace
 
