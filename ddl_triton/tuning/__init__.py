@@ -2,7 +2,7 @@
 
 Here live ``ddl-tune`` (``cli``: the command line; ``sweep``: every call shape raced into rows;
 ``candidates``: what is timed; ``race``: how candidates are timed against each other;
-``decisions``: the table those rows decide; ``validation``: the fitted model checked at sizes the
+``decisions``: the table those rows decide; ``model_check``: the fitted model checked at sizes the
 sweep skipped; ``fit``: the least-squares cost-model fit; ``plot``; ``auto_compression``: whether
 per-level compression pays, per size, from the table or a probe of the link), the timing harness that
 ``ddl-tune`` and bench/ share (``timing``). Tuning writes the table that planning reads: the

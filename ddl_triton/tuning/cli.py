@@ -28,7 +28,7 @@ The table keeps the winner per (collective, dtype, size) within the layout that 
 overall (``choose_layout``), every candidate's measured time, and the cost model's
 parameters fitted by least squares to every finalist's median (ddl_triton/tuning/decisions.py
 and fit.py), checked against sizes the sweep skipped (``model.validation``,
-ddl_triton/tuning/validation.py: measured and predicted time of the plan the runtime would
+ddl_triton/tuning/model_check.py: measured and predicted time of the plan the runtime would
 choose between two swept sizes).
 
 Progress: rank 0 shows a bar with an ETA. ``--budget SECONDS`` stops the sweep at the next
@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from .decisions import build_table
 from .sweep import geometric_sizes, sweep
 from .timing import start_gloo
-from .validation import validate
+from .model_check import validate
 
 _SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
