@@ -8,8 +8,8 @@ _int8_jit.py; onebit.py: _onebit_jit.py; pack.py: _pack_jit.py), and that module
 imported the first time a kernel is asked for: a launch on a CUDA tensor, or under
 ``DDL_KERNELS=triton`` (``Options.kernels="triton"``) with ``TRITON_INTERPRET=1``, or a reading of
 the attribute (``reduce._reduce_kernel``). launch_configs.py imports triton inside the functions
-that build a ``triton.Config`` or an autotuner; sweep.py, which times the compiled kernels, imports
-triton and the private modules itself, and is loaded on first access (``ddl_triton.kernels.sweep``).
+that build a ``triton.Config`` or an autotuner; config_sweep.py, which times the compiled kernels, imports
+triton and the private modules itself, and is loaded on first access (``ddl_triton.kernels.config_sweep``).
 No other module of the package imports triton.
 
 A launcher module declares its kernels once, and launches them through the declaration::

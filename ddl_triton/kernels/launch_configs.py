@@ -41,7 +41,7 @@ Worked example::
                                     #  {'BLOCK': 4096, 'num_warps': 8, 'num_stages': 3}]
     # Extend: also try a larger block (validated: BLOCK must be a power of two).
     lc.set_candidates("add_into", lc.candidates("add_into") + [{"BLOCK": 8192, "num_warps": 16}])
-    # Use one config only, e.g. a winner of ddl_triton.kernels.sweep.sweep():
+    # Use one config only, e.g. a winner of ddl_triton.kernels.config_sweep.sweep():
     lc.pin("reduce", {"BLOCK": 4096, "num_warps": 8, "num_stages": 1})
     lc.triton_configs("reduce")     # one triton.Config: BLOCK 4096, num_warps 8, num_stages 1
     lc.unpin("reduce")              # back to autotuning over the candidates

@@ -18,7 +18,7 @@ Worked example:
 
 ``out`` may alias any input (in-place accumulation, as the ring does).
 Memory traffic: k reads + 1 write of n elements; the Triton kernel does it in
-one pass for up to ``_MAX_ARITY`` inputs and chains passes through an fp32
+one pass for up to ``MAX_ARITY`` inputs and chains passes through an fp32
 accumulator beyond that, so rounding still happens once.
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ from ._dispatch import accumulator_dtype, get_backend, interpreting, use_triton
 from ._lazy_kernels import LazyKernels, cdiv
 
 REDUCE_OPS = ("sum", "min", "max")
-_OP_CODE = {"sum": 0, "min": 1, "max": 2}
-_MAX_ARITY = 8  # input pointers one kernel launch takes; more inputs are chained
+OP_CODE = {"sum": 0, "min": 1, "max": 2}
+MAX_ARITY = 8  # input pointers one kernel launch takes; more inputs are chained
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _DTYPES = _FLOATS + (torch.int32, torch.int64)
 _SAME_DTYPE_ACC = (torch.float32, torch.float64, torch.int32, torch.int64)  # accumulate in their own dtype
@@ -160,11 +160,11 @@ def _reduce_triton(out: torch.Tensor, inputs: list[torch.Tensor], op: str, scale
     acc_dtype = accumulator_dtype(out.dtype)
     # More inputs than pointer slots: fold the first ones into an accumulator
     # carried in the accumulator dtype, so the final rounding still happens once.
-    while len(inputs) > _MAX_ARITY:
+    while len(inputs) > MAX_ARITY:
         acc = torch.empty(out.shape, dtype=acc_dtype, device=out.device)
-        _launch(acc, inputs[:_MAX_ARITY], op, None)
+        _launch(acc, inputs[:MAX_ARITY], op, None)
         # The kernel casts every load to fp32, so an fp32 accumulator may sit beside 16-bit inputs.
-        inputs = [acc] + inputs[_MAX_ARITY:]
+        inputs = [acc] + inputs[MAX_ARITY:]
     _launch(out, inputs, op, scale)
     return out
 
@@ -177,9 +177,9 @@ def _tuned():
 
 def _launch(out: torch.Tensor, inputs: list[torch.Tensor], op: str, scale: float | None) -> None:
     n = out.numel()
-    ptrs = list(inputs) + [inputs[0]] * (_MAX_ARITY - len(inputs))
+    ptrs = list(inputs) + [inputs[0]] * (MAX_ARITY - len(inputs))
     acc_fp32 = accumulator_dtype(out.dtype) == torch.float32 or any(x.dtype != out.dtype for x in inputs)
-    args = dict(NUM_INPUTS=len(inputs), OP=_OP_CODE[op], HAS_SCALE=scale is not None, ACC_FP32=acc_fp32)
+    args = dict(NUM_INPUTS=len(inputs), OP=OP_CODE[op], HAS_SCALE=scale is not None, ACC_FP32=acc_fp32)
     acc_dtype = torch.float32 if acc_fp32 else out.dtype
     scale_value = torch.full((1,), 1.0 if scale is None else float(scale), dtype=acc_dtype, device=out.device)
     kernel = _KERNELS["_reduce_kernel"]

@@ -276,7 +276,7 @@ def _progress_bar(rank: int, args, total: int):
 
 
 def _tune_kernels(args) -> int:
-    """--kernels: sweep the Triton kernels' launch configurations on CUDA (ddl_triton/kernels/sweep.py)
+    """--kernels: sweep the Triton kernels' launch configurations on CUDA (ddl_triton/kernels/config_sweep.py)
     and store the winners in the table named by --out (created if needed); without CUDA, say so."""
     import torch
 
@@ -284,11 +284,11 @@ def _tune_kernels(args) -> int:
         print("ddl-tune --kernels: no GPU: kernel launch configurations are tuned on CUDA "
               "(torch.cuda.is_available() is False); nothing to do", flush=True)
         return 0
-    from ..kernels import sweep as kernel_sweep
+    from ..kernels import config_sweep
     from ..planning import tuning_table
 
-    result = kernel_sweep.sweep()
-    winners = kernel_sweep.winners_to_table(result)
+    result = config_sweep.sweep()
+    winners = config_sweep.winners_to_table(result)
     for name, r in result.items():
         print(f"{name:>16}: {r['config']} {r['us']:.1f} us")
     if args.out:

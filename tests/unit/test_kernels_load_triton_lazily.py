@@ -52,6 +52,6 @@ out = torch.empty(7)
 K.reduce(out, [a, b, c])
 print("interpreted launch:", "triton" in sys.modules, out.tolist() == [6.0 * i for i in range(7)])
 print("same kernel:", reduce_module._reduce_kernel is _reduce_jit._reduce_kernel)
-print("sweep:", callable(K.sweep.sweep), K.sweep.NoGpu.__name__)
+print("sweep:", callable(K.config_sweep.sweep), K.config_sweep.NoGpu.__name__)
 """, DDL_KERNELS="triton", TRITON_INTERPRET="1")
     assert out.split("\n")[:3] == ["interpreted launch: True True", "same kernel: True", "sweep: True NoGpu"], out

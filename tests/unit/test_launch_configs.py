@@ -1,4 +1,4 @@
-"""Launch configurations as data (ddl_triton.kernels.launch_configs) and the GPU sweep (sweep.py), on CPU.
+"""Launch configurations as data (ddl_triton.kernels.launch_configs) and the GPU sweep (config_sweep.py), on CPU.
 
 The kernels run under TRITON_INTERPRET=1 (tests/conftest.py) on tiny tensors. That a pinned
 config reaches the launch is seen by a spy around each ``@triton.jit`` kernel, which records the
@@ -17,7 +17,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 import ddl_triton.kernels as K
-from ddl_triton.kernels import int8, launch_configs as lc, onebit, sweep as sw
+from ddl_triton.kernels import int8, launch_configs as lc, onebit, config_sweep as sw
 
 reduce_mod = importlib.import_module("ddl_triton.kernels.reduce")  # K.reduce is the function
 
@@ -349,7 +349,7 @@ def test_sweep_without_a_gpu_raises_no_gpu(monkeypatch):
     assert isinstance(info.value, RuntimeError)
     assert str(info.value) == "no GPU: kernel tuning needs CUDA (torch.cuda.is_available() is False)"
     with pytest.raises(sw.NoGpu):
-        K.sweep.sweep()
+        K.config_sweep.sweep()
 
 
 def test_sweep_rejects_bad_arguments():

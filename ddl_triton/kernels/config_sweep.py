@@ -56,7 +56,7 @@ from ._int8_jit import _dequantize_kernel, _quantize_kernel, _reduce_int8_kernel
 from ._onebit_jit import _add_into_kernel, _sign_pack_kernel, _sign_unpack_kernel
 from ._reduce_jit import _reduce_kernel
 from .int8 import quantize_int8_reference
-from .reduce import _MAX_ARITY, _OP_CODE
+from .reduce import MAX_ARITY, OP_CODE
 
 DEFAULT_SIZES = (1 << 20, 16 << 20, 64 << 20)
 QBLOCK = 256  # the int8 block timed: quantize_int8's default
@@ -189,12 +189,12 @@ def _case(name: str, n: int, dev: torch.device) -> _Case:
 
     if name == "reduce":
         a, b, out = x, torch.randn(n, generator=g, device=dev), torch.empty(n, device=dev)
-        ptrs = [a, b] + [a] * (_MAX_ARITY - 2)
+        ptrs = [a, b] + [a] * (MAX_ARITY - 2)
         scale = torch.ones(1, device=dev)
 
         def launch(c):
             _reduce_kernel[(triton.cdiv(n, c["BLOCK"]),)](
-                out, *ptrs, n, scale, NUM_INPUTS=2, OP=_OP_CODE["sum"], HAS_SCALE=False, ACC_FP32=False,
+                out, *ptrs, n, scale, NUM_INPUTS=2, OP=OP_CODE["sum"], HAS_SCALE=False, ACC_FP32=False,
                 BLOCK=c["BLOCK"], **_launch_kwargs(c))
         return _Case("out = a + b: fp32, 2 inputs, op sum, no scale", 12 * n, dict(a=a, b=b, out=out), launch)
 
