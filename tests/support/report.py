@@ -70,4 +70,20 @@ def read_report(out: str, heading: str, n: int, same_on_every_rank: bool = True)
     assert min(checks) > 0, f"{heading}: a rank ran no checks: {checks}\n{tail}"
     assert not same_on_every_rank or len(set(checks)) == 1, f"{heading}: checks per rank differ: {checks}\n{tail}"
     assert sum(checks) == total, f"{heading}: the ranks' checks {checks} do not add up to the total {total}"
+    _log_checks(heading, n, checks)
     return checks
+
+
+def _log_checks(heading: str, n: int, checks: list[int]) -> None:
+    """Append one line (the running test, the heading, each rank's checks) to the file named by
+    ``TEST_CHECK_LOG`` when set: how a suite run's check counts are compared before and after a
+    change to the tests (docs/testing.md). Not a ``DDL_*`` name: those are ddl_triton's options."""
+    path = os.environ.get("TEST_CHECK_LOG")
+    if not path:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, f"{test}\t{heading}\t{n}\t{' '.join(map(str, checks))}\n".encode())
+    finally:
+        os.close(fd)
