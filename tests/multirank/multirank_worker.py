@@ -532,22 +532,35 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="fewer sizes (used for the extra transport/kernel runs)")
     p.add_argument("--matrix", action="store_true", help="every schedule on every topology of this world size")
     p.add_argument("--fuzz", type=int, default=None, metavar="SEED", help="seeded random cases")
+    p.add_argument("--modes", default=None, metavar="MODE,MODE",
+                   help="several of suite, quick and matrix in one launch, in order, each with its own report")
     args = p.parse_args()
     from mpi4py import MPI  # here, not at the top: the test imports this module for planned_checks
     world = MPI.COMM_WORLD
-    ck = Checker(world)
+    modes = args.modes.split(",") if args.modes else [
+        "matrix" if args.matrix else "fuzz" if args.fuzz is not None else "quick" if args.quick else "suite"]
+    unknown = [m for m in modes if m not in ("suite", "quick", "matrix", "fuzz")]
+    if unknown or (args.modes and "fuzz" in modes):
+        p.error(f"--modes: {unknown or 'fuzz'} cannot run here (suite, quick, matrix)")
+    status = 0
+    # One report per mode, each with its own checker: a test reads its mode's report by heading,
+    # so one launch serves every test of a world size (the test IDs, and every check, kept).
+    for i, mode in enumerate(modes):
+        ck = Checker(world)
 
-    def body() -> None:
-        if args.matrix:
-            run_matrix(ck, world)
-        elif args.fuzz is not None:
-            run_fuzz(ck, world, args.fuzz, FUZZ_CASES)
-        else:
-            run_suite(ck, world, args.quick)
-        ddl.finalize()
+        def body(mode=mode, last=i == len(modes) - 1) -> None:
+            if mode == "matrix":
+                run_matrix(ck, world)
+            elif mode == "fuzz":
+                run_fuzz(ck, world, args.fuzz, FUZZ_CASES)
+            else:
+                run_suite(ck, world, mode == "quick")
+            if last:
+                ddl.finalize()
 
-    ck.run(body)
-    return ck.report(f"multirank_worker: {world.Get_size()} ranks")
+        ck.run(body)
+        status |= ck.report(f"multirank_worker: {world.Get_size()} ranks, {mode}")
+    return status
 
 
 def run_suite(ck: Checker, world, quick: bool) -> None:

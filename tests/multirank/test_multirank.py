@@ -1,8 +1,12 @@
-"""The exact multi-rank suite: tests/multirank/multirank_worker.py under mpiexec, one launch per configuration.
+"""The exact multi-rank suite: tests/multirank/multirank_worker.py under mpiexec, one launch per configuration
+(the default suite and the matrix of a world size share one launch, each with its own report).
 
 Each launch must report every rank of the world it asked for (rank 0..n-1, each of world size n), and
 each rank exactly the number of checks its mode's case lists give (``planned_checks``)."""
 from __future__ import annotations
+
+import functools
+import subprocess
 
 import pytest
 from multirank_worker import planned_checks  # this folder: pytest puts it on sys.path
@@ -21,15 +25,36 @@ def _run(n: int, *args: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout
 
 
+@functools.cache
+def _suite_and_matrix(n: int) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """One launch of ``n`` ranks running the default suite, then the matrix, each with its own report
+    (the worker's ``--modes``): the two tests of a world size read their report from it, so each
+    world size pays one launch (ranks importing torch and MPI), not two. The launch, and the
+    segments it left behind."""
+    before = ddl_segments()
+    proc = run_ranks(n, "multirank/multirank_worker.py", "--modes", "suite,matrix", timeout=360)
+    return proc, ddl_segments() - before
+
+
+def _read_mode(n: int, mode: str) -> None:
+    """The checks of ``mode`` in the shared launch of ``n`` ranks: every rank, exactly as planned; then
+    the launch's own verdict (exit 0, no segment left), which the other mode's test checks too."""
+    proc, leaked = _suite_and_matrix(n)
+    checks = read_report(proc.stdout, f"multirank_worker: {n} ranks, {mode}", n)
+    assert checks == [planned_checks(mode, n)] * n, f"checks per rank {checks}, planned {planned_checks(mode, n)}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
+    assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_exact_default_dispatch(n):
-    _run(n)
+    _read_mode(n, "suite")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_every_schedule_on_every_topology(n):
     # Flat and emulated grids (2x2, 1x4, 4x1, 2x1x2, 3x1, ...): see TOPOLOGIES in multirank_worker.py.
-    _run(n, "--matrix")
+    _read_mode(n, "matrix")
 
 
 @pytest.mark.parametrize("schedule", ["ring", "one_shot"])

@@ -2,7 +2,9 @@
 of the pieces that need no peers (registration, futures, dtype staging, op mapping)."""
 from __future__ import annotations
 
+import functools
 import re
+import subprocess
 
 import pytest
 import torch
@@ -11,17 +13,27 @@ import torch.distributed as dist
 import ddl_triton
 import ddl_triton.torch
 from ddl_triton.torch import backend, futures, process_group, rendezvous, staging
-from support.launch import assert_clean_run, ddl_segments, run_ranks
+from support.launch import ddl_segments, run_ranks
 from support.report import read_report
 
 
-def _run(n: int, mode: str, min_checks: int) -> str:
+@functools.cache
+def _launch(n: int) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """One launch of ``n`` ranks running both modes, ops then train, each with its own report: the
+    two tests of a world size read theirs from it (one launch per world size, not two). The launch,
+    and the segments it left behind."""
     before = ddl_segments()
-    proc = run_ranks(n, "multirank/torch_backend_worker.py", mode, timeout=120)
-    assert_clean_run(proc, before)
+    proc = run_ranks(n, "multirank/torch_backend_worker.py", "ops,train", timeout=200)
+    return proc, ddl_segments() - before
+
+
+def _run(n: int, mode: str, min_checks: int) -> str:
+    proc, leaked = _launch(n)
     # Every rank, each of world size n; the root of a collective checks more than the others.
     checks = read_report(proc.stdout, f"torch_backend_worker: {n} ranks, {mode}", n, same_on_every_rank=False)
     assert sum(checks) >= min_checks, f"the worker ran suspiciously few checks: {checks}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
+    assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
     return proc.stdout
 
 

@@ -434,10 +434,14 @@ def run_train(ck: Checker) -> None:
 
 
 def main() -> int:
-    mode = sys.argv[1] if len(sys.argv) > 1 else "ops"
-    ck = Checker()
-    ck.run(lambda: {"ops": run_ops, "train": run_train}[mode](ck))
-    return ck.report(f"torch_backend_worker: {MPI.COMM_WORLD.Get_size()} ranks, {mode}")
+    """``torch_backend_worker.py [MODE[,MODE]]``: ops, train, or both in one launch (ops first: it
+    needs no MASTER_ADDR, which train sets), each mode with its own checker and report."""
+    status = 0
+    for mode in (sys.argv[1] if len(sys.argv) > 1 else "ops").split(","):
+        ck = Checker()
+        ck.run(lambda: {"ops": run_ops, "train": run_train}[mode](ck))
+        status |= ck.report(f"torch_backend_worker: {MPI.COMM_WORLD.Get_size()} ranks, {mode}")
+    return status
 
 
 if __name__ == "__main__":
