@@ -102,9 +102,10 @@ class GpuPath:
         opening = table.Opening(place, opts, control=self._control, device=device, gather_ints=self._gather_ints)
         failed: dict[str, str] = {}  # rows opened that could not serve: why
         rows = table.to_open(rank, nodes, hosts, opts, kind, "cuda")
-        between = rows[0]
-        required = table.named(opts.transport, "cuda")  # Options.transport naming a transport: it must serve
-        if required is not None and (required == between or (size == 1 and rows[0].name == "self")):
+        # Options.transport naming a transport other than the row between nodes ("nvshmem"): it must
+        # serve, a world of one included; the loopback of a world of one needs nothing else.
+        required = table.named(opts.transport, "cuda")
+        if required is not None and (required == rows[0] or rows[0].name == "self"):
             required = None
         mates = table.Pair.node_mates(size, place.max_ranks_per_node)
         if required is not None and required not in rows and required.can_connect(mates, opts, kind):
