@@ -1,6 +1,7 @@
 """The lanes: one small message per peer per collective, carrying the call check and small data.
 
-``call_check`` compares every call's fingerprint across ranks before it runs; over shared memory
+``call_check`` compares every call's fingerprint (``fingerprint``: its 6 integers and their
+words) across ranks before it runs; over shared memory
 it rides a flag word (``small_allreduce``), across two-sided links the call lane (``call_lane``)
 carries it, over MPI or its own authenticated TCP sockets (``lane_sockets``, ``lane_handshake``),
 together with a small allreduce's data (``small_allreduce_two_sided``). The lanes are the lowest
