@@ -533,15 +533,16 @@ def main() -> int:
     p.add_argument("--matrix", action="store_true", help="every schedule on every topology of this world size")
     p.add_argument("--fuzz", type=int, default=None, metavar="SEED", help="seeded random cases")
     p.add_argument("--modes", default=None, metavar="MODE,MODE",
-                   help="several of suite, quick and matrix in one launch, in order, each with its own report")
+                   help="several of suite, quick, matrix and fuzz (with --fuzz SEED) in one launch, in order, "
+                        "each with its own report")
     args = p.parse_args()
     from mpi4py import MPI  # here, not at the top: the test imports this module for planned_checks
     world = MPI.COMM_WORLD
     modes = args.modes.split(",") if args.modes else [
         "matrix" if args.matrix else "fuzz" if args.fuzz is not None else "quick" if args.quick else "suite"]
     unknown = [m for m in modes if m not in ("suite", "quick", "matrix", "fuzz")]
-    if unknown or (args.modes and "fuzz" in modes):
-        p.error(f"--modes: {unknown or 'fuzz'} cannot run here (suite, quick, matrix)")
+    if unknown or ("fuzz" in modes and args.fuzz is None):
+        p.error(f"--modes: {unknown or 'fuzz without --fuzz SEED'}: the modes are suite, quick, matrix and fuzz")
     status = 0
     # One report per mode, each with its own checker: a test reads its mode's report by heading,
     # so one launch serves every test of a world size (the test IDs, and every check, kept).

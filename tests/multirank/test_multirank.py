@@ -1,5 +1,6 @@
 """The exact multi-rank suite: tests/multirank/multirank_worker.py under mpiexec, one launch per configuration
-(the default suite and the matrix of a world size share one launch, each with its own report).
+(the default suite, the matrix and the random mix of a world size share one launch, each with its
+own report).
 
 Each launch must report every rank of the world it asked for (rank 0..n-1, each of world size n), and
 each rank exactly the number of checks its mode's case lists give (``planned_checks``)."""
@@ -25,14 +26,20 @@ def _run(n: int, *args: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout
 
 
+# The seed of each world size's random mix (test_seeded_random_mix_of_schedules_topologies_and_async).
+FUZZ_SEEDS = {2: 11, 3: 12, 4: 13}
+
+
 @functools.cache
 def _suite_and_matrix(n: int) -> tuple[subprocess.CompletedProcess, set[str]]:
-    """One launch of ``n`` ranks running the default suite, then the matrix, each with its own report
-    (the worker's ``--modes``): the two tests of a world size read their report from it, so each
-    world size pays one launch (ranks importing torch and MPI), not two. The launch, and the
-    segments it left behind."""
+    """One launch of ``n`` ranks running the default suite, the matrix, then (2-4 ranks) the seeded
+    random mix, each with its own report (the worker's ``--modes``): the tests of a world size read
+    their report from it, so each world size pays one launch (ranks importing torch and MPI), not
+    three. The launch, and the segments it left behind."""
     before = ddl_segments()
-    proc = run_ranks(n, "multirank/multirank_worker.py", "--modes", "suite,matrix", timeout=360)
+    fuzz = ("--modes", "suite,matrix,fuzz", "--fuzz", str(FUZZ_SEEDS[n])) if n in FUZZ_SEEDS else \
+        ("--modes", "suite,matrix")
+    proc = run_ranks(n, "multirank/multirank_worker.py", *fuzz, timeout=420)
     return proc, ddl_segments() - before
 
 
@@ -71,6 +78,6 @@ def test_exact_with_triton_kernels():
     _run(2, "--quick", env={"DDL_KERNELS": "triton", "TRITON_INTERPRET": "1", "DDL_CHUNK_BYTES": "2048"})
 
 
-@pytest.mark.parametrize("n,seed", [(2, 11), (3, 12), (4, 13)])
+@pytest.mark.parametrize("n,seed", list(FUZZ_SEEDS.items()))
 def test_seeded_random_mix_of_schedules_topologies_and_async(n, seed):
-    _run(n, "--fuzz", str(seed))
+    _read_mode(n, "fuzz")
