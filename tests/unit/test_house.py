@@ -202,3 +202,62 @@ def test_the_compression_registry_is_the_only_place_a_method_is_named():
     listed = {str(p.relative_to(ROOT)): hits for p in _sources() if p != registry
               and (hits := named(ast.parse(p.read_text(), str(p))))}
     assert not listed, f"compression methods named outside {registry.relative_to(ROOT)}: {listed}"
+
+
+# ---- the package's rooms (ddl_triton/_rooms.py): every import runs one way, down -------------------
+# The one exception, justified: Options validates DDL_LINK_EMULATION at init with the parser of the
+# transport that emulates the link, so that a bad spec fails on every rank before anything is built.
+CORE_REACHES_DOWN = {("ddl_triton/options.py", "transports")}
+
+
+def _module_parts(path: Path) -> list[str]:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = parts if parts[0] == "ddl_triton" else ["ddl_triton", *parts]
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def test_the_rooms_order_lists_each_room_after_the_rooms_it_imports():
+    from ddl_triton._rooms import ROOMS
+    order = [room for room, _ in ROOMS]
+    for i, (room, may_import) in enumerate(ROOMS):
+        assert all(order.index(r) < i for r in may_import), (room, may_import)
+    subpackages = {p.parent.name for p in (ROOT / "ddl_triton").glob("*/__init__.py")} | {"transports", "schedules"}
+    assert subpackages == set(order), f"rooms not in ddl_triton/_rooms.py: {subpackages ^ set(order)}"
+
+
+def _room_violations(imports: dict[str, set[str]]) -> list[str]:
+    """For {source path relative to the root: the modules it imports}, each import against the order."""
+    from ddl_triton._rooms import COMMANDS, CORE, ROOMS
+    allowed = dict(ROOMS)
+    wrong = []
+    for where, modules in imports.items():
+        parts = _module_parts(ROOT / where)
+        mine = parts[1] if len(parts) > 1 else None
+        if mine is not None and mine not in allowed and mine not in CORE and mine not in COMMANDS and mine != "_rooms":
+            wrong.append(f"{where}: {mine} is neither a room, a core module nor a command (ddl_triton/_rooms.py)")
+        for module in modules:
+            target = module.split(".")
+            if target[0] != "ddl_triton" or len(target) < 2:
+                continue
+            theirs = target[1]
+            if theirs == mine or theirs not in allowed:
+                continue  # the same room, or a top-level module (core, a command, a name of the package)
+            if mine in allowed and theirs not in allowed[mine]:
+                wrong.append(f"{where} ({mine}) imports {module} ({theirs})")
+            elif mine in CORE and (where, theirs) not in CORE_REACHES_DOWN:
+                wrong.append(f"{where} (a core module) imports {module} ({theirs})")
+    return sorted(set(wrong))
+
+
+def test_no_import_runs_from_a_lower_room_into_a_higher_one():
+    wrong = _room_violations({str(p.relative_to(ROOT)): _imported_modules(p) for p in _sources()})
+    assert not wrong, "imports against ddl_triton/_rooms.py's order:\n" + "\n".join(wrong)
+
+
+def test_the_room_check_sees_a_wrong_way_import():
+    sample = {"ddl_triton/planning/costmodel.py": {"ddl_triton.runtime.communicator", "ddl_triton.schedules.ir"},
+              "ddl_triton/errors.py": {"ddl_triton.runtime.setup.bootstrap"},
+              "transports/shm.py": {"ddl_triton.errors", "ddl_triton.transports.waits"}}
+    assert _room_violations(sample) == [
+        "ddl_triton/errors.py (a core module) imports ddl_triton.runtime.setup.bootstrap (runtime)",
+        "ddl_triton/planning/costmodel.py (planning) imports ddl_triton.runtime.communicator (runtime)"]
