@@ -34,6 +34,12 @@ MATRIX_SIZES = {"allreduce": [0, 1, 7, 131, 1031], "reduce_scatter": [1, 29, 30,
                 "broadcast": [1, 300]}
 NATIVE_SIZES = [0, 1, 7, 1031]
 FUZZ_CASES = 200
+# The quick cases again through the environment, as a user forces a schedule or a transport: mode
+# "quick:NAME" sets these DDL_* variables, makes a communicator that reads them, and runs the quick
+# cases on it (test_multirank.py runs them in its 3-rank shared launch).
+ENV_VARIANTS = {"ring": {"DDL_SCHEDULE": "ring", "DDL_CHUNK_BYTES": "512"},
+                "one_shot": {"DDL_SCHEDULE": "one_shot", "DDL_CHUNK_BYTES": "512"},
+                "mpi": {"DDL_TRANSPORT": "mpi", "DDL_CHUNK_BYTES": "1024"}}
 A2A_DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int64)
 BCAST_DTYPES = (torch.float32, torch.bfloat16, torch.int64)
 RANDOM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -540,7 +546,8 @@ def main() -> int:
     world = MPI.COMM_WORLD
     modes = args.modes.split(",") if args.modes else [
         "matrix" if args.matrix else "fuzz" if args.fuzz is not None else "quick" if args.quick else "suite"]
-    unknown = [m for m in modes if m not in ("suite", "quick", "matrix", "fuzz")]
+    unknown = [m for m in modes if m not in ("suite", "quick", "matrix", "fuzz")
+               and m.removeprefix("quick:") not in ENV_VARIANTS]
     if unknown or ("fuzz" in modes and args.fuzz is None):
         p.error(f"--modes: {unknown or 'fuzz without --fuzz SEED'}: the modes are suite, quick, matrix and fuzz")
     status = 0
@@ -554,6 +561,8 @@ def main() -> int:
                 run_matrix(ck, world)
             elif mode == "fuzz":
                 run_fuzz(ck, world, args.fuzz, FUZZ_CASES)
+            elif mode.startswith("quick:"):
+                run_quick_through_environment(ck, world, ENV_VARIANTS[mode.removeprefix("quick:")])
             else:
                 run_suite(ck, world, mode == "quick")
             if last:
@@ -562,6 +571,35 @@ def main() -> int:
         ck.run(body)
         status |= ck.report(f"multirank_worker: {world.Get_size()} ranks, {mode}")
     return status
+
+
+def run_quick_through_environment(ck: Checker, world, env: dict[str, str]) -> None:
+    """The quick cases on a communicator made while ``env``'s DDL_* variables are set (then
+    restored): its options must show them, and every case is exact. The checks of mode "quick"
+    one for one: "the environment reached the options" stands for "init() is idempotent"."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        comm = ddl.init(world.Dup())
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    o = comm.requested_options  # as given: a tuning table may change the chunk in force
+    wanted = {"DDL_SCHEDULE": ("schedule", str), "DDL_TRANSPORT": ("transport", str), "DDL_CHUNK_BYTES": ("chunk_bytes", int)}
+    got = {k: getattr(o, wanted[k][0]) for k in env}
+    ck.true("the environment reached the options", got == {k: wanted[k][1](v) for k, v in env.items()}, str(got))
+    world.Barrier()
+    left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
+    ck.true("shared-memory segments visible after init", not left, str(left))
+    run_allreduce(ck, comm, QUICK_SIZES, "env")
+    run_reduce_scatter(ck, comm, QUICK_SIZES, "env")
+    run_all_gather(ck, comm, QUICK_SIZES, "env")
+    run_broadcast(ck, comm, BCAST_SIZES, "env")
+    run_all_to_all(ck, comm, A2A_SIZES, "env")
+    comm.close()
 
 
 def run_suite(ck: Checker, world, quick: bool) -> None:

@@ -26,6 +26,8 @@ def _run(n: int, *args: str, env: dict[str, str] | None = None) -> str:
     return proc.stdout
 
 
+# The quick cases through DDL_* variables (multirank_worker.py's ENV_VARIANTS), in the 3-rank launch.
+ENV_MODES = ["quick:ring", "quick:one_shot", "quick:mpi"]
 # The seed of each world size's random mix (test_seeded_random_mix_of_schedules_topologies_and_async).
 FUZZ_SEEDS = {2: 11, 3: 12, 4: 13}
 
@@ -37,18 +39,19 @@ def _suite_and_matrix(n: int) -> tuple[subprocess.CompletedProcess, set[str]]:
     their report from it, so each world size pays one launch (ranks importing torch and MPI), not
     three. The launch, and the segments it left behind."""
     before = ddl_segments()
-    fuzz = ("--modes", "suite,matrix,fuzz", "--fuzz", str(FUZZ_SEEDS[n])) if n in FUZZ_SEEDS else \
-        ("--modes", "suite,matrix")
-    proc = run_ranks(n, "multirank/multirank_worker.py", *fuzz, timeout=420)
+    modes = ["suite", "matrix"] + (["fuzz"] if n in FUZZ_SEEDS else []) + (ENV_MODES if n == 3 else [])
+    fuzz = ("--fuzz", str(FUZZ_SEEDS[n])) if n in FUZZ_SEEDS else ()
+    proc = run_ranks(n, "multirank/multirank_worker.py", "--modes", ",".join(modes), *fuzz, timeout=480)
     return proc, ddl_segments() - before
 
 
 def _read_mode(n: int, mode: str) -> None:
     """The checks of ``mode`` in the shared launch of ``n`` ranks: every rank, exactly as planned; then
-    the launch's own verdict (exit 0, no segment left), which the other mode's test checks too."""
+    the launch's own verdict (exit 0, no segment left), which the other modes' tests check too."""
     proc, leaked = _suite_and_matrix(n)
     checks = read_report(proc.stdout, f"multirank_worker: {n} ranks, {mode}", n)
-    assert checks == [planned_checks(mode, n)] * n, f"checks per rank {checks}, planned {planned_checks(mode, n)}"
+    planned = planned_checks(mode.split(":")[0], n)  # "quick:ring": the quick cases
+    assert checks == [planned] * n, f"checks per rank {checks}, planned {planned}"
     assert proc.returncode == 0, f"exit {proc.returncode}\n{(proc.stdout + proc.stderr)[-6000:]}"
     assert not leaked, f"shared-memory segments left behind: {sorted(leaked)}"
 
@@ -66,11 +69,13 @@ def test_every_schedule_on_every_topology(n):
 
 @pytest.mark.parametrize("schedule", ["ring", "one_shot"])
 def test_exact_forced_schedule_through_environment(schedule):
-    _run(3, "--quick", env={"DDL_SCHEDULE": schedule, "DDL_CHUNK_BYTES": "512"})
+    # DDL_SCHEDULE=<schedule>, DDL_CHUNK_BYTES=512, read by a communicator of the 3-rank shared launch.
+    _read_mode(3, f"quick:{schedule}")
 
 
 def test_exact_over_mpi_transport():
-    _run(3, "--quick", env={"DDL_TRANSPORT": "mpi", "DDL_CHUNK_BYTES": "1024"})
+    # DDL_TRANSPORT=mpi, DDL_CHUNK_BYTES=1024, likewise.
+    _read_mode(3, "quick:mpi")
 
 
 def test_exact_with_triton_kernels():
