@@ -240,3 +240,12 @@ def test_only_errors_py_constructs_a_collective_timeout_or_mismatch_or_reads_a_p
                 liveness.append(rel)
     assert not constructs, f"worded outside ddl_triton/errors.py: {constructs}"
     assert not liveness, f"a liveness check of their own: {liveness}"
+
+
+def test_a_garbled_lane_header_is_named_not_an_index_error():
+    """Bytes off the wire that are no header of ours (seen once as freed-heap pointers) are worded as
+    such, with the bytes, instead of raising IndexError while the mismatch is being described."""
+    from ddl_triton.runtime.lanes import call_lane
+    raw = bytes.fromhex("a0d9cef6c3550000700ccbf6c3550000")
+    text = call_lane._describe(raw)
+    assert "dtype#" in text and "op#" in text and raw.hex() in text, text

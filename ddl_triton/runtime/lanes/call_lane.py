@@ -254,4 +254,6 @@ def _describe(raw: bytes) -> str:
     call = describe_call(fingerprint)
     if nbytes:
         call += " (small-message path)"
+    if "#" in call:  # a field no rank encodes: bytes that are no header of ours, shown as they came
+        call += f" [header bytes {raw.hex()}]"
     return call

@@ -30,12 +30,14 @@ def describe(fp) -> str:
     if fp is None:
         return "a later call (this rank issued more collectives)"
     coll, op, dtype, numel, root, on_gpu = (int(v) for v in fp[:6])
+    # A fingerprint read off the wire may hold any bits: each field is named, never indexed blindly.
     name = CALLS[coll] if 0 <= coll < len(CALLS) else f"call#{coll}"
     args = []
     if op >= 0:
-        args.append(OPS[op])
+        args.append(OPS[op] if op < len(OPS) else f"op#{op}")
     if dtype >= 0:
-        args.append(f"{numel} x {str(DTYPES[dtype]).replace('torch.', '')}")
+        kind = str(DTYPES[dtype]).replace("torch.", "") if dtype < len(DTYPES) else f"dtype#{dtype}"
+        args.append(f"{numel} x {kind}")
     if name == "broadcast":
         args.append(f"root {root}")
     if on_gpu:
