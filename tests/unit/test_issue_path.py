@@ -69,9 +69,6 @@ def test_the_first_failure_poisons_every_later_call_and_names_it():
     path.close()
 
 
-@pytest.mark.xfail(strict=True, reason="IssuePath._fail overwrites the poison with each later refusal, so the "
-                   "error nests ('unusable after an earlier failure: unusable after ...'); the fix (calls/issue.py, "
-                   "H5's file): set self.poison only when it is None")
 def test_the_poison_stays_the_first_failure_however_many_calls_are_refused():
     path = _path()
     failing = path.issue(lambda: 1 / 0, True, CALL)

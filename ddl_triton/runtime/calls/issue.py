@@ -150,7 +150,8 @@ class IssuePath:
         raise DDLError(f"rank {self.rank}: collective failed: {e!r}") from e
 
     def _fail(self, record, error: BaseException) -> None:
-        self.poison = error
+        if self.poison is None:  # the first failure is the cause; later refusals only repeat it
+            self.poison = error
         record.state = "failed"
         record.error = str(error)
 
