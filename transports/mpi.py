@@ -18,6 +18,7 @@ from mpi4py import MPI
 from . import waits
 from .waits import DEFAULT_SPIN_SECONDS, wait_until
 from .link_emulation import Pacer, parse
+from .mpi_retired import retire
 from .staged_sends import StagedSends
 
 TAG_RANGE = 32767  # tags are message ids modulo this (MPI guarantees MPI_TAG_UB >= 32767); mpi_device.py too
@@ -194,9 +195,14 @@ class MpiTransport(StagedSends):
         self._group_comms.clear()
         if self._pacer is not None and self._pacer.pump in waits.progress_hooks:
             waits.progress_hooks.remove(self._pacer.pump)
-        for req, _ in self._posted.values():
+        # Nothing MPI may still read or write is freed under it (mpi_retired.py): receives are cancelled,
+        # and a send left by a failed call keeps its staging buffer until it completes, if ever.
+        for req, buf in self._posted.values():
             req.Cancel()
+            retire([req], buf)
         self._posted.clear()
+        for reqs, buf, _ in self._sending:
+            retire(reqs.reqs if isinstance(reqs, _Pending) else reqs, buf)
         self._sending = []
         self._free.clear()
 

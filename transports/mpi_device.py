@@ -31,6 +31,7 @@ from collections import defaultdict, deque
 import torch
 from mpi4py import MPI
 
+from .mpi_retired import retire
 from .waits import DEFAULT_SPIN_SECONDS, wait_until
 from .mpi import TAG_RANGE
 from .staged_sends import size_class as _size_class
@@ -200,10 +201,15 @@ class DeviceMpiTransport:
         self._sending = []
 
     def close(self) -> None:
-        for req, _, _ in self._posted.values():
+        # Nothing MPI may still read or write is freed under it (mpi_retired.py): receives are
+        # cancelled, and a send left by a failed call keeps its buffer until it completes, if ever.
+        for req, buf, _ in self._posted.values():
             req.Cancel()
+            retire([req], buf)
         self._posted.clear()
         self._delivered.clear()
+        for reqs, buf, _, _ in self._sending:
+            retire(reqs, buf)
         self._sending = []
         self._copying.clear()
         self._cooling.clear()

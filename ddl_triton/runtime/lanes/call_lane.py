@@ -38,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...errors import calls_disagree
+from ...transports.mpi_retired import retire
 from ...transports.waits import wait_until
 from .fingerprint import describe as describe_call
 from .lane_sockets import LaneSockets, SocketWire
@@ -92,7 +93,7 @@ class _MpiWire:
     def __init__(self, comm, recv_bufs: dict, send_bufs: tuple):
         self.comm = comm.Dup()
         self._recvs = {p: self.comm.Recv_init([buf, MPI.BYTE], source=p, tag=0) for p, buf in recv_bufs.items()}
-        self._send_bufs = send_bufs
+        self._recv_bufs, self._send_bufs = recv_bufs, send_bufs
         self._sends: dict[tuple[int, int], list] = {}  # (parity, message bytes) -> a request per peer
         global _exit_hook_installed
         _OPEN_MPI_WIRES.add(self)
@@ -127,31 +128,28 @@ class _MpiWire:
                 wait_until(req.Test, timeout, peer, "call lane send completion", spin=0.0, prompt=True)
 
     def _free_sends(self) -> None:
-        for reqs in self._sends.values():
-            MPI.Request.Waitall(reqs)  # complete: the lane completes every send before reusing a buffer
-            for r in reqs:
-                r.Free()
+        # The lane completes a buffer's sends before reusing it (CallLane.claim_send_buffer), under its
+        # deadline; here the requests are only let go, once done (never blocking on a peer).
+        retire([r for reqs in self._sends.values() for r in reqs], self._send_bufs)
         self._sends.clear()
 
     def close(self) -> None:
-        """Cancel the posted receives; let the last sends go (freeing an active send request is
-        allowed: MPI completes it on its own, and a dead peer's never completes)."""
+        """Cancel the posted receives and let the last sends go, without waiting on any peer: the
+        requests still active keep this lane's buffers alive until MPI is done with them
+        (transports/mpi_retired.py: a slower peer may still be pulling the last message)."""
         _OPEN_MPI_WIRES.discard(self)
         if self.comm is None or MPI.Is_finalized():
             return
         for req in self._recvs.values():
             try:
                 req.Cancel()
-                req.Wait()
             except MPI.Exception:
                 pass  # inactive: its message arrived and was not re-posted (a failed call)
-            req.Free()
+        sends = [r for reqs in self._sends.values() for r in reqs]
+        retire(list(self._recvs.values()) + sends, self._recv_bufs, self._send_bufs)
         self._recvs = {}
-        for reqs in self._sends.values():
-            for r in reqs:
-                r.Free()
         self._sends.clear()
-        self.comm.Free()
+        self.comm.Free()  # local in MPICH; the retired requests complete on their own
         self.comm = None  # closed (by the communicator, or at exit: whichever comes first)
 
 
