@@ -594,12 +594,17 @@ def run_quick_through_environment(ck: Checker, world, env: dict[str, str]) -> No
     world.Barrier()
     left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
     ck.true("shared-memory segments visible after init", not left, str(left))
-    run_allreduce(ck, comm, QUICK_SIZES, "env")
-    run_reduce_scatter(ck, comm, QUICK_SIZES, "env")
-    run_all_gather(ck, comm, QUICK_SIZES, "env")
-    run_broadcast(ck, comm, BCAST_SIZES, "env")
-    run_all_to_all(ck, comm, A2A_SIZES, "env")
+    run_every_collective(ck, comm, QUICK_SIZES, QUICK_SIZES, BCAST_SIZES, A2A_SIZES, "env")
     comm.close()
+
+
+def run_every_collective(ck: Checker, comm, allreduce_sizes, sizes, bcast_sizes, a2a_sizes, tag: str) -> None:
+    """The five collectives' exact cases on ``comm``: allreduce, reduce_scatter, all_gather, broadcast, all_to_all."""
+    run_allreduce(ck, comm, allreduce_sizes, tag)
+    run_reduce_scatter(ck, comm, sizes, tag)
+    run_all_gather(ck, comm, sizes, tag)
+    run_broadcast(ck, comm, bcast_sizes, tag)
+    run_all_to_all(ck, comm, a2a_sizes, tag)
 
 
 def run_suite(ck: Checker, world, quick: bool) -> None:
@@ -611,11 +616,7 @@ def run_suite(ck: Checker, world, quick: bool) -> None:
     left = [e for e in os.listdir("/dev/shm") if e.startswith("ddl_triton-")]
     # segments are unlinked inside init, once every peer has mapped them
     ck.true("shared-memory segments visible after init", not left, str(left))
-    run_allreduce(ck, comm, sizes + ([] if quick else BIG_SIZES), "world")
-    run_reduce_scatter(ck, comm, sizes, "world")
-    run_all_gather(ck, comm, sizes, "world")
-    run_broadcast(ck, comm, BCAST_SIZES, "world")
-    run_all_to_all(ck, comm, A2A_SIZES, "world")
+    run_every_collective(ck, comm, sizes + ([] if quick else BIG_SIZES), sizes, BCAST_SIZES, A2A_SIZES, "world")
     if not quick:
         run_random_floats(ck, comm, "world")
         run_small_path_is_one_shot(ck, world, "world")
@@ -625,11 +626,7 @@ def run_suite(ck: Checker, world, quick: bool) -> None:
         run_bad_input(ck, comm, "world")
         # Tiny chunks and the shallowest pipeline: many chunks, slots reused constantly.
         tiny = ddl.init(world.Dup(), chunk_bytes=256, pipeline_depth=2)
-        run_allreduce(ck, tiny, TINY_ALLREDUCE_SIZES, "tiny-chunks")
-        run_reduce_scatter(ck, tiny, TINY_SIZES, "tiny-chunks")
-        run_all_gather(ck, tiny, TINY_SIZES, "tiny-chunks")
-        run_broadcast(ck, tiny, TINY_SIZES, "tiny-chunks")
-        run_all_to_all(ck, tiny, TINY_SIZES, "tiny-chunks")
+        run_every_collective(ck, tiny, TINY_ALLREDUCE_SIZES, TINY_SIZES, TINY_SIZES, TINY_SIZES, "tiny-chunks")
         tiny.close()
         # A sub-group: even and odd ranks form separate communicators.
         sub_mpi = world.Split(world.Get_rank() % 2, world.Get_rank())

@@ -46,11 +46,14 @@ class RollCall:
         status = MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
             source, tag = status.Get_source(), status.Get_tag()
-            step = self._receive(source, tag, status)
-            if tag == _ASK:
-                self._send(bytes([1 if step == self.waiting_in else 0]), source, _ANSWER)
-            elif tag == _GAVE_UP:
-                self._gave_up.add((source, step))
+            self._serve(source, tag, self._receive(source, tag, status))
+
+    def _serve(self, source: int, tag: int, step: str) -> None:
+        """A peer's question (``_ASK``: is this rank waiting in ``step``?) answered, or its giving up noted."""
+        if tag == _ASK:
+            self._send(bytes([1 if step == self.waiting_in else 0]), source, _ANSWER)
+        elif tag == _GAVE_UP:
+            self._gave_up.add((source, step))
 
     def missing(self, step: str, me: int) -> list[int]:
         """After this rank's wait in ``step`` passed its deadline: the ranks of this bootstrap
@@ -73,14 +76,12 @@ class RollCall:
                 continue
             source, tag = status.Get_source(), status.Get_tag()
             payload = self._receive(source, tag, status)
-            if tag == _ASK:
-                self._send(bytes([1 if payload == self.waiting_in else 0]), source, _ANSWER)
-            elif tag == _GAVE_UP:
-                self._gave_up.add((source, payload))
-            elif tag == _ANSWER and source in root_of:
+            if tag == _ANSWER and source in root_of:
                 answered.add(root_of[source])
                 if payload == "\x01":
                     here.add(root_of[source])
+            else:
+                self._serve(source, tag, payload)
         here |= {root_of[s] for s, at in self._gave_up if at == step and s in root_of}
         return [r for r in others if r not in here]
 
