@@ -12,7 +12,7 @@ default ``mpi:bw=1GB/s,lat=50us``). Measured: each schedule forced (default opti
 tuning table), interleaved rounds after a barrier, the slowest rank's time per call, the
 median. Predicted: ``python -m ddl_triton.simulate allreduce --cluster local`` (the cost
 model ddl-tune fitted on this host for those ranks and topology, with the emulated link
-added), i.e. ``simulate.local_allreduce``. By default each layout's model is probed afresh
+added), i.e. ``ddl_triton.simulation.cli.local_allreduce``. By default each layout's model is probed afresh
 (a quick ddl-tune, about a minute) right before its measurements: this host's memory speed
 drifts by up to 3x over minutes at 1-16 MiB, and a model fitted in another state predicts
 that state (``--calibration cached`` uses the cached tables instead).
@@ -585,7 +585,7 @@ def main() -> int:
 
     import torch
 
-    from ddl_triton.simulation import iteration, cli as simulate
+    from ddl_triton.simulation import iteration, cli
     from ddl_triton.simulation.cluster import load, local_model
     from ddl_triton.planning.planner import Planner
     from ddl_triton.planning.topology import parse
@@ -614,7 +614,7 @@ def main() -> int:
                       "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds))
         rows = json.loads(next(line[5:] for line in out.splitlines() if line.startswith("ROWS ")))
         for row in rows:
-            predicted, _ = simulate.local_allreduce(ranks, topology, row["bytes"], row["schedule"],
+            predicted, _ = cli.local_allreduce(ranks, topology, row["bytes"], row["schedule"],
                                                     link_emulation=emulation)
             row.update(ranks=ranks, topology=topology or str(ranks), link=emulation or "-",
                        predicted_us=predicted * 1e6, error=(predicted * 1e6 - row["measured_us"]) / row["measured_us"])
@@ -646,7 +646,7 @@ def main() -> int:
         def cost(nbytes: int, emulation=emulation) -> float:
             # the schedule the planner picks for this bucket with no table, as the run had
             choice = planner.plan("allreduce", nbytes, torch.float32).schedule
-            return simulate.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0]
+            return cli.local_allreduce(2, "1x2", nbytes, choice, link_emulation=emulation)[0]
         it = iteration.iteration(cluster, layers, 2, "ring", batch=32, compute=got["compute_s"], bucket_mb=0.1,
                              allreduce=cost, bucket_overhead=lambda nbytes, tail=tail: _interpolated(tail, nbytes),
                              overlapped_overhead=lambda nbytes, o=overlapped: _interpolated(o, nbytes))

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from ddl_triton.simulation import iteration, cli as simulate
+from ddl_triton.simulation import iteration, cli
 from ddl_triton.simulation.cluster import load
 from ddl_triton.planning.costmodel import PARAMETERS
 from ddl_triton.transports.link_emulation import LinkSpec, Pacer, parse
@@ -126,21 +126,21 @@ def test_compression_sends_fewer_bytes_and_pays_its_kernels():
 
 def test_the_train_cli_prints_a_table_per_schedule(capsys, tmp_path):
     png = tmp_path / "eff.png"
-    assert simulate.main(["train", "--cluster", "minsky", "--model", "resnet50", "--gpus", "8,64,1024",
+    assert cli.main(["train", "--cluster", "minsky", "--model", "resnet50", "--gpus", "8,64,1024",
                           "--schedule", "multidim,ring", "--baseline", "4", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "multidim:" in out and "ring:" in out and "eff vs 4" in out and png.stat().st_size > 5000
-    assert simulate.main(["allreduce", "--cluster", "minsky", "--ranks", "256", "--bytes", "1048576",
+    assert cli.main(["allreduce", "--cluster", "minsky", "--ranks", "256", "--bytes", "1048576",
                           "--schedule", "multidim"]) == 0
     assert "multidim allreduce of 1048576 B on 256 GPUs of minsky" in capsys.readouterr().out
 
 
 def test_the_local_cluster_predicts_from_a_fitted_model():
-    seconds, source = simulate.local_allreduce(2, "", 1 << 20, "ring", probe=False)
+    seconds, source = cli.local_allreduce(2, "", 1 << 20, "ring", probe=False)
     assert seconds > 0 and source  # no table in the test cache: the built-in defaults, said so
-    slower, _ = simulate.local_allreduce(4, "2x2", 1 << 20, "ring", link_emulation="mpi:bw=100MB/s,lat=1ms",
+    slower, _ = cli.local_allreduce(4, "2x2", 1 << 20, "ring", link_emulation="mpi:bw=100MB/s,lat=1ms",
                                          probe=False)
-    faster, _ = simulate.local_allreduce(4, "2x2", 1 << 20, "ring", probe=False)
+    faster, _ = cli.local_allreduce(4, "2x2", 1 << 20, "ring", probe=False)
     assert slower > faster + 2 * (1 << 20) / 4 / 100e6  # at least the emulated wire time of two ring steps
 
 

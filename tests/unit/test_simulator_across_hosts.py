@@ -9,7 +9,7 @@ import pytest
 
 from ddl_triton import schedules
 from ddl_triton.planning.costmodel import DEFAULT, CostModel, Link
-from ddl_triton.simulation import across_hosts, cli as simulate, iteration
+from ddl_triton.simulation import across_hosts, cli, iteration
 from ddl_triton.simulation.cluster import load
 from ddl_triton.simulation.shaped_link import ShapedLink, TokenBucket, host_link_bytes, schedule_seconds
 from ddl_triton.simulation.workload import Layer
@@ -124,14 +124,14 @@ def test_allreduce_predictions_across_hosts_are_latency_then_the_link(testbed, f
 
 
 def test_the_cli_predicts_across_the_testbeds_hosts(fitted, capsys):
-    assert simulate.main(["allreduce", "--cluster", "testbed", "--ranks", "4", "--topology", "2x2", "--bytes",
+    assert cli.main(["allreduce", "--cluster", "testbed", "--ranks", "4", "--topology", "2x2", "--bytes",
                           str(4 << 20), "--schedule", "hierarchical", "--rate", "100mbit"]) == 0
     out = capsys.readouterr().out
     assert "hierarchical allreduce of 4194304 B on 2 hosts x 2 of testbed at 100mbit" in out
     predicted = float(out.split(": ")[1].split(" us")[0]) * 1e-6
     assert predicted == pytest.approx((4 << 20) / (RATE / 10), rel=0.05)
     with pytest.raises(SystemExit, match="--topology must be XxH"):
-        simulate.main(["allreduce", "--cluster", "testbed", "--ranks", "4", "--topology", "3x2", "--bytes", "8"])
+        cli.main(["allreduce", "--cluster", "testbed", "--ranks", "4", "--topology", "3x2", "--bytes", "8"])
 
 
 def _step(testbed, **kw):
