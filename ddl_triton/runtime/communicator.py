@@ -47,6 +47,7 @@ from .lanes.small_allreduce import SmallAllreduce
 from .lanes.small_allreduce_two_sided import SmallAllreduceTwoSided
 from .setup.table_agreement import agree_on_planner
 from .calls.arguments import check_output_input, check_root, check_tensor
+from .arrays import IN_PLACE, READ, WRITTEN, as_tensor, handed_back
 from .setup.wiring import connect
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
@@ -122,8 +123,10 @@ class Communicator:
                                       comm_id)
 
     # -- public collectives -----------------------------------------------------------
-    def allreduce(self, tensor: torch.Tensor, op="sum", async_op: bool = False):
-        """Reduce ``tensor`` across ranks in place; every rank gets the same bits. Returns it."""
+    def allreduce(self, tensor, op="sum", async_op: bool = False):
+        """Reduce ``tensor`` across ranks in place; every rank gets the same bits. Returns the result:
+        ``tensor`` itself (a torch tensor, numpy or CuPy array), or a new array of its type where it
+        is immutable (a JAX array: arrays.py); with ``async_op``, a Work whose ``wait()`` returns it."""
         if not async_op and type(tensor) is torch.Tensor:
             # The synchronous fast entry (the latency path): a shape the small path has served
             # before, with nothing queued, running, failed or recording in the way.
@@ -139,34 +142,48 @@ class Communicator:
                     issuer.run_inline(summary, SMALL_PATH, runner.run_small, runner.plans.fast_view(tensor, shape),
                                       shape)
                     return tensor
+        if not isinstance(tensor, torch.Tensor):  # numpy, DLPack: the torch path on a view (arrays.py)
+            given = as_tensor(self.rank, tensor, "tensor", IN_PLACE)
+            return handed_back(self.allreduce(given.tensor, op, async_op), given, async_op)
         given_op, op = op, normalize_op(op, self.rank)
         self._issuer.check_usable()
         check_tensor(self.rank, tensor, "tensor", writable=True)
         check_op_dtype(op, tensor.dtype, self.rank)
         return self._issue(Call("allreduce", tensor, None, op, given_op), async_op)
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op="sum", async_op: bool = False):
-        """Rank r receives block r of the reduction of ``input`` (``size`` blocks of ``output.numel()``)."""
+    def reduce_scatter(self, output, input, op="sum", async_op: bool = False):
+        """Rank r receives block r of the reduction of ``input`` (``size`` blocks of ``output.numel()``).
+        Returns ``output`` (with ``async_op``, a Work whose ``wait()`` returns it), as for all_gather
+        and all_to_all: ``output`` a writable torch tensor, numpy or CuPy array; ``input`` any array."""
+        if not (isinstance(output, torch.Tensor) and isinstance(input, torch.Tensor)):
+            return self._with_arrays(self.reduce_scatter, output, input, async_op, op=op)
         op = normalize_op(op, self.rank)
         self._issuer.check_usable()
         check_output_input(self.rank, self.size, "reduce_scatter", output, input)
         check_op_dtype(op, output.dtype, self.rank)
         return self._issue(Call("reduce_scatter", output, input, op), async_op)
 
-    def all_gather(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
+    def all_gather(self, output, input, async_op: bool = False):
         """Block r of ``output`` (``input.numel()`` elements) is rank r's ``input``."""
+        if not (isinstance(output, torch.Tensor) and isinstance(input, torch.Tensor)):
+            return self._with_arrays(self.all_gather, output, input, async_op)
         self._issuer.check_usable()
         check_output_input(self.rank, self.size, "all_gather", output, input)
         return self._issue(Call("all_gather", output, input), async_op)
 
-    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, async_op: bool = False):
+    def all_to_all(self, output, input, async_op: bool = False):
         """Block q of ``input`` goes to rank q; block q of ``output`` comes from rank q (equal blocks)."""
+        if not (isinstance(output, torch.Tensor) and isinstance(input, torch.Tensor)):
+            return self._with_arrays(self.all_to_all, output, input, async_op)
         self._issuer.check_usable()
         check_output_input(self.rank, self.size, "all_to_all", output, input)
         return self._issue(Call("all_to_all", output, input), async_op)
 
-    def broadcast(self, tensor: torch.Tensor, root: int = 0, async_op: bool = False):
-        """Copy ``tensor`` from rank ``root`` to every rank, in place. Returns it."""
+    def broadcast(self, tensor, root: int = 0, async_op: bool = False):
+        """Copy ``tensor`` from rank ``root`` to every rank, in place. Returns the result, as allreduce."""
+        if not isinstance(tensor, torch.Tensor):
+            given = as_tensor(self.rank, tensor, "tensor", IN_PLACE)
+            return handed_back(self.broadcast(given.tensor, root, async_op), given, async_op)
         self._issuer.check_usable()
         check_tensor(self.rank, tensor, "tensor", writable=True)
         check_root(self.rank, self.size, root)
@@ -257,6 +274,12 @@ class Communicator:
         return f"Communicator(rank={self.rank}, size={self.size})"
 
     # -- issuing -------------------------------------------------------------------------
+    def _with_arrays(self, collective, output, input, async_op: bool, **kwargs):
+        """``collective`` on torch views of arrays (arrays.py); returns ``output`` as the caller passed it."""
+        out = as_tensor(self.rank, output, "output", WRITTEN)
+        inp = as_tensor(self.rank, input, "input", READ)
+        return handed_back(collective(out.tensor, inp.tensor, async_op=async_op, **kwargs), out, async_op)
+
     def _issue(self, call: Call, async_op: bool):
         """Hand a checked call down: the issue path runs it in issue order through the runner."""
         return self._issuer.issue(functools.partial(self._runner.run, call), async_op, call.summary())
