@@ -39,7 +39,9 @@ FUZZ_CASES = 200
 # cases on it (test_multirank.py runs them in its 3-rank shared launch).
 ENV_VARIANTS = {"ring": {"DDL_SCHEDULE": "ring", "DDL_CHUNK_BYTES": "512"},
                 "one_shot": {"DDL_SCHEDULE": "one_shot", "DDL_CHUNK_BYTES": "512"},
-                "mpi": {"DDL_TRANSPORT": "mpi", "DDL_CHUNK_BYTES": "1024"}}
+                "mpi": {"DDL_TRANSPORT": "mpi", "DDL_CHUNK_BYTES": "1024"},
+                # The Triton kernels perform every reduction step (the launch sets TRITON_INTERPRET=1).
+                "triton": {"DDL_KERNELS": "triton", "DDL_CHUNK_BYTES": "2048"}}
 A2A_DTYPES = (torch.float32, torch.bfloat16, torch.int32, torch.int64)
 BCAST_DTYPES = (torch.float32, torch.bfloat16, torch.int64)
 RANDOM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -588,7 +590,8 @@ def run_quick_through_environment(ck: Checker, world, env: dict[str, str]) -> No
             else:
                 os.environ[k] = v
     o = comm.requested_options  # as given: a tuning table may change the chunk in force
-    wanted = {"DDL_SCHEDULE": ("schedule", str), "DDL_TRANSPORT": ("transport", str), "DDL_CHUNK_BYTES": ("chunk_bytes", int)}
+    wanted = {"DDL_SCHEDULE": ("schedule", str), "DDL_TRANSPORT": ("transport", str), "DDL_CHUNK_BYTES": ("chunk_bytes", int),
+              "DDL_KERNELS": ("kernels", str)}
     got = {k: getattr(o, wanted[k][0]) for k in env}
     ck.true("the environment reached the options", got == {k: wanted[k][1](v) for k, v in env.items()}, str(got))
     world.Barrier()
