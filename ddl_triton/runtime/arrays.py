@@ -10,9 +10,9 @@ and says how to hand the result back in the caller's own terms (``Given``):
   strides) is copied and written back. ``ml_dtypes.bfloat16`` arrays (what ``np.asarray`` makes of
   a JAX bfloat16 array) travel as torch.bfloat16. A read-only array cannot be written: refused
   where the result lands in it, read without a copy where it is only read (an ``input``).
-- any other object with ``__dlpack__`` (JAX, CuPy, TensorFlow where it has one): ``torch.from_dlpack``,
+- any other object with ``__dlpack__`` (JAX, CuPy, TensorFlow's eager tensors): ``torch.from_dlpack``,
   zero copy. Known mutable kinds (CuPy) are written in place and handed back as themselves. Any
-  other kind is treated as immutable (a JAX array is): read in place, but a collective that writes
+  other kind is treated as immutable (JAX arrays and TensorFlow tensors are): read in place, but a collective that writes
   (allreduce, broadcast) runs on a fresh torch copy and returns a NEW array of the caller's type,
   made from that copy by the caller's own ``from_dlpack`` (its ``__array_namespace__``, else its
   top-level module), bitwise the result. As an ``output`` an immutable array is refused.
@@ -33,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from ..ops import DTYPES
 from .calls.gpu_path import available as gpu_available
@@ -189,12 +190,18 @@ def _dlpack_device(x):
 
 def _maker(rank: int, x, name: str, kind: str):
     """``result tensor -> a new array of x's type``, found before anything is sent (a rank that
-    cannot hand back refuses the call instead of failing after the collective ran)."""
+    cannot hand back refuses the call instead of failing after the collective ran): the array API's
+    ``x.__array_namespace__().from_dlpack`` (JAX), else the type's top-level module's ``from_dlpack``,
+    else its ``experimental.dlpack.from_dlpack`` of a DLPack capsule (TensorFlow's eager tensors)."""
     namespace = getattr(x, "__array_namespace__", None)
     from_dlpack = getattr(namespace(), "from_dlpack", None) if namespace is not None else None
+    module = sys.modules.get(type(x).__module__.partition(".")[0])
     if from_dlpack is None:
-        module = sys.modules.get(type(x).__module__.partition(".")[0])
         from_dlpack = getattr(module, "from_dlpack", None)
+    if from_dlpack is None:  # TensorFlow's: tf.experimental.dlpack.from_dlpack, which takes a capsule
+        from_capsule = getattr(getattr(getattr(module, "experimental", None), "dlpack", None), "from_dlpack", None)
+        if from_capsule is not None:
+            return lambda result: from_capsule(to_dlpack(result))
     if from_dlpack is None:
         raise TypeError(f"rank {rank}: {name} is a {kind}, treated as immutable, and neither its "
                         "__array_namespace__ nor its module has from_dlpack to make the result one: pass a "

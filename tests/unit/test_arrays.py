@@ -302,3 +302,32 @@ def test_a_read_only_array_is_read_where_the_collective_only_reads_it():
 
     for out in world.run(rank_body):
         assert np.array_equal(out, np.concatenate([_values(0, 5), _values(1, 5)]))
+
+
+def test_tensorflow_eager_tensors_come_in_through_dlpack_and_go_back_as_new_tensors():
+    """The one test that imports TensorFlow (seconds): a tf.Tensor is immutable, like a JAX array."""
+    tf = pytest.importorskip("tensorflow", reason="the TensorFlow case needs tensorflow (the [tensorflow] extra)")
+    world, comms = _communicators(2)
+
+    def rank_body(rank: int):
+        comm, got = comms[rank], []
+        for dtype in (tf.float32, tf.bfloat16, tf.int64):
+            x = tf.constant(_values(rank, 13), dtype=dtype)
+            got.append((x, comm.allreduce(x), comm.broadcast(x, root=1)))
+        out = np.zeros(2 * 7, np.int32)
+        gathered = comm.all_gather(out, tf.constant(_values(rank, 7), dtype=tf.int32))
+        comm._issuer.close()
+        return got, out, gathered
+
+    results = world.run(rank_body)
+    total = _values(0, 13) + _values(1, 13)
+    for rank, (got, out, gathered) in enumerate(results):
+        for (x, summed, sent), dtype in zip(got, ("float32", "bfloat16", "int64")):
+            assert type(summed) is type(x) and summed is not x and summed.dtype == x.dtype, (rank, dtype)
+            assert np.array_equal(x.numpy().astype(np.float64), _values(rank, 13)), f"rank {rank}: {dtype} input changed"
+            assert np.array_equal(summed.numpy().astype(np.float64), total), (rank, dtype, summed)
+            assert np.array_equal(sent.numpy().astype(np.float64), _values(1, 13)), (rank, dtype, sent)
+            assert summed.numpy().tobytes() == results[0][0][[g[0].dtype for g in got].index(x.dtype)][1].numpy().tobytes()
+        assert gathered is out and np.array_equal(out, np.concatenate([_values(0, 7), _values(1, 7)]))
+    with pytest.raises(TypeError, match=r"rank 0: output is a tensorflow.*cannot be written in place"):
+        comms[0].all_gather(tf.zeros(2), np.ones(1, np.float32))
