@@ -1,0 +1,43 @@
+"""TensorFlow 2 and Keras 3 on ddl_triton, with Horovod's names: data-parallel training in two lines.
+
+    import ddl_triton.tensorflow as ddl_tf
+    ddl_tf.init()                                                   # ddl_triton.init(): ddlrun/mpiexec or env://
+    model.compile(optimizer=ddl_tf.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=...)
+    model.fit(x, y, callbacks=[ddl_tf.BroadcastGlobalVariablesCallback(root=0)])
+
+What lives here, one concept per file:
+
+    collectives.py  ``allreduce``, ``broadcast``, ``allgather``, ``broadcast_variables``; ``init``, ``rank``,
+                    ``size``: eager and inside ``tf.function``, each one stateful graph op that grappler
+                    never prunes and automatic control dependencies keep in program order;
+                    ``allreduce``'s gradient is an allreduce (sum -> sum, avg -> avg)
+    bridge.py       how a collective becomes a TF op: dtypes (TF -> NumPy -> torch, zero copy), the
+                    one-op call (the function itself when eager, ``tf.numpy_function`` in a graph),
+                    the communicator; refuses what the core does not reduce, naming the rank
+    fusion.py       ``GradientReducer``: averages a list of gradients in buckets (one collective per
+                    bucket of one dtype, like DDP's and Horovod's tensor fusion), compressed or not
+                    (ddl_triton/compression_methods.py), with error feedback kept per reducer
+    tape.py         ``DistributedGradientTape``: ``tape.gradient`` returns averaged gradients
+    optimizer.py    ``DistributedOptimizer``: a Keras 3 optimizer whose ``apply`` averages first
+    callbacks.py    ``BroadcastGlobalVariablesCallback``: rank 0's variables everywhere at ``fit``'s start
+
+It may import the rooms planning, runtime, schedules, transports and tuning (ddl_triton/_rooms.py),
+not ddl_triton.torch nor ddl_triton.jax. Importing it without TensorFlow installed raises ImportError
+naming the extra to install. docs/tensorflow.md says what works, what a call costs, what does not.
+"""
+from __future__ import annotations
+
+try:
+    import tensorflow as _tf  # noqa: F401 - fail here, with the extra to install, not deep in a call
+except ImportError as e:  # pragma: no cover - exercised by tests/unit/test_tensorflow.py in a stub world
+    raise ImportError("ddl_triton.tensorflow needs TensorFlow: pip install 'ddl_triton[tensorflow]' "
+                      f"(tensorflow-cpu 2.21 with Keras 3); importing it failed: {e}") from e
+
+from .callbacks import BroadcastGlobalVariablesCallback
+from .collectives import allgather, allreduce, broadcast, broadcast_variables, init, rank, size
+from .fusion import GradientReducer
+from .optimizer import DistributedOptimizer
+from .tape import DistributedGradientTape
+
+__all__ = ["BroadcastGlobalVariablesCallback", "DistributedGradientTape", "DistributedOptimizer", "GradientReducer",
+           "allgather", "allreduce", "broadcast", "broadcast_variables", "init", "rank", "size"]

@@ -1,0 +1,90 @@
+"""How a collective becomes a TensorFlow op: dtypes, the one-op call, the communicator.
+
+A collective here is a Python function over NumPy arrays that calls the world communicator
+(``ddl_triton.init()``). ``call`` runs it:
+
+- eagerly, the function itself, on the tensors' NumPy values: errors keep their type
+  (TypeError, ValueError, ``ddl_triton.DDLError``) and name the rank;
+- inside ``tf.function``, as ONE ``tf.numpy_function(..., stateful=True)`` op. A stateful op is
+  never pruned by grappler, even when its result is unused, nor merged with a twin, and
+  ``tf.function``'s automatic control dependencies chain the stateful ops of a function in
+  program order: a function with k collectives, called N times, makes exactly kN collectives,
+  in the order written, on every rank (tests/multirank/tf_worker.py counts them). An error
+  inside arrives as a ``tf.errors.OpError`` whose message is the core's (naming the rank).
+  XLA (``jit_compile=True``) cannot compile such an op: it is refused when TF traces it.
+
+Data moves without copies between NumPy and torch (``torch.from_numpy``; bfloat16, which NumPy
+lacks, travels as its 16-bit pattern viewed as ``torch.bfloat16``); the one copy per call is the
+input's into a fresh writable buffer, which becomes the result (TF tensors are immutable).
+
+dtypes reduced: float32, float64, float16, bfloat16, int32, int64 (the core's six). Any other
+(bool, int8, uint8, complex, string, ...) is refused before any communication, naming the rank.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+import torch
+
+from ..runtime import world
+
+# TF dtype -> (NumPy dtype of the buffer the core sees, torch dtype it is viewed as)
+_DTYPES = {
+    tf.float32: (np.float32, torch.float32), tf.float64: (np.float64, torch.float64),
+    tf.float16: (np.float16, torch.float16), tf.bfloat16: (np.uint16, torch.bfloat16),
+    tf.int32: (np.int32, torch.int32), tf.int64: (np.int64, torch.int64),
+}
+FLOATS = (tf.float32, tf.float64, tf.float16, tf.bfloat16)
+
+
+def comm():
+    """The world communicator: the one ``ddl_triton.init()`` made, else made now (ddlrun/mpiexec,
+    or env:// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Called when a collective is written
+    (eagerly, or while ``tf.function`` traces), so MPI starts on the user's thread, not TF's."""
+    return world.current() or world.init()
+
+
+def check_dtype(dtype, what: str, rank: int):
+    """``dtype`` as a ``tf.DType`` if the core reduces it, else TypeError naming the rank."""
+    dtype = tf.as_dtype(dtype)
+    if dtype not in _DTYPES:
+        raise TypeError(f"rank {rank}: ddl_triton.tensorflow.{what}: dtype {dtype.name} is not reduced; "
+                        f"use one of {', '.join(d.name for d in _DTYPES)}")
+    return dtype
+
+
+def as_torch(buf: np.ndarray, dtype) -> torch.Tensor:
+    """A torch view of ``buf`` (no copy), as the core takes it; bfloat16 from its 16-bit pattern."""
+    t = torch.from_numpy(buf)
+    return t.view(torch.bfloat16) if dtype == tf.bfloat16 else t
+
+
+def writable(value: np.ndarray, dtype) -> np.ndarray:
+    """A fresh C-contiguous buffer holding ``value`` (a NumPy value of a tensor of ``dtype``), in
+    the NumPy dtype the core sees: the one copy of a call, and later the result's memory."""
+    return np.array(np.asarray(value).view(_DTYPES[dtype][0]) if dtype == tf.bfloat16 else value,
+                    dtype=_DTYPES[dtype][0], order="C", copy=True)
+
+
+def empty(shape, dtype) -> np.ndarray:
+    return np.empty(shape, dtype=_DTYPES[dtype][0])
+
+
+def as_result(buf: np.ndarray, dtype) -> np.ndarray:
+    """``buf`` as the NumPy value of a tensor of ``dtype`` (bfloat16: its pattern viewed as TF's
+    NumPy bfloat16)."""
+    return buf.view(dtype.as_numpy_dtype) if dtype == tf.bfloat16 else buf
+
+
+def call(fn, tensors: list, out_dtypes: list, out_shapes: list, name: str) -> list:
+    """``fn(*numpy_values) -> list of numpy arrays`` as tensors of ``out_dtypes`` / ``out_shapes``:
+    run now when eager, else one stateful ``tf.numpy_function`` op (module doc)."""
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(fn(*[t.numpy() for t in tensors]), out_dtypes)]
+    if not tensors:  # a numpy_function needs an input to hang on; an empty list has nothing to reduce
+        return []
+    outs = tf.numpy_function(lambda *a: list(fn(*a)), tensors, list(out_dtypes), stateful=True, name=name)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for o, s in zip(outs, out_shapes):
+        o.set_shape(s)
+    return outs

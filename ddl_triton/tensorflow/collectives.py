@@ -1,0 +1,183 @@
+"""Collectives on TensorFlow tensors, with Horovod's names: eager and inside ``tf.function``.
+
+    init()                        the world communicator, ``ddl_triton.init(**kwargs)`` (idempotent)
+    rank(), size()                this rank and the world size
+    allreduce(t, op="sum")        op: "sum" | "avg" | "min" | "max"; a new tensor, every rank the same
+    broadcast(t, root=0)          root's tensor on every rank
+    allgather(t)                  every rank's tensor concatenated along axis 0 in rank order (the
+                                  first dimension may differ across ranks, the others may not)
+    broadcast_variables(vs, root=0)   each variable assigned root's value (fused: one broadcast per
+                                  dtype bucket)
+
+Each call is one stateful op (bridge.py): inside ``tf.function`` it runs exactly once per call of
+the function, in program order with the function's other collectives, never pruned even when its
+result is unused. Every rank must make the same calls in the same order, as with any collective.
+
+Gradients: ``allreduce`` with "sum" has the gradient ``allreduce(dy, "sum")``, with "avg"
+``allreduce(dy, "avg")`` (Horovod's), computed by a collective too, so every rank must take it;
+"min"/"max" have none (asking raises). ``allgather``'s gradient is this rank's rows of
+``allreduce(dy, "sum")``. ``broadcast`` is not differentiable (None), like an assignment.
+
+Errors: a dtype the core does not reduce (bool, int8, complex, string, ...), an unknown op, an
+"avg" of integers or a root out of range raise TypeError/ValueError naming the rank before any
+communication; a mismatch across ranks (shapes, dtypes) is the core's call check
+(``ddl_triton.errors.CollectiveMismatch`` eagerly; inside ``tf.function`` a ``tf.errors.OpError``
+carrying its message).
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from . import bridge
+from ..runtime import world
+from .fusion import plan_buckets
+
+_OPS = ("sum", "avg", "min", "max")
+_MAX_DIMS = 8  # allgather sends each rank's shape in a fixed-size vector
+
+
+def init(**kwargs):
+    """The world communicator: ``ddl_triton.init(**kwargs)`` (ddlrun/mpiexec, or env:// RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no torch.distributed call needed). Idempotent."""
+    from ..runtime import world
+    return world.init(**kwargs)
+
+
+def rank() -> int:
+    """This process's rank in the world communicator (made now if need be)."""
+    return bridge.comm().rank
+
+
+def size() -> int:
+    """The number of ranks in the world communicator (made now if need be)."""
+    return bridge.comm().size
+
+
+def allreduce(tensor, op: str = "sum", name: str | None = None):
+    """``tensor`` reduced over every rank with ``op``, as a new tensor (module doc).
+    Example (2 ranks): allreduce(tf.constant([1, 2]) * (rank() + 1)) -> [3, 6] on both."""
+    comm = bridge.comm()
+    t = tf.convert_to_tensor(tensor)
+    dtype = bridge.check_dtype(t.dtype, "allreduce", comm.rank)
+    if op not in _OPS:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.allreduce: op must be one of {', '.join(_OPS)}, "
+                         f"got {op!r}")
+    if op == "avg" and not dtype.is_floating:
+        raise TypeError(f"rank {comm.rank}: ddl_triton.tensorflow.allreduce: op 'avg' needs a float tensor, got "
+                        f"{dtype.name} (a mean that truncates is rarely meant; use 'sum')")
+    return _allreduce(t, op, dtype, comm, name or "ddl_allreduce")
+
+
+def _allreduce(t, op, dtype, comm, name):
+    def run(value):
+        buf = bridge.writable(value, dtype)
+        comm.allreduce(bridge.as_torch(buf, dtype), op=op)
+        return [bridge.as_result(buf, dtype)]
+
+    @tf.custom_gradient
+    def reduced(x):
+        y = bridge.call(run, [x], [dtype], [x.shape], name)[0]
+
+        def grad(dy):
+            if op not in ("sum", "avg"):
+                raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.allreduce: op {op!r} has no gradient")
+            return _allreduce(tf.convert_to_tensor(dy), op, dtype, comm, name + "_grad")
+        return y, grad
+
+    return reduced(t)
+
+
+def broadcast(tensor, root: int = 0, name: str | None = None):
+    """Root's ``tensor`` on every rank, as a new tensor (not differentiable).
+    Example (2 ranks): broadcast(tf.fill([2], rank()), root=1) -> [1, 1] on both."""
+    comm = bridge.comm()
+    t = tf.convert_to_tensor(tensor)
+    dtype = bridge.check_dtype(t.dtype, "broadcast", comm.rank)
+    _check_root(comm, root, "broadcast")
+
+    def run(value):
+        buf = bridge.writable(value, dtype)
+        comm.broadcast(bridge.as_torch(buf, dtype), root=root)
+        return [bridge.as_result(buf, dtype)]
+
+    return tf.stop_gradient(bridge.call(run, [t], [dtype], [t.shape], name or "ddl_broadcast")[0])
+
+
+def allgather(tensor, name: str | None = None):
+    """Every rank's ``tensor`` concatenated along axis 0, in rank order (two collectives: the
+    shapes, then the data padded to the longest). Ranks whose tensors differ beyond the first
+    dimension, or in rank, raise ValueError on every rank.
+    Example (2 ranks): allgather(tf.fill([rank() + 1], rank())) -> [0, 1, 1] on both."""
+    comm = bridge.comm()
+    t = tf.convert_to_tensor(tensor)
+    dtype = bridge.check_dtype(t.dtype, "allgather", comm.rank)
+    if t.shape.rank is None or t.shape.rank == 0 or t.shape.rank > _MAX_DIMS:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.allgather: needs a tensor of known rank 1.."
+                         f"{_MAX_DIMS}, got shape {t.shape}")
+
+    def run(value):
+        value = np.asarray(value)
+        mine = np.full(_MAX_DIMS + 1, -1, dtype=np.int64)
+        mine[0], mine[1: 1 + value.ndim] = value.ndim, value.shape
+        shapes = np.empty(comm.size * (_MAX_DIMS + 1), dtype=np.int64)
+        comm.all_gather(bridge.as_torch(shapes, tf.int64), bridge.as_torch(mine, tf.int64))
+        shapes = shapes.reshape(comm.size, _MAX_DIMS + 1)
+        if any((s[0], *s[2: 1 + s[0]]) != (mine[0], *mine[2: 1 + mine[0]]) for s in shapes):
+            raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.allgather: the ranks' shapes differ beyond "
+                             f"the first dimension: {[tuple(s[1: 1 + s[0]]) for s in shapes]}")
+        rows = shapes[:, 1].copy()
+        longest, inner = int(rows.max()), value.shape[1:]
+        send = bridge.empty((longest, *inner), dtype)
+        send[: value.shape[0]] = value.view(send.dtype) if dtype == tf.bfloat16 else value
+        got = bridge.empty((comm.size * longest, *inner), dtype)
+        comm.all_gather(bridge.as_torch(got, dtype), bridge.as_torch(send, dtype))
+        got = got.reshape(comm.size, longest, *inner)
+        out = np.concatenate([got[r, : rows[r]] for r in range(comm.size)]) if comm.size else got
+        return [bridge.as_result(np.ascontiguousarray(out), dtype), rows]
+
+    @tf.custom_gradient
+    def gathered(x):
+        y, rows = bridge.call(run, [x], [dtype, tf.int64], [tf.TensorShape([None]).concatenate(x.shape[1:]),
+                                                              tf.TensorShape([comm.size])], name or "ddl_allgather")
+
+        def grad(dy):
+            summed = _allreduce(tf.convert_to_tensor(dy), "sum", dtype, comm, "ddl_allgather_grad")
+            start = tf.reduce_sum(rows[: comm.rank])
+            return summed[start: start + rows[comm.rank]]
+        return y, grad
+
+    return gathered(t)
+
+
+def broadcast_variables(variables, root: int = 0) -> None:
+    """Assign root's value to each of ``variables`` (tf.Variable or Keras variables), on every rank:
+    one broadcast per bucket of one dtype (fusion.plan_buckets), eager or inside ``tf.function``."""
+    comm = bridge.comm()
+    _check_root(comm, root, "broadcast_variables")
+    variables = list(variables)
+    values = [tf.convert_to_tensor(v) for v in variables]
+    dtypes = [bridge.check_dtype(v.dtype, "broadcast_variables", comm.rank) for v in values]
+
+    def run(*arrays):
+        shapes = [np.shape(a) for a in arrays]
+        out = [None] * len(arrays)
+        for dtype, members, total in plan_buckets(shapes, dtypes, 64 * 1024 * 1024):
+            buf = bridge.empty((total,), dtype)
+            for i, start, numel in members:
+                a = np.asarray(arrays[i])
+                buf[start: start + numel] = (a.view(buf.dtype) if dtype == tf.bfloat16 else a).reshape(-1)
+            comm.broadcast(bridge.as_torch(buf, dtype), root=root)
+            result = bridge.as_result(buf, dtype)
+            for i, start, numel in members:
+                out[i] = result[start: start + numel].reshape(shapes[i])
+        return out
+
+    for v, new in zip(variables, bridge.call(run, values, dtypes, [x.shape for x in values], "ddl_broadcast_vars")):
+        v.assign(new)
+
+
+def _check_root(comm, root, what: str) -> None:
+    if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < comm.size:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.{what}: root must be a rank in [0, {comm.size}), "
+                         f"got {root!r}")
