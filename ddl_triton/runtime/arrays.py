@@ -127,10 +127,15 @@ def _numpy(rank: int, x: np.ndarray, name: str, role: str) -> Given:
                          "collective writes its result into it: pass a writable array, or a writable copy "
                          "(np.array(x)) and use the result the call returns")
     if not writes:
-        try:  # DLPack reads a read-only array without torch's warning about writing into it
-            t = torch.from_dlpack(x.view(np.uint16) if bf16 else x)
-        except (BufferError, RuntimeError, ValueError, TypeError):
-            t = torch.from_numpy(np.ascontiguousarray(x.view(np.uint16) if bf16 else x))
+        # DLPack reads a read-only array without torch's warning about writing into it. Negative
+        # strides never go to torch.from_dlpack: torch 2.13 aborts the process on them (a C++
+        # error it does not turn into a Python one); a contiguous copy is read instead.
+        raw = x.view(np.uint16) if bf16 else x
+        try:
+            t = torch.from_dlpack(raw) if min(x.strides, default=0) >= 0 else None
+        except (BufferError, RuntimeError, TypeError, ValueError):  # e.g. misaligned: numpy will not export it
+            t = None
+        t = torch.from_numpy(np.ascontiguousarray(raw)) if t is None else t
         return Given(t.view(torch.bfloat16) if bf16 else t, _itself(x))
     try:
         t = torch.from_numpy(x.view(np.uint16) if bf16 else x)
@@ -165,6 +170,9 @@ def _dlpack(rank: int, x, name: str, role: str) -> Given:
         raise TypeError(f"rank {rank}: {name} is a {kind}, which cannot be written in place (treated as immutable: "
                         "only numpy, torch and CuPy arrays are written through); pass a writable numpy array, "
                         "torch tensor or CuPy array as the output")
+    if min(getattr(x, "strides", None) or (0,)) < 0:  # torch.from_dlpack would abort the process (above)
+        raise ValueError(f"rank {rank}: {name} is a {kind} with negative strides, which torch cannot take "
+                         "through DLPack: pass a contiguous copy (e.g. xp.ascontiguousarray(x)) and use the result")
     make = None if mutable or role == READ else _maker(rank, x, name, kind)
     try:
         t = torch.from_dlpack(x)

@@ -242,6 +242,10 @@ class _Immutable:
         return self._data.__dlpack_device__()
 
 
+class _Backwards(_Immutable):
+    strides = (-4,)  # as a reversed view's: torch.from_dlpack would abort the process on it
+
+
 class _OnGpu(_Immutable):
     def __dlpack_device__(self):
         return (2, 0)  # DLPack's kDLCUDA
@@ -273,6 +277,8 @@ BAD_INPUT = {
                    r"output is a jaxlib.*cannot be written in place.*pass a writable numpy array"),
     "no way back": (lambda c: c.allreduce(_Immutable(np.ones(3, np.float32))), TypeError,
                     "neither its __array_namespace__ nor its module has from_dlpack"),
+    "negative strides through DLPack": (lambda c: c.allreduce(_Backwards(np.ones(3, np.float32))), ValueError,
+                                        "with negative strides, which torch cannot take through DLPack"),
     "gpu array, no gpu path": (lambda c: c.allreduce(_OnGpu(np.ones(3, np.float32))), ValueError,
                                r"on a GPU \(DLPack device \(2, 0\)\), but this process has no GPU path"),
     "mismatched sizes": (lambda c: c.all_gather(np.zeros(5 * c.size, np.float32), np.ones(4, np.float32)),
@@ -295,13 +301,15 @@ def test_a_read_only_array_is_read_where_the_collective_only_reads_it():
     world, comms = _communicators(2)
 
     def rank_body(rank: int):
-        out = np.zeros(2 * 5, np.float32)
+        out, backwards = np.zeros(2 * 5, np.float32), np.zeros(2 * 5, np.float32)
         comms[rank].all_gather(out, _read_only(_values(rank, 5).astype(np.float32)))
+        comms[rank].all_gather(backwards, _read_only(_values(rank, 5).astype(np.float32))[::-1])  # no torch view
         comms[rank]._issuer.close()
-        return out
+        return out, backwards
 
-    for out in world.run(rank_body):
+    for out, backwards in world.run(rank_body):
         assert np.array_equal(out, np.concatenate([_values(0, 5), _values(1, 5)]))
+        assert np.array_equal(backwards, np.concatenate([_values(0, 5)[::-1], _values(1, 5)[::-1]]))
 
 
 def test_tensorflow_eager_tensors_come_in_through_dlpack_and_go_back_as_new_tensors():
