@@ -1,0 +1,53 @@
+"""JAX on ddl_triton: Horovod's names for collectives, gradients and optax, over a ddl Communicator.
+
+What lives here (one concept per file):
+
+    world.py        ``init``, ``rank``, ``size``, ``local_rank``, ``local_size``: the communicator
+                    ``ddl_triton.init()`` gives (MPI under ddlrun/mpiexec, else env://), used by
+                    default by every function below (each also takes ``comm=``)
+    host.py         what runs on the host inside JAX's callbacks: leaves fused into buckets, numpy
+                    buffers handed to the communicator, the results split back (never seen by users)
+    collectives.py  ``allreduce``, ``allgather``, ``broadcast``: eager and inside ``jax.jit``, each an
+                    ordered ``io_callback`` under ``jax.custom_vjp`` (once per call, in program order),
+                    differentiable where the rule is defined
+    gradients.py    ``allreduce_gradients`` (a pytree in, a pytree out, one collective per bucket) and
+                    ``GradientCompression``, the host-held error feedback of int8 / 1-bit / auto
+    optimizer.py    ``distributed(tx)`` (Horovod's DistributedOptimizer, for optax) and ``broadcast_params``
+
+Example (run under ``ddlrun -n 2 -- python train.py``, ``mpiexec``, or with RANK/WORLD_SIZE/MASTER_ADDR/
+MASTER_PORT set)::
+
+    import jax, optax
+    import ddl_triton.jax as ddj
+
+    ddj.init()
+    params = ddj.broadcast_params(params, root=0)
+    tx = ddj.distributed(optax.adam(1e-3))               # gradients averaged (and optionally compressed)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        grads = jax.grad(loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+This room may import the runtime, tuning (``compression="auto"``'s rule), the core modules
+(``compression_methods``, ``errors``) and ``ddl_triton.init``; never ``ddl_triton.torch`` or
+``ddl_triton.tensorflow``. docs/jax.md says what each call costs and what does not work (``vmap``).
+"""
+from __future__ import annotations
+
+try:
+    import jax as _jax  # noqa: F401
+    import optax as _optax  # noqa: F401
+except ImportError as _missing:  # the extra is not installed: say which one
+    raise ImportError(f"ddl_triton.jax needs JAX and optax ({_missing}); install them with "
+                      "pip install 'ddl_triton[jax]'") from _missing
+
+from .collectives import allgather, allreduce, broadcast
+from .gradients import GradientCompression, allreduce_gradients
+from .optimizer import broadcast_params, distributed
+from .world import init, local_rank, local_size, rank, size
+
+__all__ = ["GradientCompression", "allgather", "allreduce", "allreduce_gradients", "broadcast", "broadcast_params",
+           "distributed", "init", "local_rank", "local_size", "rank", "size"]

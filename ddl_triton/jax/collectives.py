@@ -1,0 +1,190 @@
+"""``allreduce``, ``allgather``, ``broadcast`` for JAX arrays: eager, inside ``jax.jit``, under ``jax.grad``.
+
+Each call is one ordered ``jax.experimental.io_callback`` (host.py runs the collective on the
+host) under a ``jax.custom_vjp``. Ordered effects are what make a collective safe inside a
+compiled program: XLA may neither drop it (its result unused), nor repeat it, nor move it past
+another ordered effect, so a jitted function called N times runs its collectives exactly N times,
+in program order, on every rank, as the other ranks' matching calls need. (``pure_callback``
+promises none of that: a skipped or reordered collective deadlocks the peers until the deadline.)
+
+Semantics (n ranks, x_r rank r's array; the same shape and dtype on every rank, else the call
+check raises on every rank, naming it):
+
+    allreduce(x, op)      every rank: sum_r x_r (op "sum"), its mean ("avg": the sum times fp32(1/n),
+                          floats only), elementwise min or max; bitwise identical on every rank
+    allgather(x)          concat(x_0, ..., x_{n-1}) along axis 0 (a 0-d x: the vector of the n values)
+    broadcast(tree, root) the pytree as rank ``root`` holds it, every leaf bit for bit (any dtype)
+
+Gradients (the data-parallel convention, Horovod's: the loss is the sum of the ranks' losses):
+
+    allreduce "sum"       the cotangent's allreduce-sum;  "avg": its allreduce-avg
+    allreduce min/max     not defined: NotImplementedError when differentiated (the argmin's rank
+                          would have to be agreed on; reduce the value, not its gradient)
+    allgather             the cotangent's reduce_scatter-sum: rank r gets the sum of block r
+    broadcast             the cotangent's allreduce-sum on the root, zeros elsewhere
+
+Forward-mode (``jax.jvp``, ``jax.jacfwd``) is JAX's custom_vjp rule: refused by JAX. ``jax.vmap``
+is refused by JAX ("Cannot `vmap` ordered IO callback"): a batched collective would need every
+rank to batch alike; loop instead, or stack the batch into one array. docs/jax.md has the costs.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from . import host, world
+
+__all__ = ["allgather", "allreduce", "broadcast"]
+
+OPS = ("sum", "avg", "min", "max")
+_LINEAR = ("sum", "avg")
+
+
+def allreduce(x, op: str = "sum", *, comm=None):
+    """The reduction of ``x`` over the ranks (module doc); a new JAX array on every rank.
+    ``x``: a JAX or NumPy array (or scalar) of float32, float16, bfloat16, float64, int32 or int64.
+    Example (2 ranks): rank r passes jnp.full(3, r + 1.0) -> both [3., 3., 3.]; op "avg" -> [1.5, 1.5, 1.5]."""
+    comm = world.resolve(comm)
+    x = jnp.asarray(x)
+    check_reduced(comm, "allreduce", [x], op)
+    return _allreduce_fn(comm, op, host.BUCKET_BYTES)((x,))[0]
+
+
+def allgather(x, *, comm=None):
+    """The ranks' ``x`` concatenated along axis 0 in rank order (module doc); any dtype.
+    Example (2 ranks): rank r passes jnp.array([r, r]) -> both [0, 0, 1, 1]."""
+    comm = world.resolve(comm)
+    return _allgather_fn(comm)(jnp.asarray(x))
+
+
+def broadcast(tree, root: int = 0, *, comm=None):
+    """The pytree ``tree`` as rank ``root`` holds it, on every rank (module doc); leaves fused into
+    buckets of bytes (host.py), so a model's parameters take a few collectives, not one per leaf.
+    Example: broadcast({"w": w, "step": jnp.int32(k)}, root=0) -> rank 0's w and k everywhere."""
+    comm = world.resolve(comm)
+    root = check_root(comm, root)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not leaves:
+        return tree
+    out = _broadcast_fn(comm, root, host.BUCKET_BYTES)(tuple(jnp.asarray(v) for v in leaves))
+    return jax.tree_util.tree_unflatten(treedef, list(out))
+
+
+# -- shared with gradients.py ----------------------------------------------------------------
+def check_reduced(comm, what: str, leaves, op: str) -> None:
+    """Refuse, at trace time (so on every rank alike, before anything is sent), an op the core
+    does not know, a dtype it does not reduce, or "avg" of integers (a truncating mean)."""
+    if op not in OPS:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.jax.{what}: op must be one of {', '.join(OPS)}, got {op!r}")
+    for leaf in leaves:
+        name = np.dtype(leaf.dtype).name
+        if name not in host.REDUCED_DTYPES:
+            raise TypeError(f"rank {comm.rank}: ddl_triton.jax.{what}: dtype {name} is not reduced by ddl_triton "
+                            f"(it reduces {', '.join(host.REDUCED_DTYPES)}); cast it first")
+        if op == "avg" and not jnp.issubdtype(leaf.dtype, jnp.floating):
+            raise TypeError(f"rank {comm.rank}: ddl_triton.jax.{what}: op 'avg' of {name} would truncate; "
+                            "use op='sum' and divide, or cast to a float first")
+
+
+def check_root(comm, root) -> int:
+    if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < comm.size:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.jax.broadcast: root must be a rank in [0, {comm.size}), "
+                         f"got {root!r}")
+    return int(root)
+
+
+def ordered(fn, args, shapes):
+    """``fn(*args)`` on the host as an ordered effect: once per execution, in program order."""
+    return tuple(io_callback(fn, list(shapes), *args, ordered=True))
+
+
+def like(xs):
+    return [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
+
+
+def reduced_cotangents(run, gs):
+    """``run`` (an ordered collective over a tuple) applied to the cotangents that carry values;
+    float0 cotangents (of integer leaves) pass through untouched."""
+    real = [i for i, g in enumerate(gs) if g.dtype != jax.dtypes.float0]
+    out = list(gs)
+    if real:
+        for i, r in zip(real, run(tuple(gs[i] for i in real))):
+            out[i] = r
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _allreduce_fn(comm, op: str, bucket_bytes: int):
+    """The custom_vjp allreduce of a tuple of arrays over ``comm`` (one function per comm, op and
+    bucket size, so jit's cache sees the same function every call)."""
+    def on_host(*xs):
+        return host.allreduce(comm, op, xs, bucket_bytes)
+
+    def run(xs):
+        return ordered(on_host, xs, like(xs))
+
+    f = jax.custom_vjp(run)
+
+    def fwd(xs):
+        if op not in _LINEAR:
+            raise NotImplementedError(f"rank {comm.rank}: ddl_triton.jax.allreduce: no gradient is defined for "
+                                      f"op {op!r} (only 'sum' and 'avg'); reduce the value under "
+                                      "jax.lax.stop_gradient")
+        return f(xs), None
+
+    def bwd(_, gs):
+        return (reduced_cotangents(run, gs),)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+@functools.lru_cache(maxsize=256)
+def _allgather_fn(comm):
+    def gather(x):
+        shape = (comm.size * x.shape[0], *x.shape[1:]) if x.ndim else (comm.size,)
+        return ordered(lambda v: host.allgather(comm, v), (x,), [jax.ShapeDtypeStruct(shape, x.dtype)])[0]
+
+    f = jax.custom_vjp(gather)
+
+    def fwd(x):
+        return f(x), (x.shape,)
+
+    def bwd(res, g):
+        (shape,) = res
+        if g.dtype == jax.dtypes.float0:
+            return (np.zeros(shape, dtype=jax.dtypes.float0),)
+        out = ordered(lambda v: host.reduce_scatter(comm, v, shape), (g,), [jax.ShapeDtypeStruct(shape, g.dtype)])
+        return (out[0],)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+@functools.lru_cache(maxsize=256)
+def _broadcast_fn(comm, root: int, bucket_bytes: int):
+    def on_host(*xs):
+        return host.broadcast(comm, root, xs, bucket_bytes)
+
+    def run(xs):
+        return ordered(on_host, xs, like(xs))
+
+    f = jax.custom_vjp(run)
+
+    def fwd(xs):
+        return f(xs), None
+
+    def to_root(*gs):  # the cotangents' sum lands on the root; the others' inputs did not count
+        summed = host.allreduce(comm, "sum", gs, bucket_bytes)
+        return summed if comm.rank == root else [np.zeros_like(s) for s in summed]
+
+    def bwd(_, gs):
+        check_reduced(comm, "broadcast (its gradient)", [g for g in gs if g.dtype != jax.dtypes.float0], "sum")
+        return (reduced_cotangents(lambda ts: ordered(to_root, ts, like(ts)), gs),)
+
+    f.defvjp(fwd, bwd)
+    return f

@@ -1,0 +1,211 @@
+"""``allreduce_gradients``: a pytree of gradients averaged over the ranks, fused into buckets, optionally compressed.
+
+    grads = allreduce_gradients(grads)                                  # fp32 average, lossless
+    grads = allreduce_gradients(grads, compression="int8")              # int8 on the wire, error feedback
+    gc = GradientCompression("onebit"); grads = allreduce_gradients(grads, compression=gc)
+
+The leaves are fused into buckets (host.py: per dtype, up to ``bucket_bytes``, 25 MiB as DDP's)
+and each bucket is one collective, run by one ordered ``io_callback`` for the whole pytree: once
+per call, in program order, eager or inside ``jax.jit``. Uncompressed, the result is bitwise what
+``allreduce`` of each leaf gives, and differentiable like it (the cotangents are averaged).
+
+Compression is a choice of ddl_triton/compression_methods.py (``compression_methods.choices()``):
+
+    "none"            full precision (the default)
+    a method's name   that method's allreduce over the whole communicator for every float32 /
+                      float16 / bfloat16 bucket (int8: block quantization; onebit: sign + scale;
+                      fp16 / bf16: 16-bit on the wire), as the DDP hooks run it (docs/compression.md);
+                      other dtypes (float64, integers) stay in full precision
+    "auto"            per bucket, what ddl_triton/tuning/auto_compression.py decides for its size: full
+                      precision inside a host (shm), a method between hosts only where it pays,
+                      per level (runtime/compression/per_level.py); on one host, always "none"
+
+Error feedback is state, and this module keeps it explicitly, on the host: a
+:class:`GradientCompression` holds, per bucket, what compression lost (fp32, the bucket's size; for
+1-bit also the server's chunk) and adds it to that bucket's next gradient. The callback updates it
+in place, once per executed call, so it works unchanged inside ``jax.jit`` (a jitted step's
+optimizer state need not carry it). Hold one per gradient pytree (a model): buckets are keyed by
+their index and checked by size, and one whose size changed restarts from zero (``residual_resets``).
+A string names the communicator's shared default state for that method (``GradientCompression.
+shared``); ``distributed(tx, compression=...)`` makes its own. Compressed calls are not
+differentiable (NotImplementedError under ``jax.grad``).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from . import host, world
+from .collectives import _allreduce_fn, check_reduced, like, ordered
+from .. import compression_methods
+from ..runtime.compression import compressed, per_level
+from ..tuning import auto_compression
+
+__all__ = ["GradientCompression", "allreduce_gradients"]
+
+
+def allreduce_gradients(grads, op: str = "avg", compression="none", *, comm=None,
+                        bucket_bytes: int = host.BUCKET_BYTES):
+    """The ranks' ``grads`` (a pytree of arrays, alike on every rank) reduced with ``op`` ("avg" or
+    "sum"; "min"/"max" uncompressed only), as a pytree of the same structure (module doc).
+    ``compression``: "none", a method's name, "auto", or a :class:`GradientCompression`.
+    Example (2 ranks): {"w": jnp.full(3, r)} on rank r -> {"w": [0.5, 0.5, 0.5]} on both."""
+    leaves, treedef = jax.tree_util.tree_flatten(grads)
+    if not leaves:
+        return grads
+    state = compression if isinstance(compression, GradientCompression) else None
+    comm = state.comm if state is not None else world.resolve(comm)
+    leaves = tuple(jnp.asarray(v) for v in leaves)
+    check_reduced(comm, "allreduce_gradients", leaves, op)
+    if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.jax.allreduce_gradients: bucket_bytes must be a positive "
+                         f"int, got {bucket_bytes!r}")
+    if state is None:
+        if not isinstance(compression, str):
+            raise TypeError(f"rank {comm.rank}: ddl_triton.jax.allreduce_gradients: compression must be a name "
+                            f"({', '.join(compression_methods.choices())}) or a GradientCompression, "
+                            f"got {type(compression).__name__}")
+        compression_methods.check_choice(compression, f"rank {comm.rank}: ddl_triton.jax compression")
+        if compression == compression_methods.NONE:
+            out = _allreduce_fn(comm, op, bucket_bytes)(leaves)
+            return jax.tree_util.tree_unflatten(treedef, list(out))
+        state = GradientCompression.shared(comm, compression)
+    if op not in ("avg", "sum"):
+        raise ValueError(f"rank {comm.rank}: ddl_triton.jax.allreduce_gradients: compression "
+                         f"{state.method!r} averages or sums (op 'avg' or 'sum'), got op {op!r}")
+    out = _compressed_fn(state, op, bucket_bytes)(leaves)
+    return jax.tree_util.tree_unflatten(treedef, list(out))
+
+
+class GradientCompression:
+    """Error feedback and choices of compressed ``allreduce_gradients`` calls (module doc).
+
+    method: a method of ddl_triton/compression_methods.py, or "auto" ("none": nothing to keep).
+    block: the int8 quantization block (a power of two in [4, 65536]). error_feedback: keep
+    what compression lost and send it with the bucket's next gradient. ``calls``: buckets
+    compressed so far; ``decisions``: "auto"'s choice per bucket size ({nbytes: Decision}).
+    Building the per-level groups and probing the link ("auto") is collective: it happens inside
+    the first call, at the same point on every rank."""
+
+    def __init__(self, method: str = compression_methods.DEFAULT, *, comm=None, block: int = 256,
+                 error_feedback: bool = True):
+        self.comm = world.resolve(comm)
+        compression_methods.check_choice(method, f"rank {self.comm.rank}: GradientCompression method")
+        if method == compression_methods.NONE:
+            raise ValueError(f"rank {self.comm.rank}: GradientCompression: method 'none' keeps no state; "
+                             "call allreduce_gradients(grads) without compression")
+        if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
+            raise ValueError(f"rank {self.comm.rank}: GradientCompression: block must be a power of two in "
+                             f"[4, 65536], got {block!r}")
+        self.method, self.block, self.error_feedback = method, block, bool(error_feedback)
+        self.calls = 0
+        self.residual_resets = 0
+        self.decisions: dict = {}
+        self._residuals: dict = {}
+        self._levels = None
+        self._speeds = None
+
+    @staticmethod
+    def shared(comm, method: str) -> "GradientCompression":
+        """The communicator's default state for ``method`` (what a string ``compression=`` uses)."""
+        return _shared(comm, method)
+
+    def reset(self) -> None:
+        """Forget every residual (e.g. after restoring a checkpoint)."""
+        self._residuals.clear()
+
+    def close(self) -> None:
+        """Close the per-level groups "auto" made (never ``comm``)."""
+        if self._levels is not None:
+            self._levels.close()
+            self._levels = None
+
+    def __repr__(self) -> str:
+        return (f"GradientCompression({self.method!r}, rank={self.comm.rank}, size={self.comm.size}, "
+                f"calls={self.calls}, residual_resets={self.residual_resets})")
+
+    # -- on the host, inside the callback ---------------------------------------------------------
+    def _reduce(self, op: str, arrays, bucket_bytes: int):
+        return host.allreduce(self.comm, op, arrays, bucket_bytes, reduce=lambda buf, i: self._bucket(buf, i, op))
+
+    def _bucket(self, buf: np.ndarray, index: int, op: str) -> None:
+        t = host.torch_view(buf)
+        method = self.method
+        if method == compression_methods.AUTO:
+            method = self._decide(buf.nbytes).method
+        row = None if method == compression_methods.NONE else compression_methods.get(method)
+        if row is None or str(t.dtype).removeprefix("torch.") not in row.dtypes:
+            self.comm.allreduce(t, op=op)
+            return
+        self.calls += 1
+        if self.method == compression_methods.AUTO:  # per level: shm inside a host, ``method`` between
+            lv = self._levels
+            w, s = per_level.residual_sizes(lv, method, t.numel(), block=self.block)
+            worker, server = self._residual(index, "per-level " + method, w, s) if self.error_feedback else (None,) * 2
+            per_level.allreduce(lv, t, method=method, op=op, block=self.block, residual=worker, server_residual=server)
+            return
+        worker = server = None
+        if self.error_feedback and row.worker_residual:
+            server_n = None
+            if row.server_residual:  # the server residual covers this rank's chunk
+                a, b = compressed.chunk_bounds(t.numel(), self.comm.size, row.align(self.block))[self.comm.rank]
+                server_n = b - a
+            worker, server = self._residual(index, method, t.numel(), server_n)
+        row.run(self.comm, t, op=op, block=self.block, residual=worker, server_residual=server)
+
+    def _decide(self, nbytes: int):
+        held = self.decisions.get(nbytes)
+        if held is not None:
+            return held
+        if self._levels is None:
+            self._levels = per_level.Levels(self.comm)
+        lv = self._levels
+        table = getattr(self.comm.planner, "table", None)
+        section = getattr(table, "compression", None) if table is not None else None
+        d = auto_compression.from_table(section, nbytes, lv.hosts) if section else None
+        if d is None:
+            if lv.hosts > 1 and lv.uniform and self._speeds is None:
+                self._speeds = auto_compression.probe(lv)
+            link, speed = self._speeds or (None, None)
+            d = auto_compression.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform,
+                                        block=self.block)
+        self.decisions[nbytes] = d
+        return d
+
+    def _residual(self, index: int, kind: str, numel: int, server_numel):
+        """(worker, server) residuals of bucket ``index``: zeros when new, resized or of another kind."""
+        held = self._residuals.get(index)
+        if held is not None and held[0] == (kind, numel, server_numel):
+            return held[1], held[2]
+        if held is not None:
+            self.residual_resets += 1
+        worker = torch.zeros(numel, dtype=torch.float32)
+        server = None if server_numel is None else torch.zeros(server_numel, dtype=torch.float32)
+        self._residuals[index] = ((kind, numel, server_numel), worker, server)
+        return worker, server
+
+
+@functools.lru_cache(maxsize=64)
+def _shared(comm, method: str) -> GradientCompression:
+    return GradientCompression(method, comm=comm)
+
+
+@functools.lru_cache(maxsize=256)
+def _compressed_fn(state: GradientCompression, op: str, bucket_bytes: int):
+    """The compressed allreduce of a tuple of leaves with ``state`` (one ordered callback per call)."""
+    def run(xs):
+        return ordered(lambda *arrays: state._reduce(op, arrays, bucket_bytes), xs, like(xs))
+
+    f = jax.custom_vjp(run)
+
+    def fwd(xs):
+        raise NotImplementedError(f"rank {state.comm.rank}: ddl_triton.jax.allreduce_gradients: a compressed "
+                                  f"allreduce ({state.method!r}) has no gradient; differentiate before averaging, "
+                                  "or use compression='none'")
+
+    f.defvjp(fwd, lambda res, gs: gs)
+    return f
