@@ -13,9 +13,10 @@ A collective here is a Python function over NumPy arrays that calls the world co
   inside arrives as a ``tf.errors.OpError`` whose message is the core's (naming the rank).
   XLA (``jit_compile=True``) cannot compile such an op: it is refused when TF traces it.
 
-Data moves without copies between NumPy and torch (``torch.from_numpy``; bfloat16, which NumPy
-lacks, travels as its 16-bit pattern viewed as ``torch.bfloat16``); the one copy per call is the
-input's into a fresh writable buffer, which becomes the result (TF tensors are immutable).
+The core takes NumPy arrays in place, without a copy (ddl_triton/runtime/arrays.py; bfloat16 as
+TF's NumPy bfloat16, ``ml_dtypes.bfloat16``); the one copy per call is the input's into a fresh
+writable buffer, which becomes the result (TF tensors are immutable). The compressed allreduces
+take torch tensors: ``as_torch`` views the same buffer, again without a copy.
 
 dtypes reduced: float32, float64, float16, bfloat16, int32, int64 (the core's six). Any other
 (bool, int8, uint8, complex, string, ...) is refused before any communication, naming the rank.
@@ -28,13 +29,7 @@ import torch
 
 from ..runtime import world
 
-# TF dtype -> (NumPy dtype of the buffer the core sees, torch dtype it is viewed as)
-_DTYPES = {
-    tf.float32: (np.float32, torch.float32), tf.float64: (np.float64, torch.float64),
-    tf.float16: (np.float16, torch.float16), tf.bfloat16: (np.uint16, torch.bfloat16),
-    tf.int32: (np.int32, torch.int32), tf.int64: (np.int64, torch.int64),
-}
-FLOATS = (tf.float32, tf.float64, tf.float16, tf.bfloat16)
+_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)  # the core's six
 
 
 def comm():
@@ -53,27 +48,21 @@ def check_dtype(dtype, what: str, rank: int):
     return dtype
 
 
-def as_torch(buf: np.ndarray, dtype) -> torch.Tensor:
-    """A torch view of ``buf`` (no copy), as the core takes it; bfloat16 from its 16-bit pattern."""
-    t = torch.from_numpy(buf)
-    return t.view(torch.bfloat16) if dtype == tf.bfloat16 else t
+def as_torch(buf: np.ndarray) -> torch.Tensor:
+    """A torch view of ``buf`` (no copy), for the compressed allreduces; bfloat16 through its bits."""
+    if buf.dtype == tf.bfloat16.as_numpy_dtype:
+        return torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(buf)
 
 
 def writable(value: np.ndarray, dtype) -> np.ndarray:
-    """A fresh C-contiguous buffer holding ``value`` (a NumPy value of a tensor of ``dtype``), in
-    the NumPy dtype the core sees: the one copy of a call, and later the result's memory."""
-    return np.array(np.asarray(value).view(_DTYPES[dtype][0]) if dtype == tf.bfloat16 else value,
-                    dtype=_DTYPES[dtype][0], order="C", copy=True)
+    """A fresh C-contiguous buffer holding ``value`` (a NumPy value of a tensor of ``dtype``): the
+    one copy of a call, and later the result's memory."""
+    return np.array(value, dtype=dtype.as_numpy_dtype, order="C", copy=True)
 
 
 def empty(shape, dtype) -> np.ndarray:
-    return np.empty(shape, dtype=_DTYPES[dtype][0])
-
-
-def as_result(buf: np.ndarray, dtype) -> np.ndarray:
-    """``buf`` as the NumPy value of a tensor of ``dtype`` (bfloat16: its pattern viewed as TF's
-    NumPy bfloat16)."""
-    return buf.view(dtype.as_numpy_dtype) if dtype == tf.bfloat16 else buf
+    return np.empty(shape, dtype=dtype.as_numpy_dtype)
 
 
 def call(fn, tensors: list, out_dtypes: list, out_shapes: list, name: str) -> list:

@@ -72,8 +72,8 @@ def allreduce(tensor, op: str = "sum", name: str | None = None):
 def _allreduce(t, op, dtype, comm, name):
     def run(value):
         buf = bridge.writable(value, dtype)
-        comm.allreduce(bridge.as_torch(buf, dtype), op=op)
-        return [bridge.as_result(buf, dtype)]
+        comm.allreduce(buf, op=op)
+        return [buf]
 
     @tf.custom_gradient
     def reduced(x):
@@ -98,8 +98,8 @@ def broadcast(tensor, root: int = 0, name: str | None = None):
 
     def run(value):
         buf = bridge.writable(value, dtype)
-        comm.broadcast(bridge.as_torch(buf, dtype), root=root)
-        return [bridge.as_result(buf, dtype)]
+        comm.broadcast(buf, root=root)
+        return [buf]
 
     return tf.stop_gradient(bridge.call(run, [t], [dtype], [t.shape], name or "ddl_broadcast")[0])
 
@@ -121,7 +121,7 @@ def allgather(tensor, name: str | None = None):
         mine = np.full(_MAX_DIMS + 1, -1, dtype=np.int64)
         mine[0], mine[1: 1 + value.ndim] = value.ndim, value.shape
         shapes = np.empty(comm.size * (_MAX_DIMS + 1), dtype=np.int64)
-        comm.all_gather(bridge.as_torch(shapes, tf.int64), bridge.as_torch(mine, tf.int64))
+        comm.all_gather(shapes, mine)
         shapes = shapes.reshape(comm.size, _MAX_DIMS + 1)
         if any((s[0], *s[2: 1 + s[0]]) != (mine[0], *mine[2: 1 + mine[0]]) for s in shapes):
             raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.allgather: the ranks' shapes differ beyond "
@@ -129,12 +129,12 @@ def allgather(tensor, name: str | None = None):
         rows = shapes[:, 1].copy()
         longest, inner = int(rows.max()), value.shape[1:]
         send = bridge.empty((longest, *inner), dtype)
-        send[: value.shape[0]] = value.view(send.dtype) if dtype == tf.bfloat16 else value
+        send[: value.shape[0]] = value
         got = bridge.empty((comm.size * longest, *inner), dtype)
-        comm.all_gather(bridge.as_torch(got, dtype), bridge.as_torch(send, dtype))
+        comm.all_gather(got, send)
         got = got.reshape(comm.size, longest, *inner)
         out = np.concatenate([got[r, : rows[r]] for r in range(comm.size)]) if comm.size else got
-        return [bridge.as_result(np.ascontiguousarray(out), dtype), rows]
+        return [np.ascontiguousarray(out), rows]
 
     @tf.custom_gradient
     def gathered(x):
@@ -165,12 +165,10 @@ def broadcast_variables(variables, root: int = 0) -> None:
         for dtype, members, total in plan_buckets(shapes, dtypes, 64 * 1024 * 1024):
             buf = bridge.empty((total,), dtype)
             for i, start, numel in members:
-                a = np.asarray(arrays[i])
-                buf[start: start + numel] = (a.view(buf.dtype) if dtype == tf.bfloat16 else a).reshape(-1)
-            comm.broadcast(bridge.as_torch(buf, dtype), root=root)
-            result = bridge.as_result(buf, dtype)
+                buf[start: start + numel] = np.asarray(arrays[i]).reshape(-1)
+            comm.broadcast(buf, root=root)
             for i, start, numel in members:
-                out[i] = result[start: start + numel].reshape(shapes[i])
+                out[i] = buf[start: start + numel].reshape(shapes[i])
         return out
 
     for v, new in zip(variables, bridge.call(run, values, dtypes, [x.shape for x in values], "ddl_broadcast_vars")):

@@ -12,7 +12,8 @@ Uncompressed ("none", the default): each bucket is ``comm.allreduce(bucket, op)`
 result is what the same call on its own tensor gives (the core reduces elementwise; checked
 bitwise at 2 ranks by tests/multirank/tf_worker.py). Compressed, a name of
 ``compression_methods.choices()``: float32/float16/bfloat16 buckets go through that method's
-allreduce (ddl_triton/runtime/compression/compressed.py, on torch views of the NumPy buckets),
+allreduce (ddl_triton/runtime/compression/compressed.py, on torch views of the NumPy buckets;
+uncompressed buckets go to the core as NumPy arrays),
 with its error feedback when the row keeps it: residuals are kept here, per bucket (its index,
 method and size; a bucket that changes size starts again from zero). float64 and integer buckets
 stay exact. "auto" is per level (ddl_triton/runtime/compression/per_level.py): fp32 over shared
@@ -132,21 +133,20 @@ class GradientReducer:
         for index, (dtype, members, total) in enumerate(plan):
             buf = bridge.empty((total,), dtype)
             for i, start, numel in members:  # the call's one copy: into the bucket, which becomes the result
-                src = values[i].view(buf.dtype) if dtype == tf.bfloat16 else values[i]
-                buf[start: start + numel] = src.reshape(-1)
-            self._reduce_bucket(index, bridge.as_torch(buf, dtype), dtype)
-            result = bridge.as_result(buf, dtype)
+                buf[start: start + numel] = values[i].reshape(-1)
+            self._reduce_bucket(index, buf, dtype)
             for i, start, numel in members:
-                out[i] = result[start: start + numel].reshape(shapes[i])
+                out[i] = buf[start: start + numel].reshape(shapes[i])
         self.calls += 1
         self.collectives += len(plan)
         return out
 
-    def _reduce_bucket(self, index: int, t: torch.Tensor, dtype) -> None:
-        method = self._method(t, dtype)
+    def _reduce_bucket(self, index: int, buf, dtype) -> None:
+        method = self._method(buf.size, dtype)
         if method == compression_methods.NONE:
-            self.comm.allreduce(t, op=self.op)
+            self.comm.allreduce(buf, op=self.op)
             return
+        t = bridge.as_torch(buf)  # the compressed allreduces take torch: a view of the same memory
         if self.compression == compression_methods.AUTO:
             worker = server = None
             if self.error_feedback:
@@ -165,13 +165,13 @@ class GradientReducer:
             worker, server = self._residual(index, method, t.numel(), server_n)
         row.run(self.comm, t, op=self.op, block=self.block, residual=worker, server_residual=server)
 
-    def _method(self, t: torch.Tensor, dtype) -> str:
+    def _method(self, numel: int, dtype) -> str:
         if self.compression == compression_methods.NONE or dtype not in (tf.float32, tf.float16, tf.bfloat16) \
-                or self.comm.size == 1 or t.numel() == 0:
+                or self.comm.size == 1 or numel == 0:
             return compression_methods.NONE
         if self.compression != compression_methods.AUTO:
             return self.compression
-        nbytes = t.numel() * 4
+        nbytes = numel * 4
         held = self._decided.get(nbytes)
         if held is None:
             if self._levels is None:  # collective: every rank's first compressed bucket, the same point
