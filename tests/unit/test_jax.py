@@ -1,0 +1,170 @@
+"""ddl_triton.jax in one process: the bucket layout, the VJP rules, the ordering guarantee, the
+refusals, and the import error without JAX. The VJP rules run over a stand-in communicator of two
+ranks whose peer mirrors this one (``Mirror``: the peer passes what this rank passes), so each rule
+has a value to get right; the real ranks are tests/multirank/test_jax.py's."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+optax = pytest.importorskip("optax")
+import jax.numpy as jnp  # noqa: E402
+
+import ddl_triton.jax as ddj  # noqa: E402
+from ddl_triton.jax import host  # noqa: E402
+
+
+class Mirror:
+    """A communicator of ``size`` ranks whose every peer passes the same arrays as this rank:
+    allreduce sum multiplies by ``size``, all_gather repeats, reduce_scatter sums block ``rank``."""
+
+    def __init__(self, rank=0, size=2):
+        self.rank, self.size, self.log = rank, size, []
+
+    def allreduce(self, buf, op="sum"):
+        self.log.append("allreduce")
+        if op == "sum":
+            buf *= self.size
+        elif op == "avg":
+            pass  # the mean of equal arrays
+        return buf
+
+    def all_gather(self, out, inp):
+        self.log.append("all_gather")
+        out[:] = np.tile(inp, self.size)
+        return out
+
+    def reduce_scatter(self, out, inp, op="sum"):
+        self.log.append("reduce_scatter")
+        out[:] = inp.reshape(self.size, -1)[self.rank] * self.size
+        return out
+
+    def broadcast(self, buf, root=0):
+        self.log.append("broadcast")
+        return buf
+
+
+def test_buckets_group_by_dtype_up_to_the_cap_in_first_leaf_order():
+    f32, i32 = (lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)), (lambda *s: jax.ShapeDtypeStruct(s, jnp.int32))
+    assert host.buckets([f32(3), i32(2), f32(4)]) == [[0, 2], [1]]
+    mib = 1 << 18  # float32 elements in 1 MiB
+    assert host.buckets([f32(10 * mib), f32(20 * mib), f32(30 * mib)], 25 << 20) == [[0], [1], [2]]
+    assert host.buckets([f32(10 * mib), f32(10 * mib), f32(10 * mib)], 25 << 20) == [[0, 1], [2]]
+    assert host.buckets([f32(0), f32(1)], 4) == [[0, 1]]  # an empty leaf rides along
+    assert host.buckets([f32(3), i32(2)], by_dtype=False) == [[0, 1]]
+    with pytest.raises(ValueError, match="bucket_bytes must be a positive int"):
+        host.buckets([f32(1)], 0)
+
+
+def test_world_of_one_every_call_is_the_identity_and_exact():
+    ddj.init()
+    x = jnp.arange(7, dtype=jnp.float32)
+    for op in ("sum", "avg", "min", "max"):
+        np.testing.assert_array_equal(ddj.allreduce(x, op), x)
+    np.testing.assert_array_equal(ddj.allgather(x), x)
+    tree = {"a": x, "flag": jnp.array([True, False]), "k": jax.random.PRNGKey(3)}
+    got = jax.jit(ddj.broadcast)(tree)
+    assert all(np.asarray(a).tobytes() == np.asarray(b).tobytes() for a, b in
+               zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(tree)))
+    grads = {"w": jnp.ones((3, 4)), "b": jnp.arange(4, dtype=jnp.bfloat16), "empty": jnp.zeros((0,))}
+    from ddl_triton import compression_methods
+    for compression in compression_methods.choices():
+        out = ddj.allreduce_gradients(grads, compression=compression)
+        assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(grads)
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(grads)):
+            assert a.dtype == b.dtype and a.shape == b.shape
+    assert (ddj.rank(), ddj.size(), ddj.local_rank(), ddj.local_size()) == (0, 1, 0, 1)
+
+
+def test_vjp_rules_over_two_mirrored_ranks():
+    comm = Mirror()
+    x, c = jnp.arange(4.0), jnp.array([1.0, 2.0, 3.0, 4.0])
+    # allreduce sum: y = 2x, the cotangent's allreduce-sum is 2c; avg: y = x, the cotangent's avg is c
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(c * ddj.allreduce(x, comm=comm)))(x), 2 * c)
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(c * ddj.allreduce(x, "avg", comm=comm)))(x), c)
+    # allgather: y = [x, x]; rank 0's gradient is block 0 of the cotangents' sum: 2 * c2[:4]
+    c2 = jnp.arange(8.0)
+    np.testing.assert_array_equal(jax.jit(jax.grad(lambda x: jnp.sum(c2 * ddj.allgather(x, comm=comm))))(x),
+                                  2 * c2[:4])
+    # broadcast: the root gets the cotangents' sum, the others zeros
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(c * ddj.broadcast(x, 0, comm=comm)))(x), 2 * c)
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(c * ddj.broadcast(x, 0, comm=Mirror(rank=1))))(x),
+                                  jnp.zeros(4))
+    # an integer leaf beside a float one: its float0 cotangent passes through, no collective for it
+    tree = {"w": x, "n": jnp.arange(3)}
+    g = jax.grad(lambda t: jnp.sum(ddj.allreduce_gradients(t, "sum", comm=comm)["w"]), allow_int=True)(tree)
+    np.testing.assert_array_equal(g["w"], jnp.full(4, 2.0))
+    with pytest.raises(NotImplementedError, match="rank 0: ddl_triton.jax.allreduce: no gradient is defined for op 'max'"):
+        jax.grad(lambda x: jnp.sum(ddj.allreduce(x, "max", comm=comm)))(x)
+    with pytest.raises(TypeError, match="custom_vjp"):  # forward mode: JAX's own refusal, documented
+        jax.jvp(lambda x: ddj.allreduce(x, comm=comm), (x,), (x,))
+
+
+def test_a_jitted_function_called_n_times_makes_n_collectives_in_order_even_unused():
+    comm = Mirror()
+    f = jax.jit(lambda x: (ddj.allreduce(x, comm=comm), ddj.allgather(x, comm=comm)))
+    g = jax.jit(lambda x: (ddj.allreduce(x, comm=comm), x + 1)[1])  # the collective's result is dropped
+    for i in range(4):
+        f(jnp.full(3, float(i)))
+        g(jnp.full(3, float(i)))
+    jax.effects_barrier()
+    assert comm.log == ["allreduce", "all_gather", "allreduce"] * 4
+
+
+def test_bad_input_is_refused_at_trace_time_naming_the_rank():
+    comm = Mirror()
+    x = jnp.ones(3)
+    with pytest.raises(TypeError, match="rank 0: ddl_triton.jax.allreduce: dtype int8 is not reduced"):
+        ddj.allreduce(jnp.ones(3, jnp.int8), comm=comm)
+    with pytest.raises(TypeError, match="op 'avg' of int32 would truncate"):
+        ddj.allreduce(jnp.ones(3, jnp.int32), "avg", comm=comm)
+    with pytest.raises(ValueError, match="op must be one of sum, avg, min, max, got 'prod'"):
+        ddj.allreduce(x, "prod", comm=comm)
+    with pytest.raises(ValueError, match=r"root must be a rank in \[0, 2\), got 2"):
+        ddj.broadcast(x, 2, comm=comm)
+    with pytest.raises(ValueError, match="rank 0: ddl_triton.jax compression"):
+        ddj.allreduce_gradients({"w": x}, compression="zip", comm=comm)
+    with pytest.raises(ValueError, match="averages or sums"):
+        ddj.allreduce_gradients({"w": x}, "max", compression="auto", comm=comm)
+    with pytest.raises(ValueError, match="bucket_bytes must be a positive int"):
+        ddj.allreduce_gradients({"w": x}, comm=comm, bucket_bytes=0)
+    with pytest.raises(ValueError, match="method 'none' keeps no state"):
+        ddj.GradientCompression("none", comm=comm)
+    with pytest.raises(TypeError, match="comm must be a ddl_triton.Communicator"):
+        ddj.allreduce(x, comm=object())
+    with pytest.raises(TypeError, match="tx must be an optax GradientTransformation"):
+        ddj.distributed(lambda g: g, comm=comm)
+    with pytest.raises(NotImplementedError, match="a compressed allreduce .* has no gradient"):
+        jax.grad(lambda x: ddj.allreduce_gradients(x, compression=ddj.GradientCompression(comm=comm)).sum())(x)
+    with pytest.raises(ValueError, match="Cannot `vmap` ordered IO callback"):  # JAX's own, documented
+        jax.vmap(lambda v: ddj.allreduce(v, comm=comm))(jnp.ones((2, 3)))
+
+
+def test_distributed_averages_before_the_wrapped_transformation_in_jit():
+    comm = Mirror()
+    tx = ddj.distributed(optax.sgd(0.5), op="sum", comm=comm)
+    assert isinstance(tx, optax.GradientTransformation) and tx.compression is None
+    params = {"w": jnp.ones(3)}
+    state = tx.init(params)
+    updates, _ = jax.jit(tx.update)({"w": jnp.full(3, 2.0)}, state, params)
+    np.testing.assert_array_equal(updates["w"], jnp.full(3, -2.0))  # -0.5 * (2 + 2): the mirrored peer's too
+    int8 = ddj.distributed(optax.sgd(0.5), compression="auto", comm=ddj.init())
+    assert isinstance(int8.compression, ddj.GradientCompression)
+
+
+def test_importing_without_jax_names_the_extra(monkeypatch):
+    saved = {k: v for k, v in sys.modules.items() if k == "ddl_triton.jax" or k.startswith("ddl_triton.jax.")}
+    for k in saved:
+        monkeypatch.delitem(sys.modules, k)
+    monkeypatch.setitem(sys.modules, "jax", None)  # "import jax" now raises ImportError
+    try:
+        with pytest.raises(ImportError, match=r"pip install 'ddl_triton\[jax\]'"):
+            importlib.import_module("ddl_triton.jax")
+    finally:
+        for k in [k for k in sys.modules if k == "ddl_triton.jax" or k.startswith("ddl_triton.jax.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
