@@ -2,7 +2,7 @@
 in-process world: N ranks as threads, each with the real Communicator methods over its real call
 path (issue path, runner, plan cache, executor, call check) on loopback transports
 (tests/support/inprocess_world.py). Only the small-message path is absent: the multi-rank tier
-(tests/multirank/test_arrays.py) runs numpy and JAX arrays through shm and MPI.
+(tests/multirank/test_arrays_across_ranks.py) runs numpy and JAX arrays through shm and MPI.
 
 Every collective x numpy / JAX / torch x every supported dtype x sizes 0, 1, primes (none a
 multiple of the world sizes): exact integer-valued results, bitwise the torch path's for the same
