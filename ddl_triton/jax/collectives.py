@@ -1,7 +1,9 @@
 """``allreduce``, ``allgather``, ``broadcast`` for JAX arrays: eager, inside ``jax.jit``, under ``jax.grad``.
 
-Each call is one ordered ``jax.experimental.io_callback`` (host.py runs the collective on the
-host) under a ``jax.custom_vjp``. Ordered effects are what make a collective safe inside a
+Inside ``jax.jit`` or under a transformation (``jax.grad``), each call is one ordered
+``jax.experimental.io_callback`` (host.py runs the collective on the host) under a
+``jax.custom_vjp``; called eagerly on values, it runs at once on the calling thread, after every
+collective already dispatched (``concrete``), with no callback to dispatch. Ordered effects are what make a collective safe inside a
 compiled program: XLA may neither drop it (its result unused), nor repeat it, nor move it past
 another ordered effect, so a jitted function called N times runs its collectives exactly N times,
 in program order, on every rank, as the other ranks' matching calls need. (``pure_callback``
@@ -51,6 +53,8 @@ def allreduce(x, op: str = "sum", *, comm=None):
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     check_reduced(comm, "allreduce", [x], op)
+    if concrete([x]):
+        return jnp.asarray(host.allreduce(comm, op, [np.asarray(x)])[0])
     return _allreduce_fn(comm, op, host.BUCKET_BYTES)((x,))[0]
 
 
@@ -58,7 +62,10 @@ def allgather(x, *, comm=None):
     """The ranks' ``x`` concatenated along axis 0 in rank order (module doc); any dtype.
     Example (2 ranks): rank r passes jnp.array([r, r]) -> both [0, 0, 1, 1]."""
     comm = world.resolve(comm)
-    return _allgather_fn(comm)(jnp.asarray(x))
+    x = jnp.asarray(x)
+    if concrete([x]):
+        return jnp.asarray(host.allgather(comm, np.asarray(x)))
+    return _allgather_fn(comm)(x)
 
 
 def broadcast(tree, root: int = 0, *, comm=None):
@@ -70,7 +77,11 @@ def broadcast(tree, root: int = 0, *, comm=None):
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if not leaves:
         return tree
-    out = _broadcast_fn(comm, root, host.BUCKET_BYTES)(tuple(jnp.asarray(v) for v in leaves))
+    leaves = tuple(jnp.asarray(v) for v in leaves)
+    if concrete(leaves):
+        out = [jnp.asarray(v) for v in host.broadcast(comm, root, [np.asarray(v) for v in leaves])]
+    else:
+        out = _broadcast_fn(comm, root, host.BUCKET_BYTES)(leaves)
     return jax.tree_util.tree_unflatten(treedef, list(out))
 
 
@@ -95,6 +106,16 @@ def check_root(comm, root) -> int:
         raise ValueError(f"rank {comm.rank}: ddl_triton.jax.broadcast: root must be a rank in [0, {comm.size}), "
                          f"got {root!r}")
     return int(root)
+
+
+def concrete(leaves) -> bool:
+    """Whether every leaf is a value, not a tracer (outside jit and grad): the call then runs at
+    once on the calling thread, after the ordered effects already dispatched (``jax.effects_barrier``:
+    the collectives of earlier jitted calls come first), without a callback's dispatch."""
+    if any(isinstance(v, jax.core.Tracer) for v in leaves):
+        return False
+    jax.effects_barrier()
+    return True
 
 
 def ordered(fn, args, shapes):

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from . import host, world
-from .collectives import _allreduce_fn, check_reduced, like, ordered
+from .collectives import _allreduce_fn, check_reduced, concrete, like, ordered
 from .. import compression_methods
 from ..runtime.compression import compressed, per_level
 from ..tuning import auto_compression
@@ -71,13 +71,15 @@ def allreduce_gradients(grads, op: str = "avg", compression="none", *, comm=None
                             f"got {type(compression).__name__}")
         compression_methods.check_choice(compression, f"rank {comm.rank}: ddl_triton.jax compression")
         if compression == compression_methods.NONE:
-            out = _allreduce_fn(comm, op, bucket_bytes)(leaves)
+            out = [jnp.asarray(v) for v in host.allreduce(comm, op, [np.asarray(v) for v in leaves], bucket_bytes)] \
+                if concrete(leaves) else _allreduce_fn(comm, op, bucket_bytes)(leaves)
             return jax.tree_util.tree_unflatten(treedef, list(out))
         state = GradientCompression.shared(comm, compression)
     if op not in ("avg", "sum"):
         raise ValueError(f"rank {comm.rank}: ddl_triton.jax.allreduce_gradients: compression "
                          f"{state.method!r} averages or sums (op 'avg' or 'sum'), got op {op!r}")
-    out = _compressed_fn(state, op, bucket_bytes)(leaves)
+    out = [jnp.asarray(v) for v in state._reduce(op, [np.asarray(v) for v in leaves], bucket_bytes)] \
+        if concrete(leaves) else _compressed_fn(state, op, bucket_bytes)(leaves)
     return jax.tree_util.tree_unflatten(treedef, list(out))
 
 

@@ -1,4 +1,4 @@
-"""ddl_triton.jax between processes: every check of the JAX room in one launch (tests/multirank/test_jax.py).
+"""ddl_triton.jax between processes: every check of the JAX room in one launch (tests/multirank/test_jax_across_ranks.py).
 
 Runs the same under mpiexec and under env:// (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, no MPI
 world): its checks and its closing report go through the ddl communicator itself, never MPI.

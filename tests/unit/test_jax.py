@@ -1,7 +1,7 @@
 """ddl_triton.jax in one process: the bucket layout, the VJP rules, the ordering guarantee, the
 refusals, and the import error without JAX. The VJP rules run over a stand-in communicator of two
 ranks whose peer mirrors this one (``Mirror``: the peer passes what this rank passes), so each rule
-has a value to get right; the real ranks are tests/multirank/test_jax.py's."""
+has a value to get right; the real ranks are tests/multirank/test_jax_across_ranks.py's."""
 from __future__ import annotations
 
 import importlib
