@@ -1,7 +1,9 @@
 """Runtime: running collectives, from ``ddl_triton.init`` to the bytes on the transports.
 
-Its top holds the world's life cycle and exit guard (``world``) and the ``Communicator``
-(``communicator``), which composes four rooms, each with its own docstring, highest first:
+Its top holds the world's life cycle and exit guard (``world``), the ``Communicator``
+(``communicator``), and what turns a caller's array of any framework (NumPy, anything with
+``__dlpack__``) into a torch view and back (``arrays``); the communicator composes four rooms, each
+with its own docstring, highest first:
 
 - ``compression/``: compressed collectives between hosts (int8, 1-bit, per-level);
 - ``calls/``: the call path (argument checks, issue order and Work handles, plans, the
@@ -11,6 +13,6 @@ Its top holds the world's life cycle and exit guard (``world``) and the ``Commun
 
 A room imports only the rooms below it and the rooms below runtime (planning, observability,
 transports, schedules, kernels); tests/unit/test_house.py checks the order.
-Runtime is the only room besides ``ddl_triton.torch`` that imports torch and mpi4py at module
-level (``import ddl_triton`` loads none of it).
+Runtime and the framework rooms (``ddl_triton.torch``, ``.jax``, ``.tensorflow``) are the only
+rooms that import torch and mpi4py at module level (``import ddl_triton`` loads none of it).
 """
