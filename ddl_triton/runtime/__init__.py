@@ -13,6 +13,6 @@ with its own docstring, highest first:
 
 A room imports only the rooms below it and the rooms below runtime (planning, observability,
 transports, schedules, kernels); tests/unit/test_house.py checks the order.
-Runtime and the framework rooms (``ddl_triton.torch``, ``.jax``, ``.tensorflow``) are the only
-rooms that import torch and mpi4py at module level (``import ddl_triton`` loads none of it).
+Runtime is the only room that imports mpi4py at module level; torch is imported at module level by
+runtime, kernels and the framework rooms (``import ddl_triton`` loads none of it).
 """
