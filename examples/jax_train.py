@@ -29,9 +29,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import time
 
 import numpy as np
+
+# One intra-op thread per rank (torchrun's default): the ranks share the host's cores, and the
+# core's reductions run on torch's pool (docs/jax.md, "What one call costs").
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 

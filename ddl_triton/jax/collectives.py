@@ -10,11 +10,12 @@ in program order, on every rank, as the other ranks' matching calls need. (``pur
 promises none of that: a skipped or reordered collective deadlocks the peers until the deadline.)
 
 Semantics (n ranks, x_r rank r's array; the same shape and dtype on every rank, else the call
-check raises on every rank, naming it):
+check raises on every rank, naming it; eager allgather excepted):
 
     allreduce(x, op)      every rank: sum_r x_r (op "sum"), its mean ("avg": the sum times fp32(1/n),
                           floats only), elementwise min or max; bitwise identical on every rank
-    allgather(x)          concat(x_0, ..., x_{n-1}) along axis 0 (a 0-d x: the vector of the n values)
+    allgather(x)          concat(x_0, ..., x_{n-1}) along axis 0 (a 0-d x: the vector of the n values;
+                          eagerly the first dimensions may differ)
     broadcast(tree, root) the pytree as rank ``root`` holds it, every leaf bit for bit (any dtype)
 
 Gradients (the data-parallel convention, Horovod's: the loss is the sum of the ranks' losses):
@@ -59,12 +60,14 @@ def allreduce(x, op: str = "sum", *, comm=None):
 
 
 def allgather(x, *, comm=None):
-    """The ranks' ``x`` concatenated along axis 0 in rank order (module doc); any dtype.
+    """The ranks' ``x`` concatenated along axis 0 in rank order (module doc); any dtype. Eagerly
+    the first dimensions may differ across ranks (Horovod's rule; one more collective per call
+    to learn them); inside jit every rank's shape must be the same.
     Example (2 ranks): rank r passes jnp.array([r, r]) -> both [0, 0, 1, 1]."""
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     if concrete([x]):
-        return jnp.asarray(host.allgather(comm, np.asarray(x)))
+        return jnp.asarray(host.allgather(comm, np.asarray(x), varying=True))
     return _allgather_fn(comm)(x)
 
 

@@ -98,10 +98,22 @@ def broadcast(comm, root: int, arrays, bucket_bytes: int = BUCKET_BYTES) -> list
     return out
 
 
-def allgather(comm, x: np.ndarray) -> np.ndarray:
-    """The ranks' ``x`` (same shape and dtype on every rank) concatenated along axis 0 in rank
-    order (a 0-d ``x``: a vector of ``comm.size``), bit for bit: an all_gather of its bytes."""
+def allgather(comm, x: np.ndarray, varying: bool = False) -> np.ndarray:
+    """The ranks' ``x`` (same dtype on every rank) concatenated along axis 0 in rank order (a 0-d
+    ``x``: a vector of ``comm.size``), bit for bit: an all_gather of its bytes. The shapes must be
+    equal, unless ``varying``: then the first dimensions may differ (one all_gather of them first,
+    each rank's rows padded to the longest, as Horovod allows; eager calls only: a jitted program
+    needs its result's shape before it runs)."""
     x = np.ascontiguousarray(x)
+    if varying and x.ndim:
+        rows = np.empty(comm.size, dtype=np.int64)
+        comm.all_gather(rows, np.array([x.shape[0]], dtype=np.int64))
+        if (rows != x.shape[0]).any():
+            longest = int(rows.max())
+            padded = np.zeros((longest, *x.shape[1:]), dtype=x.dtype)
+            padded[: x.shape[0]] = x
+            every = allgather(comm, padded).reshape(comm.size, longest, *x.shape[1:])
+            return np.concatenate([every[q, : rows[q]] for q in range(comm.size)])
     nb, n = x.nbytes, comm.size
     w = -(-nb // 4)
     mine = np.zeros(w, dtype=np.int32)

@@ -143,6 +143,9 @@ def exact_collectives(ck: Checks, comm, ddj, jax, jnp, torch) -> None:
         exp = np.concatenate([(np.arange(11) % 2 == q % 2) if dtype == "bool" else
                               (np.arange(11) * (q + 1)).astype(np.uint8) for q in range(n)])
         ck.same(f"allgather 11 x {dtype} (bytes)", ddj.allgather(x), exp)
+    rows = lambda q: values(q, (q + 1, 3), "float32")  # noqa: E731 - rank q holds q + 1 rows
+    ck.same("eager allgather of rows that differ across ranks (Horovod's rule)", ddj.allgather(rows(r)),
+            np.concatenate([rows(q) for q in range(n)]))
     ck.same("allgather of a 0-d array: the vector of the values", ddj.allgather(jnp.int32(r)),
             np.arange(n, dtype=np.int32))
     tree = {d: [values(r, (s,), d) for s in SIZES] for d in DTYPES}
