@@ -4,6 +4,7 @@ Run (from the repository root; results: bench/results/jax_step_time.md):
 
     DDL_TUNING_FILE=off OMP_NUM_THREADS=1 .venv/bin/ddlrun -n 2 -- .venv/bin/python bench/jax_step_time.py \
         [--rounds 7] [--steps 20] [--reps 5] [--md bench/results/jax_step_time.md] [--json out.json]
+    .venv/bin/python bench/jax_step_time.py --hosts 2 --rate 1gbit   # 2 testbed hosts (root; take the lock)
 
 One MPI job holds all three stacks in each rank, so every peer runs on the same processes, data
 and moment: ``ddl_triton.init()`` (shm between the ranks of a host), ``jax.distributed.initialize``
@@ -55,6 +56,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 STEP_METHODS = ("local", "ddl", "ddl int8", "jax gloo", "mpi4jax")
 ALLREDUCE_METHODS = ("ddl", "ddl numpy", "jax gloo", "mpi4jax")
+_MARK = "jax_step_time: result "
 CALL_METHODS = ("plain jit", "ordered io_callback", "ddl numpy", "ddl eager", "ddl jit", "jax gloo", "mpi4jax")
 
 
@@ -270,6 +272,34 @@ def _markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _testbed(args) -> int:
+    """This benchmark on 2 testbed hosts (docs/testbed.md; root), one rank each, links shaped to
+    ``args.rate``: ddlrun inside h1 (MPI between the hosts, UCX on eth0); the markdown and JSON
+    come back on stdout and go where ``--md`` / ``--json`` say. The caller holds the testbed lock."""
+    from ddl_triton.testbed import Testbed
+    bin_ = Path(sys.executable).parent
+    env = {"DDL_TUNING_FILE": "off", "OMP_NUM_THREADS": "1", "UCX_NET_DEVICES": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
+           "HYDRA_LAUNCHER_EXEC": str(bin_ / "ddl-testbed-ssh"), "PATH": os.environ.get("PATH", "")}
+    worker = [str(bin_ / "python"), str(Path(__file__).resolve()), "--rounds", str(args.rounds), "--steps",
+              str(args.steps), "--reps", str(args.reps), "--sizes-mib", args.sizes_mib, "--batch", str(args.batch),
+              "--where", f"2 testbed hosts x 1 rank, links {args.rate}", "--print-json"]
+    with Testbed(hosts=2, rate=args.rate) as bed:  # torn down on the way out, failure or not
+        proc = bed.run("h1", ["env", *(f"{k}={v}" for k, v in env.items()), str(bin_ / "ddlrun"), "-n", "2",
+                              "-H", "h1:1,h2:1", "--", *worker], cwd=str(ROOT), timeout=1500)
+    if proc.returncode != 0:
+        print((proc.stdout + proc.stderr)[-6000:], file=sys.stderr)
+        return 1
+    res = json.loads([x for x in proc.stdout.splitlines() if x.startswith(_MARK)][0][len(_MARK):])
+    text = _markdown(res)
+    print(text, flush=True)
+    if args.md:
+        with open(args.md, "a") as f:
+            f.write("\n" + text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -280,7 +310,13 @@ def main(argv=None) -> int:
     p.add_argument("--where", default="one host")
     p.add_argument("--md", help="append the tables to this markdown file (rank 0)")
     p.add_argument("--json", help="write the figures as JSON here (rank 0)")
+    p.add_argument("--hosts", type=int, choices=(1, 2), default=1,
+                   help="2: start the job itself on a testbed of 2 hosts, 1 rank each (root; hold the lock)")
+    p.add_argument("--rate", default="1gbit", help="the testbed's link rate (--hosts 2)")
+    p.add_argument("--print-json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.hosts == 2:
+        return _testbed(args)
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     comm, mesh = _setup()
     res = {"ranks": comm.size, "where": args.where, "rounds": args.rounds, "steps": args.steps, "reps": args.reps,
@@ -294,7 +330,9 @@ def main(argv=None) -> int:
     fns = _call_fns(comm, mesh)
     res["call"] = _rounds({m: fns[m] for m in CALL_METHODS}, args.rounds, 10 * args.reps)
     res["machine"] = dict(_machine(), load_before=load_before)
-    if comm.rank == 0:
+    if comm.rank == 0 and args.print_json:
+        print(_MARK + json.dumps(res), flush=True)
+    elif comm.rank == 0:
         text = _markdown(res)
         print(text, flush=True)
         if args.md:
