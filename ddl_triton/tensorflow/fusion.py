@@ -16,7 +16,7 @@ allreduce (ddl_triton/runtime/compression/compressed.py, on torch views of the N
 uncompressed buckets go to the core as NumPy arrays),
 with its error feedback when the row keeps it: residuals are kept here, per bucket (its index,
 method and size; a bucket that changes size starts again from zero). float64 and integer buckets
-stay exact. "auto" is per level (ddl_triton/runtime/compression/per_level.py): fp32 over shared
+stay exact, and so does everything on one rank (no wire, nothing to save). "auto" is per level (ddl_triton/runtime/compression/per_level.py): fp32 over shared
 memory inside a host, and between hosts what ddl_triton/tuning/auto_compression.py decides per
 bucket size (on one host: never compressed). Its first call is collective, as every call is.
 """

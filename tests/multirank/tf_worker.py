@@ -197,7 +197,8 @@ def check_fusion(ck: Checker, comm, r: int, w: int) -> None:
     residual = torch.zeros(351)
     for step in range(2):
         flat = torch.cat([as_torch(x).reshape(-1) for x in xs])
-        compression_methods.get(method).run(comm, flat, op="avg", residual=residual)
+        if w > 1:  # one rank sends nothing: the reducer does not compress there (nothing to save)
+            compression_methods.get(method).run(comm, flat, op="avg", residual=residual)
         got = torch.cat([as_torch(x).reshape(-1) for x in reducer.reduce(xs)])
         ck.equal(f"fused {method} step {step}: the compressed allreduce of the bucket, with error feedback", got, flat)
 
