@@ -43,6 +43,12 @@ from . import host, world
 
 __all__ = ["allgather", "allreduce", "broadcast"]
 
+try:  # JAX's own test of "no trace active"; private, so a JAX without it takes the callback path always
+    from jax._src.core import trace_state_clean as _no_trace
+except ImportError:  # pragma: no cover - other JAX releases
+    def _no_trace() -> bool:
+        return False
+
 OPS = ("sum", "avg", "min", "max")
 _LINEAR = ("sum", "avg")
 
@@ -112,10 +118,12 @@ def check_root(comm, root) -> int:
 
 
 def concrete(leaves) -> bool:
-    """Whether every leaf is a value, not a tracer (outside jit and grad): the call then runs at
-    once on the calling thread, after the ordered effects already dispatched (``jax.effects_barrier``:
-    the collectives of earlier jitted calls come first), without a callback's dispatch."""
-    if any(isinstance(v, jax.core.Tracer) for v in leaves):
+    """Whether the call is eager: no trace is active (not inside jit, grad, ...; an array closed
+    over by a jitted function is a value, not a tracer, yet the collective must still run at every
+    call of the program, so the trace state decides) and every leaf is a value. The call then runs
+    at once on the calling thread, after the ordered effects already dispatched
+    (``jax.effects_barrier``: the collectives of earlier jitted calls come first)."""
+    if not _no_trace() or any(isinstance(v, jax.core.Tracer) for v in leaves):
         return False
     jax.effects_barrier()
     return True

@@ -108,11 +108,14 @@ def test_a_jitted_function_called_n_times_makes_n_collectives_in_order_even_unus
     comm = Mirror()
     f = jax.jit(lambda x: (ddj.allreduce(x, comm=comm), ddj.allgather(x, comm=comm)))
     g = jax.jit(lambda x: (ddj.allreduce(x, comm=comm), x + 1)[1])  # the collective's result is dropped
+    const = jnp.arange(3.0)  # closed over: a value inside the trace, not a tracer
+    h = jax.jit(lambda: ddj.allreduce(const, comm=comm))
     for i in range(4):
         f(jnp.full(3, float(i)))
         g(jnp.full(3, float(i)))
+        np.testing.assert_array_equal(h(), 2 * const)
     jax.effects_barrier()
-    assert comm.log == ["allreduce", "all_gather", "allreduce"] * 4
+    assert comm.log == ["allreduce", "all_gather", "allreduce", "allreduce"] * 4
 
 
 def test_bad_input_is_refused_at_trace_time_naming_the_rank():
