@@ -75,7 +75,7 @@ def _allreduce(t, op, dtype, comm, name):
     return _differentiable(op, name)(t)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=256)  # per (op, name): a few in practice
 def _differentiable(op: str, name: str):
     """The allreduce of ``op`` with its gradient, decorated once: ``tf.custom_gradient`` costs
     ~100 us of Python per decoration (signature inspection), which a per-call decoration paid."""
