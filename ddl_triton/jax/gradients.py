@@ -110,6 +110,7 @@ class GradientCompression:
         self._residuals: dict = {}
         self._levels = None
         self._speeds = None
+        self._fns: dict = {}
 
     @staticmethod
     def shared(comm, method: str) -> "GradientCompression":
@@ -196,9 +197,16 @@ def _shared(comm, method: str) -> GradientCompression:
     return GradientCompression(method, comm=comm)
 
 
-@functools.lru_cache(maxsize=256)
 def _compressed_fn(state: GradientCompression, op: str, bucket_bytes: int):
-    """The compressed allreduce of a tuple of leaves with ``state`` (one ordered callback per call)."""
+    """The compressed allreduce of a tuple of leaves with ``state`` (one ordered callback per call),
+    kept on the state (so jit's cache sees the same function, and it goes when the state goes)."""
+    held = state._fns.get((op, bucket_bytes))
+    if held is None:
+        held = state._fns[(op, bucket_bytes)] = _make_compressed_fn(state, op, bucket_bytes)
+    return held
+
+
+def _make_compressed_fn(state: GradientCompression, op: str, bucket_bytes: int):
     def run(xs):
         return ordered(lambda *arrays: state._reduce(op, arrays, bucket_bytes), xs, like(xs))
 
