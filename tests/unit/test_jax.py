@@ -116,6 +116,12 @@ def test_a_jitted_function_called_n_times_makes_n_collectives_in_order_even_unus
         np.testing.assert_array_equal(h(), 2 * const)
     jax.effects_barrier()
     assert comm.log == ["allreduce", "all_gather", "allreduce", "allreduce"] * 4
+    comm.log.clear()  # control flow: every scan iteration makes its collective; grad adds the backward ones
+    scan = jax.jit(jax.grad(lambda xs: jax.lax.scan(lambda c, x: (c + ddj.allreduce(x, comm=comm), None),
+                                                    jnp.zeros(2), xs)[0].sum()))
+    np.testing.assert_array_equal(scan(jnp.ones((3, 2))), jnp.full((3, 2), 2.0))
+    jax.effects_barrier()
+    assert comm.log == ["allreduce"] * 6
 
 
 def test_bad_input_is_refused_at_trace_time_naming_the_rank():
