@@ -32,7 +32,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("simulation", ("planning", "runtime", "schedules", "testbed", "transports")),
     ("torch", ("planning", "runtime", "schedules", "transports", "tuning")),
     ("jax", ("planning", "runtime", "schedules", "transports", "tuning")),
-    ("tensorflow", ("planning", "runtime", "schedules", "transports", "tuning")),
+    ("tensorflow", ("kernels", "planning", "runtime", "schedules", "transports", "tuning")),
 )
 CORE = ("_private_files", "compression_methods", "errors", "ops", "options", "status_files")
 COMMANDS = ("simulate", "trace", "tune")

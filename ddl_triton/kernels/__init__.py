@@ -12,10 +12,12 @@ Launch configurations (block sizes, warps, stages) are plain data in :mod:`.laun
 the one GB/s measurement the benchmarks share. Kernels know nothing of ranks or transports: the
 package imports torch, and of ddl_triton only the options (the default backend). Triton is
 imported when a Triton kernel is first needed (a CUDA tensor, ``DDL_KERNELS=triton``, the sweep),
-not with the package, which every rank imports: see _lazy_kernels.py.
+not with the package, which every rank imports: see _lazy_kernels.py (``load_triton``: why Triton
+must load before TensorFlow).
 """
 from . import launch_configs
 from ._dispatch import get_backend, set_backend
+from ._lazy_kernels import load_triton
 from .int8 import (dequantize_int8, dequantize_int8_reference, quantize_int8, quantize_int8_keep_error,
                    quantize_int8_reference, reduce_int8, reduce_int8_reference)
 from .onebit import sign_compress, sign_compress_reference, sign_decompress, sign_decompress_reference
@@ -24,7 +26,7 @@ from .reduce import REDUCE_OPS, reduce, reduce_reference
 
 __all__ = [
     "REDUCE_OPS", "config_sweep", "dequantize_int8", "dequantize_int8_reference", "get_backend", "launch_configs",
-    "pack", "pack_reference", "quantize_int8", "quantize_int8_keep_error", "quantize_int8_reference", "reduce",
+    "load_triton", "pack", "pack_reference", "quantize_int8", "quantize_int8_keep_error", "quantize_int8_reference", "reduce",
     "reduce_int8", "reduce_int8_reference", "reduce_reference", "set_backend", "sign_compress",
     "sign_compress_reference", "sign_decompress", "sign_decompress_reference", "unpack", "unpack_reference",
 ]

@@ -41,6 +41,24 @@ from ._dispatch import interpreting
 _INTERPRETER_LOCK = threading.Lock()  # one interpreted kernel at a time (module doc)
 
 
+def load_triton() -> None:
+    """Import triton now, as every first kernel load does; refuse where the process would abort.
+
+    Triton and TensorFlow each bundle an LLVM that registers the same command-line options; whichever
+    loads second finds them taken, and when that is triton the process dies on the spot ("LLVM ERROR:
+    inconsistency in registered CommandLine options", SIGABRT), while triton first, TensorFlow second
+    works. So once TensorFlow is loaded and triton is not, this raises ImportError naming the fix
+    instead of letting a collective kill the rank; ``ddl_triton.tensorflow`` calls it before it imports
+    TensorFlow, so its users never meet the error."""
+    if "triton" in sys.modules:
+        return
+    if "tensorflow" in sys.modules:
+        raise ImportError("ddl_triton needs a Triton kernel, but TensorFlow was imported before Triton, and "
+                          "Triton loaded after TensorFlow aborts the process (their LLVMs clash): import "
+                          "ddl_triton.tensorflow (or call ddl_triton.kernels.load_triton()) before tensorflow")
+    import triton  # noqa: F401
+
+
 class LazyKernels:
     """The ``@triton.jit`` kernels ``names`` of launcher module ``module``, defined in ``source``
     (a module name relative to the launcher's package) and imported from there on first use."""
@@ -57,6 +75,7 @@ class LazyKernels:
         if name not in self._names:
             raise AttributeError(f"module {self._module!r} has no attribute {name!r}")
         module = sys.modules[self._module]
+        load_triton()
         jit = importlib.import_module(self._source, module.__package__)
         for kernel in self._names:
             if kernel not in vars(module):  # keep one set on the module already (a spy)

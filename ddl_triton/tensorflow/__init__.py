@@ -21,11 +21,19 @@ What lives here, one concept per file:
     optimizer.py    ``DistributedOptimizer``: a Keras 3 optimizer whose ``apply`` averages first
     callbacks.py    ``BroadcastGlobalVariablesCallback``: rank 0's variables everywhere at ``fit``'s start
 
-It may import the rooms planning, runtime, schedules, transports and tuning (ddl_triton/_rooms.py),
-not ddl_triton.torch nor ddl_triton.jax. Importing it without TensorFlow installed raises ImportError
+It may import the rooms kernels (to load Triton before TensorFlow), planning, runtime, schedules,
+transports and tuning (ddl_triton/_rooms.py), not ddl_triton.torch nor ddl_triton.jax. Importing it without TensorFlow installed raises ImportError
 naming the extra to install. docs/tensorflow.md says what works, what a call costs, what does not.
 """
 from __future__ import annotations
+
+import sys as _sys
+
+if "tensorflow" not in _sys.modules:
+    # Triton first: loaded after TensorFlow it aborts the process (their LLVMs clash), and a GPU
+    # collective or DDL_KERNELS=triton loads it later (ddl_triton/kernels/_lazy_kernels.py: load_triton).
+    from ..kernels import load_triton as _load_triton
+    _load_triton()
 
 try:
     import tensorflow as _tf  # noqa: F401 - fail here, with the extra to install, not deep in a call

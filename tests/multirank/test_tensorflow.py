@@ -6,13 +6,17 @@ and the launch's own verdict: exit 0 and no shared-memory segment left behind.""
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import pytest
 
 from support.launch import ddl_segments, run_ranks
 from support.report import read_report
 
-pytest.importorskip("tensorflow", reason="TensorFlow is not installed (pip install '.[tensorflow]')")
+# Looked up, not imported: TensorFlow's import costs seconds, and Triton loaded after it in this
+# process (a later test module's kernels) would abort pytest (ddl_triton/kernels/_lazy_kernels.py).
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("TensorFlow is not installed (pip install '.[tensorflow]')", allow_module_level=True)
 
 N = 2
 

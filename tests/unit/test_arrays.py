@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from ddl_triton.kernels import load_triton
 from ddl_triton.observability import flight
 from ddl_triton.planning.planner import Planner
 from ddl_triton.planning.topology import detect
@@ -314,6 +315,7 @@ def test_a_read_only_array_is_read_where_the_collective_only_reads_it():
 
 def test_tensorflow_eager_tensors_come_in_through_dlpack_and_go_back_as_new_tensors():
     """The one test that imports TensorFlow (seconds): a tf.Tensor is immutable, like a JAX array."""
+    load_triton()  # before TensorFlow, or a later test's first Triton kernel would abort pytest
     tf = pytest.importorskip("tensorflow", reason="the TensorFlow case needs tensorflow (the [tensorflow] extra)")
     world, comms = _communicators(2)
 

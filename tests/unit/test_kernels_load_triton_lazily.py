@@ -55,3 +55,26 @@ print("same kernel:", reduce_module._reduce_kernel is _reduce_jit._reduce_kernel
 print("sweep:", callable(K.config_sweep.sweep), K.config_sweep.NoGpu.__name__)
 """, DDL_KERNELS="triton", TRITON_INTERPRET="1")
     assert out.split("\n")[:3] == ["interpreted launch: True True", "same kernel: True", "sweep: True NoGpu"], out
+
+
+def test_a_kernel_needed_after_tensorflow_is_refused_by_name_not_an_abort():
+    """Triton loaded after TensorFlow aborts the process (their LLVMs clash: SIGABRT, no Python error).
+    A stand-in module named tensorflow (the real import costs seconds) makes the first kernel load
+    raise ImportError naming the fix; the rank lives on. ddl_triton.tensorflow loads triton first."""
+    out = _run("""
+import sys, types
+import torch
+import ddl_triton.kernels as K
+sys.modules["tensorflow"] = types.ModuleType("tensorflow")
+a = torch.arange(7, dtype=torch.float32)
+out = torch.empty(7)
+try:
+    K.reduce(out, [a, a])
+except ImportError as e:
+    print("refused:", "triton" in sys.modules, "before tensorflow" in str(e))
+del sys.modules["tensorflow"]
+K.load_triton()
+K.reduce(out, [a, a])
+print("after load_triton:", out.tolist() == [2.0 * i for i in range(7)])
+""", DDL_KERNELS="triton", TRITON_INTERPRET="1")
+    assert out.split("\n")[:2] == ["refused: False True", "after load_triton: True"], out
