@@ -319,10 +319,10 @@ def main() -> int:
     ck.true("rank() and size() are the communicator's", (ddj.rank(), ddj.size()) == (comm.rank, comm.size))
     status = ck.report(f"jax_worker: {comm.size} ranks, {launcher}")
     bad_input(ck, comm, ddj, jax, jnp)  # after the report's collective: the mismatch poisons comm
+    from support.report import print_line  # one write per line: ranks share the pipe
     if ck.failures:
-        from support.report import print_line
         print_line("\n".join(f"FAIL {f}" for f in ck.failures))
-    print(f"jax_worker bad input: rank {comm.rank}: {ck.cases} checks, {len(ck.failures)} failed", flush=True)
+    print_line(f"jax_worker bad input: rank {comm.rank}: {ck.cases} checks, {len(ck.failures)} failed")
     ddl_triton.finalize()
     return status or (1 if ck.failures else 0)
 
