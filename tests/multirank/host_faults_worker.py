@@ -18,6 +18,7 @@ Every allreduce is 100,003 fp32 elements (400 KB: several pipeline chunks, every
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import socket
@@ -75,4 +76,7 @@ def main(api: str, folder: str, seconds: float) -> None:
 
 
 if __name__ == "__main__":
+    # A survivor that dies of a signal instead of raising (seen once: rank 1 of a kill-rank job ended by
+    # SIGSEGV as its MPI peer was killed) prints where it was, Python's stack, into the job's output.
+    faulthandler.enable()
     main(sys.argv[1], sys.argv[2], float(sys.argv[3]))

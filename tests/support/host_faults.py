@@ -113,7 +113,7 @@ def run_fault(fault: str, launcher: str, timeout_s: float = 5.0, rate: str = "1g
         for host, (proc, out) in jobs.items():
             run.exit_codes[host] = proc.returncode
             out.seek(0)
-            run.output += f"--- {launcher} on {host}: exit {proc.returncode}\n{out.read()[-6000:]}\n"
+            run.output += f"--- {launcher} on {host}: exit {proc.returncode}\n{out.read()[-20000:]}\n"
             out.close()
     for path in results.glob("rank*.ready"):
         info = json.loads(path.read_text())
