@@ -42,6 +42,7 @@ import torch
 from . import host, world
 from .collectives import _allreduce_fn, check_reduced, concrete, like, ordered
 from .. import compression_methods
+from ..runtime.arrays import torch_view
 from ..runtime.compression import compressed, per_level
 from ..tuning import auto_compression
 
@@ -136,7 +137,7 @@ class GradientCompression:
         return host.allreduce(self.comm, op, arrays, bucket_bytes, reduce=lambda buf, i: self._bucket(buf, i, op))
 
     def _bucket(self, buf: np.ndarray, index: int, op: str) -> None:
-        t = host.torch_view(buf)
+        t = torch_view(self.comm.rank, buf)
         method = self.method
         if method == compression_methods.AUTO:
             method = self._decide(buf.nbytes).method

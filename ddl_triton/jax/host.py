@@ -5,7 +5,7 @@ into fresh C-contiguous buffers (a copy is needed anyway: a JAX array is immutab
 collective writes its result in place), run one collective per bucket on each buffer (the
 communicator takes NumPy arrays in place, zero copy: ddl_triton/runtime/arrays.py), and return the
 leaves as views of the buffers, which JAX then copies into its own. The compressed allreduces
-take torch tensors: ``torch_view`` gives them the same memory.
+take torch tensors: ``ddl_triton.runtime.arrays.torch_view`` gives them the same memory.
 
 Buckets (``buckets``): the leaves in pytree order, each joining the open bucket of its dtype
 until that would pass ``bucket_bytes`` (25 MiB, DDP's default); a leaf larger than that is a
@@ -22,10 +22,8 @@ travels, bit for bit.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-__all__ = ["BUCKET_BYTES", "REDUCED_DTYPES", "allgather", "allreduce", "broadcast", "buckets", "reduce_scatter",
-           "torch_view"]
+__all__ = ["BUCKET_BYTES", "REDUCED_DTYPES", "allgather", "allreduce", "broadcast", "buckets", "reduce_scatter"]
 
 BUCKET_BYTES = 25 * 1024 * 1024
 # What the core reduces (docs/api.md, "dtypes"), as NumPy / ml_dtypes name them.
@@ -57,14 +55,6 @@ def buckets(leaves, bucket_bytes: int = BUCKET_BYTES, by_dtype: bool = True) -> 
         open_[key] = (held[0], held[1] + _padded(nbytes) if not by_dtype else held[1] + nbytes)
     done.extend(b for b, _ in open_.values())
     return sorted(done, key=lambda b: b[0])
-
-
-def torch_view(buf: np.ndarray) -> torch.Tensor:
-    """A torch tensor over ``buf``'s memory (zero copy). bfloat16 (ml_dtypes, which torch.from_numpy
-    does not know) goes through its 16-bit pattern."""
-    if buf.dtype.name == "bfloat16":
-        return torch.from_numpy(buf.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(buf)
 
 
 def allreduce(comm, op: str, arrays, bucket_bytes: int = BUCKET_BYTES, reduce=None) -> list[np.ndarray]:

@@ -73,6 +73,15 @@ def as_tensor(rank: int, x, name: str, role: str) -> Given:
                     f"(JAX, CuPy, ...), got {type(x).__module__}.{type(x).__name__}")
 
 
+def torch_view(rank: int, array: np.ndarray) -> torch.Tensor:
+    """A torch tensor over the memory of ``array`` (a writable C-contiguous NumPy array; bfloat16
+    through its bits), no copy: how the framework rooms hand their NumPy buckets to the torch-only
+    compressed allreduces. Refuses what ``as_tensor`` refuses, naming ``rank``."""
+    if not array.flags.c_contiguous:
+        raise ValueError(f"rank {rank}: torch_view needs a C-contiguous array, got strides {array.strides}")
+    return _numpy(rank, array, "array", IN_PLACE).tensor
+
+
 def handed_back(result, given: Given, async_op: bool):
     """The result of a collective run on ``given.tensor``, for the caller: ``given.back`` of the
     tensor, or for ``async_op`` (``result`` a Work) an ArrayWork completing with it."""

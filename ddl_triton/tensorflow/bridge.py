@@ -16,7 +16,7 @@ A collective here is a Python function over NumPy arrays that calls the world co
 The core takes NumPy arrays in place, without a copy (ddl_triton/runtime/arrays.py; bfloat16 as
 TF's NumPy bfloat16, ``ml_dtypes.bfloat16``); the one copy per call is the input's into a fresh
 writable buffer, which becomes the result (TF tensors are immutable). The compressed allreduces
-take torch tensors: ``as_torch`` views the same buffer, again without a copy.
+take torch tensors: ``ddl_triton.runtime.arrays.torch_view`` views the same buffer, again without a copy.
 
 dtypes reduced: float32, float64, float16, bfloat16, int32, int64 (the core's six). Any other
 (bool, int8, uint8, complex, string, ...) is refused before any communication, naming the rank.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
-import torch
 
 from ..runtime import world
 
@@ -46,13 +45,6 @@ def check_dtype(dtype, what: str, rank: int):
         raise TypeError(f"rank {rank}: ddl_triton.tensorflow.{what}: dtype {dtype.name} is not reduced; "
                         f"use one of {', '.join(d.name for d in _DTYPES)}")
     return dtype
-
-
-def as_torch(buf: np.ndarray) -> torch.Tensor:
-    """A torch view of ``buf`` (no copy), for the compressed allreduces; bfloat16 through its bits."""
-    if buf.dtype == tf.bfloat16.as_numpy_dtype:
-        return torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(buf)
 
 
 def writable(value: np.ndarray, dtype) -> np.ndarray:

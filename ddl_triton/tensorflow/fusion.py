@@ -27,6 +27,7 @@ import torch
 
 from . import bridge
 from .. import compression_methods
+from ..runtime.arrays import torch_view
 from ..runtime.compression import per_level
 from ..runtime.compression.layout import chunk_bounds
 from ..tuning import auto_compression
@@ -146,7 +147,7 @@ class GradientReducer:
         if method == compression_methods.NONE:
             self.comm.allreduce(buf, op=self.op)
             return
-        t = bridge.as_torch(buf)  # the compressed allreduces take torch: a view of the same memory
+        t = torch_view(self.comm.rank, buf)  # the compressed allreduces take torch: a view of the same memory
         if self.compression == compression_methods.AUTO:
             worker = server = None
             if self.error_feedback:
