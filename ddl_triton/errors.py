@@ -2,7 +2,10 @@
 peer is told from a slow one, and the one wording of every timeout, lost peer and mismatch.
 
 Semantics: a collective that passes its deadline or loses a peer raises ``CollectiveTimeout``;
-ranks that call different collectives raise ``CollectiveMismatch``. Every ``CollectiveTimeout``
+ranks that call different collectives raise ``CollectiveMismatch``. An elastic job (ddl_triton/
+runtime/membership.py) recovers from a ``CollectiveTimeout`` by re-forming its world; what ends it
+is ``PeersLost`` (too few survivors), ``ExcludedFromWorld`` (this rank came back too late) or
+``CoordinatorLost`` (the store is gone). Every ``CollectiveTimeout``
 text here reads the same way, whichever layer noticed the failure (the executor's step, the call
 check, the barrier, the call lane's connections, the torch backend's point-to-point)::
 
@@ -43,6 +46,21 @@ class CollectiveTimeout(DDLError):
 
 class CommunicatorPoisoned(DDLError):
     """A previous collective on this communicator failed; it cannot be used again."""
+
+
+class PeersLost(CollectiveTimeout):
+    """An elastic job lost ranks (dead, cut off or stopped past the deadline) and could not go on
+    without them: the survivors are fewer than the job's ``min_size``. Names the ranks and hosts."""
+
+
+class ExcludedFromWorld(DDLError):
+    """This process came back (resumed from a stop, its link mended) after the other ranks of an
+    elastic job had decided a new world without it. It must not touch the new world: it ends."""
+
+
+class CoordinatorLost(DDLError):
+    """An elastic job lost the store its ranks agree through (served by rank 0's process under
+    env://, by torchrun's agent on the first host): the world cannot be re-formed without it."""
 
 
 class CollectiveMismatch(DDLError):

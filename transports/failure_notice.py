@@ -78,3 +78,41 @@ def ignore_from_now_on() -> None:
     """
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGUSR1) is _record:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+# -- revocation: "this communicator's world has failed", from the job itself --------------------------
+# An elastic job (ddl_triton/runtime/membership.py) learns through its store that a rank somewhere
+# failed. Every wait then gives up at its next liveness check, whatever it waits on (a survivor stuck
+# on a survivor would otherwise wait out the whole deadline), as ncclCommRevoke makes NCCL's
+# operations return. Unlike the launcher's notice this is cleared once a new world is built.
+_revoked: tuple[float, str] | None = None
+_revocable = False
+
+
+def revoke(reason: str) -> None:
+    """Make every wait of this process give up (the first reason is kept)."""
+    global _revoked
+    if _revoked is None:
+        _revoked = (time.monotonic(), reason)
+
+
+def revoked() -> tuple[float, str] | None:
+    """(``time.monotonic()`` of the revocation, its reason), or None."""
+    return _revoked
+
+
+def clear_revocation() -> None:
+    """The failed world is gone and a new one is being built: waits wait again."""
+    global _revoked
+    _revoked = None
+
+
+def set_revocable(on: bool) -> None:
+    """Whether every wait of this process must be interruptible by ``revoke`` (an elastic job): the
+    gloo transport then polls its receives instead of blocking in gloo (transports/gloo.py)."""
+    global _revocable
+    _revocable = bool(on)
+
+
+def revocable() -> bool:
+    return _revocable

@@ -47,7 +47,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-from . import waits
+from . import failure_notice, waits
 from .waits import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until
 from .staged_sends import StagedSends
 
@@ -246,6 +246,17 @@ class GlooTransport(StagedSends):
     def wait_work(self, work, timeout: float, peer: int, what: str) -> None:
         """Block in ``work.wait`` until gloo completes it (see the module doc); PeerTimeout
         after ``timeout`` seconds, or at once (dead) when gloo fails it: a peer gone."""
+        if failure_notice.revocable():
+            # An elastic job: a blocked Work.wait cannot be interrupted (neither abort nor shutdown
+            # wakes it), so a watcher thread blocks instead and this thread polls, giving up when
+            # the job revokes the world (one thread hand-off per message: elastic jobs only).
+            pending = self._watchers.watch(work)
+            wait_until(lambda: pending.done, timeout, peer, what, spin=self.spin, prompt=True)
+            if pending.error is not None:
+                if "Timed out" in str(pending.error):
+                    raise PeerTimeout(peer, what) from None
+                raise _failed(peer, what, pending.error)
+            return
         waits.current_wait = (peer, what, time.time())  # for the flight recorder, as wait_until sets it
         start = time.monotonic()
         try:

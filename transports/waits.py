@@ -109,8 +109,9 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
                spin: float = DEFAULT_SPIN_SECONDS, alive: Callable[[], bool] | None = None,
                sleep: Callable[[float], None] | None = None, prompt: bool = False) -> None:
     """Return once ``ready()`` is true; raise PeerTimeout after ``timeout`` seconds, as
-    soon as ``alive()`` (checked every quarter second) says the peer's process is gone, or
-    half a second after the launcher's notice that a process of the job died.
+    soon as ``alive()`` (checked every quarter second) says the peer's process is gone,
+    half a second after the launcher's notice that a process of the job died, or at the
+    first check after the job revoked this process's world (an elastic job: failure_notice.revoke).
 
     Spins for ``spin`` seconds, then yields the CPU between checks, then naps (see
     ``_wait_slowly``): ``time.sleep`` by default, or ``sleep(seconds)`` when given, which may
@@ -210,6 +211,9 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
             if notice is not None and now > notice + _NOTICE_GRACE and not ready():
                 raise PeerTimeout(peer, what + " (the launcher reported that a process of this job died)",
                                   dead=True)
+            revoked = failure_notice.revoked()
+            if revoked is not None and not ready():
+                raise PeerTimeout(peer, f"{what} (abandoned: {revoked[1]})", dead=True)
 
 
 _loadavg_fd: int | None = None  # /proc/loadavg, opened once (None: not opened yet; -1: unavailable)

@@ -1,8 +1,9 @@
 """Runtime: running collectives, from ``ddl_triton.init`` to the bytes on the transports.
 
 Its top holds the world's life cycle and exit guard (``world``), the ``Communicator``
-(``communicator``), and what turns a caller's array of any framework (NumPy, anything with
-``__dlpack__``) into a torch view and back (``arrays``); the communicator composes four rooms, each
+(``communicator``), what turns a caller's array of any framework (NumPy, anything with
+``__dlpack__``) into a torch view and back (``arrays``), and who is in an elastic job's world,
+generation after generation (``membership``); the communicator composes four rooms, each
 with its own docstring, highest first:
 
 - ``compression/``: compressed collectives between hosts (int8, 1-bit, per-level);

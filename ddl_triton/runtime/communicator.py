@@ -256,6 +256,11 @@ class Communicator:
         return self._issuer.runner.waking_later()
 
     @property
+    def failure(self) -> BaseException | None:
+        """The error that made this communicator unusable (its first failed collective), or None."""
+        return self._issuer.poison
+
+    @property
     def bootstrap(self):
         """How the ranks found each other (bootstrap.py); ``bootstrap.kind`` is "mpi" or "store"."""
         return self._bootstrap

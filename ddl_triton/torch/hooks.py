@@ -116,6 +116,22 @@ class HookState:
         """Forget all error-feedback residuals (e.g. after loading a checkpoint)."""
         self._residuals.clear()
 
+    def follow(self, comm) -> None:
+        """Reduce over ``comm`` from now on (an elastic job's new world). The int8 hook's residuals
+        are kept (they are sized by the bucket); the 1-bit hook's start again from zero at their next
+        use (its server residual is sized by the world), as do ``auto_compress_hook``'s, whose
+        per-level groups are made again for ``comm``."""
+        self.comm = comm
+        self._levels = LevelCompression(comm, self.compression, block=self.block, error_feedback=self.error_feedback)
+
+    def residuals_snapshot(self) -> dict:
+        """A copy of the error-feedback residuals (an elastic commit keeps it; ``load_residuals``)."""
+        return {k: (kind, w.clone(), None if s is None else s.clone()) for k, (kind, w, s) in self._residuals.items()}
+
+    def load_residuals(self, snapshot: dict) -> None:
+        """Put residuals from ``residuals_snapshot`` back (copied again: the snapshot stays as it was)."""
+        self._residuals = {k: (kind, w.clone(), None if s is None else s.clone()) for k, (kind, w, s) in snapshot.items()}
+
     def explain(self, nbytes: int) -> str:
         """What ``auto_compress_hook`` sends between hosts for a bucket of ``nbytes``, and why
         (the first call is collective: it builds the per-level groups, and may probe the link)."""

@@ -213,6 +213,9 @@ class GlooPointToPoint:
 
     def close(self) -> None:
         self._watchers.close()
+        # Free the group now, while the interpreter is whole (transports/gloo.py's close says why): a
+        # group of an elastic job's old world would otherwise live on into exit and can abort it.
+        self._pg = None
 
 
 def _nonempty(data: torch.Tensor) -> torch.Tensor:

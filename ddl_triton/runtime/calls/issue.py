@@ -42,6 +42,12 @@ def peers_lost() -> bool:
     return bool(_LOST_PEERS) or (failure_notice.received_at() is not None and not MPI.Is_finalized())
 
 
+def forget_lost_peers() -> None:
+    """An elastic job re-formed its world without the lost ranks (ddl_triton/runtime/membership.py):
+    those losses no longer make the exit guard end the process with exit code 1."""
+    _LOST_PEERS.clear()
+
+
 class IssuePath:
     """The ordered queue, flight records, trace spans and failure state of one communicator.
 

@@ -1,0 +1,305 @@
+"""Who is in an elastic job's world: generations of members, decided once through the job's store.
+
+Semantics. The ranks of an elastic job (ddl_triton/torch/elastic/) share a ``torch.distributed.Store``
+(the launcher's TCPStore: rank 0's process serves it under ``env://``, torchrun's agent on the first
+host under torchrun). Each process has a member id that never changes: its launch ``RANK`` for the
+first world, ``JOINER_BASE`` + n for the n-th process that joined later. A *generation* is one world:
+
+    generation 0       the launch: members [0, 1, ..., WORLD_SIZE - 1]
+    generation G + 1   decided once, when generation G failed (a rank lost) or grew (a joiner admitted)
+
+Its members, in new-rank order, are the surviving members of G in their old order, then the
+admitted joiners by id. Every process of G+1 learns the same list: it is written once, with the
+store's ``compare_set``, by whichever survivor proposes first, and read back by all; two survivors
+can never build different worlds. A process missing from that list (stopped or cut off while the
+others decided) raises ``ExcludedFromWorld`` when it comes back, and touches nothing of the new world.
+
+How generation G ends:
+- ``revoke(reason)``: a rank whose collective failed writes ``g<G>/revoked``; every process's watcher
+  thread sees it within ``_POLL_S`` and revokes the process's waits (transports/failure_notice.py),
+  so a survivor stuck on another survivor stops too, instead of waiting out the deadline.
+- Each live process says it is here for G+1 (``g<G+1>/here/<id>``): the watcher thread does it at
+  once, so a rank still computing its backward is counted as alive.
+- ``agree`` decides: once every member of G (and every pending joiner) is here, or ``grace`` seconds
+  after the first of them arrived, whichever comes first. A member that died, is cut off, or is
+  stopped does not post, and is left out after ``grace``.
+- A second failure during the agreement or the build of G+1 is handled the same way: the build fails
+  (its bootstrap times out or a peer dies), G+1 is revoked, and the survivors agree on G+2.
+
+The store's host is the coordinator: a store that cannot be reached raises ``CoordinatorLost``
+(torchft's Lighthouse has the same single point of failure, and says so).
+
+Nothing read from the store runs: values are JSON of ints and short strings, checked on arrival.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..errors import CoordinatorLost, ExcludedFromWorld, PeersLost
+from ..transports import failure_notice
+
+JOINER_BASE = 1_000_000   # member ids of processes that joined after the launch start here
+_PREFIX = "ddl_triton/elastic"
+_POLL_S = 0.05            # the watcher's and the agreement's store polls
+_MAX_MEMBERS = 1 << 16
+
+
+@dataclass
+class Decision:
+    """Generation ``generation``'s world, as this process takes part in it."""
+
+    generation: int
+    members: list[int]                      # member ids in new-rank order
+    rank: int                               # this process's rank in it
+    lost: list[int] = field(default_factory=list)     # ranks of the previous generation left out
+    lost_hosts: list[str] = field(default_factory=list)
+    joined: list[int] = field(default_factory=list)   # member ids admitted by this generation
+    reason: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def prefix(self, what: str) -> str:
+        """A store namespace of this generation's own (its process group, its bootstrap)."""
+        return f"{_PREFIX}/g{self.generation}/{what}"
+
+
+class Membership:
+    """This process's view of the job's generations. ``store``: the job's store; ``member``: this
+    process's id; ``host``: its host name (for errors); ``timeout``: the job's deadline (DDL_TIMEOUT),
+    which bounds every wait here; ``grace``: how long survivors wait for each other's word."""
+
+    def __init__(self, store, member: int, host: str, timeout: float, grace: float = 1.0):
+        self.store, self.member, self.host = store, member, host
+        self.timeout, self.grace = float(timeout), float(grace)
+        self.current: Decision | None = None
+        self._hosts: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self._said_here: set[int] = set()
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- the first world and joiners ---------------------------------------------------------------
+    def start(self, rank: int, size: int) -> Decision:
+        """Generation 0: the launch's world (every rank calls this with its launch rank and size)."""
+        self._set(f"{_PREFIX}/host/{self.member}", self.host)
+        self.current = Decision(0, list(range(size)), rank, reason="launch")
+        return self.current
+
+    @classmethod
+    def as_joiner(cls, store, host: str, timeout: float, grace: float = 1.0) -> "Membership":
+        """A process that joins a running job: it takes the next joiner id and asks to be admitted."""
+        probe = cls(store, -1, host, timeout, grace)
+        n = probe._call(lambda: store.add(f"{_PREFIX}/joiners", 1), "taking a joiner id")
+        self = cls(store, JOINER_BASE + n - 1, host, timeout, grace)
+        self._set(f"{_PREFIX}/host/{self.member}", host)
+        self._set(f"{_PREFIX}/join/{self.member}", "1")
+        return self
+
+    def wait_admitted(self, deadline_s: float) -> Decision:
+        """Block until a generation admits this joiner (the members admit joiners at their next
+        ``state.commit()``); raise ``DDLError`` if none does within ``deadline_s`` seconds. Each round
+        it says it is here for the generation after the latest; a generation decided without it (it
+        came too late) only means it waits for the next one."""
+        from ..errors import DDLError
+
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            g = self._latest_generation() + 1
+            self._set(f"{_PREFIX}/g{g}/here/{self.member}", "1")
+            members = self._members_of(g)
+            if members is not None and self.member in members:
+                self.current = self._decision(g, members, None, "grow")
+                return self.current
+            time.sleep(_POLL_S * 2)
+        self._set(f"{_PREFIX}/gone/{self.member}", "1")
+        raise DDLError(f"joiner {self.member} on {self.host}: not admitted into the running job within "
+                       f"{deadline_s:g} s: its ranks admit joiners at state.commit(), so a job that commits "
+                       "rarely (or has ended) leaves a joiner waiting; raise DDL_TIMEOUT or commit more often")
+
+    def pending_joiners(self) -> list[int]:
+        """Member ids that asked to join and are in no world yet (rank 0 polls this at each commit)."""
+        n = int(self._call(lambda: self.store.add(f"{_PREFIX}/joiners", 0), "counting joiners"))
+        inside = set(self.current.members) if self.current else set()
+        asked = [JOINER_BASE + i for i in range(min(n, _MAX_MEMBERS)) if JOINER_BASE + i not in inside]
+        return [j for j in asked if not self._call(lambda j=j: self.store.check([f"{_PREFIX}/gone/{j}"]),
+                                                   "counting joiners")]
+
+    # -- ending a generation --------------------------------------------------------------------------
+    def revoke(self, reason: str) -> None:
+        """Tell every process that the current generation failed (the first reason stays)."""
+        failure_notice.revoke(reason)
+        g = self.current.generation
+        key = f"{_PREFIX}/g{g}/revoked"
+        try:
+            self.store.compare_set(key, "", json.dumps([self.member, reason[:300]]))
+        except RuntimeError:
+            pass  # the coordinator is gone: agree() will say so
+        self.say_here()
+
+    def say_here(self) -> None:
+        """Post that this process is alive and will take part in the next generation (idempotent)."""
+        nxt = self.current.generation + 1
+        with self._lock:
+            if nxt in self._said_here:
+                return
+            self._said_here.add(nxt)
+        try:
+            self.store.set(f"{_PREFIX}/g{nxt}/here/{self.member}", "1")
+        except RuntimeError:
+            pass
+
+    def watch(self) -> None:
+        """Start the watcher thread: it revokes this process's waits as soon as the store says the
+        current generation failed, and says this process is here for the next one."""
+        if self._watcher is not None:
+            return
+        self._watcher = threading.Thread(target=self._watch, name="ddl_triton-elastic-watch", daemon=True)
+        self._watcher.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_POLL_S):
+            current = self.current
+            if current is None or failure_notice.revoked() is not None:
+                continue
+            try:
+                raw = self.store.check([f"{_PREFIX}/g{current.generation}/revoked"]) and \
+                    self.store.get(f"{_PREFIX}/g{current.generation}/revoked")
+            except RuntimeError:
+                continue  # the store is gone: the main thread's next store call says so
+            if raw and self.current is current:
+                failure_notice.revoke(f"generation {current.generation} revoked: {_reason(raw)}")
+                self.say_here()
+
+    # -- deciding the next generation -----------------------------------------------------------------
+    def agree(self, reason: str, min_size: int = 1) -> Decision:
+        """Decide generation G+1 with the other live processes (see the module doc) and return it.
+
+        Raises ``ExcludedFromWorld`` when it was decided without this process, ``PeersLost`` when it
+        has fewer than ``min_size`` members, ``CoordinatorLost`` when the store cannot be reached."""
+        old = self.current
+        g = old.generation + 1
+        self.say_here()
+        members = self._members_of(g)
+        if members is None:
+            members = self._propose(old, g)
+        self.current = decision = self._decision(g, members, old, reason)
+        if self.member not in members:
+            raise ExcludedFromWorld(
+                f"rank {old.rank} (member {self.member} on {self.host}): the job went on without this rank "
+                f"at generation {g} (world of {len(members)}): it was stopped or cut off while the others "
+                "decided. It leaves the job untouched and exits; start it again to join as a new host")
+        self._set(f"{_PREFIX}/generation", str(g))
+        if decision.size < min_size:
+            raise PeersLost(f"rank {decision.rank}: elastic job: lost {_ranks_on(decision)}; {decision.size} "
+                            f"rank(s) remain, fewer than min_size={min_size}: the job ends")
+        return decision
+
+    def _propose(self, old: Decision, g: int) -> list[int]:
+        """Wait for the others' word (at most ``grace`` after the first arrival, ``timeout`` in all),
+        then propose who answered; return the list that won."""
+        expected = list(old.members) + [j for j in self.pending_joiners() if j not in old.members]
+        here_key = f"{_PREFIX}/g{g}/here/"
+        start = time.monotonic()
+        first_seen = start
+        while True:
+            present = [m for m in expected if self._call(lambda m=m: self.store.check([here_key + str(m)]),
+                                                         f"agreeing on generation {g}")]
+            decided = self._members_of(g)
+            if decided is not None:
+                return decided
+            now = time.monotonic()
+            if len(present) == len(expected) or now - first_seen >= self.grace or now - start >= self.timeout:
+                break
+            time.sleep(_POLL_S)
+        proposal = json.dumps(present)
+        won = _member_list(self._call(lambda: self.store.compare_set(f"{_PREFIX}/g{g}/members", "", proposal),
+                                      f"deciding generation {g}"), f"generation {g}'s members")
+        for member in expected:
+            if member >= JOINER_BASE and member not in won:  # silent through an agreement: never waited for again
+                self._set(f"{_PREFIX}/gone/{member}", "1")
+        return won
+
+    def _decision(self, g: int, members: list[int], old: Decision | None, reason: str) -> Decision:
+        rank = members.index(self.member) if self.member in members else -1
+        if old is None:
+            return Decision(g, members, rank, reason=reason)
+        lost = [r for r, m in enumerate(old.members) if m not in members]
+        joined = [m for m in members if m not in old.members]
+        hosts = [self._host_of(old.members[r]) for r in lost]
+        return Decision(g, members, rank, lost, hosts, joined, reason)
+
+    # -- the store -----------------------------------------------------------------------------------------
+    def _members_of(self, g: int) -> list[int] | None:
+        key = f"{_PREFIX}/g{g}/members"
+        if not self._call(lambda: self.store.check([key]), f"reading generation {g}"):
+            return None
+        return _member_list(self._call(lambda: self.store.get(key), f"reading generation {g}"),
+                            f"generation {g}'s members")
+
+    def _latest_generation(self) -> int:
+        key = f"{_PREFIX}/generation"
+        if not self._call(lambda: self.store.check([key]), "reading the generation"):
+            return 0
+        raw = self._call(lambda: self.store.get(key), "reading the generation")
+        try:
+            return max(0, int(raw.decode()[:12]))
+        except ValueError:
+            return 0
+
+    def _host_of(self, member: int) -> str:
+        if member not in self._hosts:
+            key = f"{_PREFIX}/host/{member}"
+            try:
+                raw = self.store.get(key) if self.store.check([key]) else b"?"
+            except RuntimeError:
+                raw = b"?"
+            self._hosts[member] = raw.decode(errors="replace")[:100].split("|")[0]
+        return self._hosts[member]
+
+    def _set(self, key: str, value: str) -> None:
+        self._call(lambda: self.store.set(key, value), f"writing {key}")
+
+    def _call(self, call, what: str):
+        """A store call; a store that went away is the coordinator lost."""
+        try:
+            return call()
+        except RuntimeError as e:
+            raise CoordinatorLost(
+                f"member {self.member} on {self.host}: elastic job: lost the store ({what}: "
+                f"{str(e).splitlines()[0][:200]}); the store's host is the job's coordinator (rank 0's "
+                "process under env://, torchrun's agent on the first host): without it the world cannot "
+                "be re-formed, so the job ends") from None
+
+
+def _member_list(raw: bytes, what: str) -> list[int]:
+    try:
+        value = json.loads(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    if not isinstance(value, list) or len(value) > _MAX_MEMBERS or \
+            not all(isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in value):
+        raise CoordinatorLost(f"elastic job: the store holds a malformed {what} ({raw[:100]!r}); the store is the "
+                              "job's own, so something else writes to it")
+    return value
+
+
+def _reason(raw: bytes) -> str:
+    try:
+        member, reason = json.loads(raw.decode())
+        return f"member {int(member)}: {str(reason)[:300]}"
+    except (UnicodeDecodeError, ValueError, TypeError):
+        return "(unreadable reason)"
+
+
+def _ranks_on(d: Decision) -> str:
+    if not d.lost:
+        return "no rank"
+    return ", ".join(f"rank {r} on {h}" for r, h in zip(d.lost, d.lost_hosts))

@@ -1,0 +1,53 @@
+"""Elastic training on ddl_triton, in Horovod's words: lose a host, keep training; a host that
+comes back grows the world again.
+
+    from ddl_triton.torch import elastic
+
+    elastic.init_process_group("ddl")           # instead of dist.init_process_group (env://, torchrun)
+    model = DDP(net)
+    state = elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    state.register_reset_callbacks([reshard])   # reshard for elastic.rank() of elastic.size()
+
+    @elastic.run                                 # or @elastic.run(min_size=2)
+    def train(state):
+        ...                                      # train; state.commit() after each step
+    train(state)
+
+world.py re-forms the world (ddl_triton/runtime/membership.py decides who is in it), state.py keeps
+and synchronizes the state, run.py is the retry loop. docs/elastic.md tells the whole story.
+"""
+from __future__ import annotations
+
+from .run import run
+from .state import TorchState
+from .world import HostsUpdated, init_process_group
+from .world import current as _current
+
+__all__ = ["HostsUpdated", "TorchState", "generation", "init_process_group", "rank", "recoveries", "run", "size"]
+
+
+def _world():
+    world = _current()
+    if world is None:
+        raise ValueError("ddl_triton.torch.elastic: call elastic.init_process_group() first")
+    return world
+
+
+def rank() -> int:
+    """This process's rank in the current world."""
+    return _world().decision.rank
+
+
+def size() -> int:
+    """The current world's size."""
+    return _world().decision.size
+
+
+def generation() -> int:
+    """The current world's generation: 0 at launch, +1 at each change (-1: a joiner not yet admitted)."""
+    return _world().decision.generation
+
+
+def recoveries() -> list[dict]:
+    """One record per world change this process took part in (world.py: ``ElasticWorld._record``)."""
+    return list(_world().records)
