@@ -40,6 +40,17 @@ def params_hash(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def optimizer_hash(opt: torch.optim.Optimizer) -> str:
+    """A digest of the optimizer's state tensors (momentum buffers), in parameter order."""
+    h = hashlib.sha256()
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for key, value in sorted(opt.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    h.update(key.encode() + value.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def batch_rows(step: int, n_train: int, global_batch: int, seed: int = 1) -> torch.Tensor:
     """The rows of global batch ``step``: a fresh permutation per epoch, the same on every rank and
     in every world, so a redone step sees the same data."""
@@ -74,6 +85,10 @@ def main(argv=None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     state = elastic.TorchState(model, opt, step=0)
     record = open(args.record, "a") if args.record else None
+    if record is not None:  # the state every rank holds once a world change is done: must be identical
+        state.register_reset_callbacks([lambda: record.write(json.dumps(
+            {"reset": True, "step": state.step, "rank": elastic.rank(), "size": elastic.size(), "generation":
+             elastic.generation(), "hash": params_hash(net), "optimizer": optimizer_hash(opt)}) + "\n")])
 
     @elastic.run(min_size=args.min_size)
     def train(state):

@@ -38,6 +38,7 @@ call lane has TCP connections of its own (ddl_triton/runtime/lanes/lane_sockets.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import queue
 import threading
 import time
@@ -353,6 +354,12 @@ class GlooTransport(StagedSends):
             # groups are kept, because a destructor would wait on a receive that never comes.
             self._group_pgs.clear()
             self.pg = None
+        elif failure_notice.revocable():
+            # An elastic job goes on after this failure and one day exits normally: its interpreter's
+            # teardown would then destroy these groups (the abort above, or a wait with no end). They
+            # are made immortal instead: their threads end with the process.
+            for pg in self._group_pgs.values():
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
 
 
 def open_for(opening) -> GlooTransport:

@@ -46,15 +46,19 @@ def run(func=None, *, min_size: int = 1):
                     raise ValueError(f"rank {world.decision.rank}: elastic.run: min_size={min_size} is larger than "
                                      f"the world ({world.decision.size} ranks)")
                 world.start(state)
+            change = None  # (reason, error) of a world change to make before training again
             while True:
                 try:
+                    if change is not None:
+                        world.reform(state, *change, min_size)  # may fail too (a second loss): then again
+                        change = None
                     return train(state, *args, **kwargs)
                 except HostsUpdated:
-                    world.reform(state, "grow", min_size)
+                    change = ("grow", None)
                 except Exception as e:  # noqa: BLE001 - the world's failures are recovered, others re-raised
                     if not world.failed(e):
                         raise
-                    world.reform(state, "lost", min_size, error=e)
+                    change = ("lost", e)
         return wrapper
 
     return decorate(func) if func is not None else decorate

@@ -22,6 +22,7 @@ import time
 from datetime import timedelta
 
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from ...errors import CollectiveTimeout, CommunicatorPoisoned, CoordinatorLost, DDLError, ExcludedFromWorld, \
     PeersLost
@@ -80,7 +81,7 @@ class ElasticWorld:
         return comm is not None and comm.failure is not None
 
     # -- changing it ---------------------------------------------------------------------------------
-    def reform(self, state, reason: str, min_size: int, error: BaseException | None = None) -> None:
+    def reform(self, state, reason: str, error: BaseException | None, min_size: int) -> None:
         """Replace the world (see the module doc); ``reason``: "lost" (``error`` says what failed) or "grow"."""
         t_failed = time.time()
         old = self.decision
@@ -134,8 +135,8 @@ class ElasticWorld:
     def _follow(self, state) -> None:
         """DDP and its comm hooks onto the current world."""
         model = state.model
-        if hasattr(model, "_update_process_group") and hasattr(model, "reducer"):
-            model._update_process_group(dist.group.WORLD)
+        if isinstance(model, DistributedDataParallel):
+            _fresh_reducer(model)
         from .state import _hook_states
         for hooks in _hook_states(model):
             hooks.follow(self.comm)
@@ -153,6 +154,26 @@ class ElasticWorld:
               f"{record['size_before']} -> {new.size}; lost {lost}; joined {len(new.joined)}; agreement "
               f"{t_agreed - t_failed:.2f} s, rebuild {t_rebuilt - t_agreed:.2f} s, sync "
               f"{t_resumed - t_rebuilt:.2f} s", file=sys.stderr, flush=True)
+
+
+def _fresh_reducer(ddp) -> None:
+    """Put ``ddp`` on the new world's default group with a reducer made anew, as unpickling a DDP
+    module does (``DistributedDataParallel.__setstate__``), its comm hooks registered again.
+
+    Why not ``ddp._update_process_group``: it keeps each rank's current buckets, and a rank that joined
+    (its buckets as DDP first made them) and a rank that trained (its buckets rebuilt in the order
+    gradients came) would reduce buffers of different layouts: every rank gets the same sum, and
+    the joiner unpacks it into the wrong parameters. A fresh reducer is the same on every rank."""
+    ddp.process_group = dist.group.WORLD
+    parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
+    ddp._ddp_init_helper(parameters, expect_sparse_gradient, ddp._build_debug_param_to_name_mapping(parameters),
+                         ddp.static_graph)
+    ddp._has_rebuilt_buckets = False
+    if ddp.static_graph:
+        ddp.reducer._set_static_graph()
+        ddp.logger._set_static_graph()
+    for hook, hook_state in ddp._comm_hooks:
+        dist._register_comm_hook(ddp.reducer, hook_state, hook)
 
 
 _WORLD: ElasticWorld | None = None
