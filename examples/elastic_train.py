@@ -47,7 +47,18 @@ def optimizer_hash(opt: torch.optim.Optimizer) -> str:
         for p in group["params"]:
             for key, value in sorted(opt.state.get(p, {}).items()):
                 if isinstance(value, torch.Tensor):
-                    h.update(key.encode() + value.detach().contiguous().view(torch.uint8).numpy().tobytes())
+                    h.update(key.encode() + value.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def residuals_hash(model) -> str | None:
+    """A digest of this rank's error-feedback residuals (the int8 hook's), None without a hook."""
+    states = [s for _, s in getattr(model, "_comm_hooks", [])]
+    if not states:
+        return None
+    h = hashlib.sha256()
+    for key, (kind, worker, server) in sorted(states[0].residuals_snapshot().items()):
+        h.update(f"{key}:{kind}".encode() + worker.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -88,7 +99,8 @@ def main(argv=None) -> int:
     if record is not None:  # the state every rank holds once a world change is done: must be identical
         state.register_reset_callbacks([lambda: record.write(json.dumps(
             {"reset": True, "step": state.step, "rank": elastic.rank(), "size": elastic.size(), "generation":
-             elastic.generation(), "hash": params_hash(net), "optimizer": optimizer_hash(opt)}) + "\n")])
+             elastic.generation(), "hash": params_hash(net), "optimizer": optimizer_hash(opt),
+             "residuals": residuals_hash(model), "pid": os.getpid()}) + "\n")])
 
     @elastic.run(min_size=args.min_size)
     def train(state):
@@ -107,6 +119,7 @@ def main(argv=None) -> int:
             if record is not None:
                 record.write(json.dumps({"step": state.step, "rank": rank, "size": size, "generation":
                                          elastic.generation(), "hash": params_hash(net), "loss": loss.item(),
+                                         "residuals": residuals_hash(model),
                                          "t": time.time(), "pid": os.getpid()}) + "\n")
                 record.flush()
 

@@ -148,3 +148,24 @@ def test_a_process_confined_to_some_cores_never_counts_on_a_spare_one(monkeypatc
     monkeypatch.setattr(waits, "_cpus", 0)
     assert waits._usable_cpus() == 0
     assert waits._host_has_a_spare_core() is False
+
+
+def test_a_revoked_world_makes_every_wait_give_up_within_a_liveness_period():
+    """An elastic job's revocation (another rank's collective failed, ddl_triton/runtime/membership.py):
+    a wait on a peer that is alive but will never send gives up at its next liveness check, not at
+    its deadline; once the new world is built, waits wait again."""
+    from ddl_triton.transports import failure_notice
+
+    timer = threading.Timer(0.1, failure_notice.revoke, args=("generation 3 revoked: rank 2 died",))
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(PeerTimeout, match="abandoned: generation 3 revoked: rank 2 died") as caught:
+            wait_until(lambda: False, 30.0, 4, "message 12")
+        assert caught.value.dead and caught.value.peer == 4
+        assert time.monotonic() - start < 0.1 + 2 * waits._LIVENESS_PERIOD + 0.5
+    finally:
+        timer.cancel()
+        failure_notice.clear_revocation()
+    with pytest.raises(PeerTimeout, match="waited too long"):
+        wait_until(lambda: False, 0.3, 4, "message 13")  # a plain deadline again, not the revocation

@@ -11,9 +11,11 @@ Semantics (Horovod's ``hvd.elastic.TorchState``):
   rank among them), broadcast bit for bit: a step that did not commit everywhere is undone
   everywhere and redone, never applied twice, and a joiner gets the whole state. The counters come
   with it, so the training loop resumes where that state was taken.
-- Error-feedback residuals (ddl_triton.torch.hooks): each rank keeps its own, rolled back with its
-  commit; they are not sent (they are this rank's own compression error); a joiner starts from
-  zero, and the lost ranks' residuals are dropped with them.
+- Error-feedback residuals (ddl_triton.torch.hooks): each rank keeps its own, rolled back to the
+  commit the world resumes from (its last, or the one before when the source had not committed
+  the last step); they are not sent (they are this rank's own compression error); a joiner starts
+  from zero, and the lost ranks' residuals are dropped with them. (The 1-bit and per-level hooks'
+  residuals, sized by the world, start again from zero when its size changes: hooks.py.)
 
 What crosses the network is raw tensor bytes and a JSON manifest (names, dtypes, shapes, the
 optimizer's hyper-parameters): nothing is unpickled.
@@ -92,6 +94,9 @@ class TorchState:
             saved["optimizer"] = _optimizer_copy(self.optimizer.state_dict())
         saved["counters"] = {n: getattr(self, n) for n in self._counter_names}
         saved["commits"] = self.commits
+        # The commit before too: ranks are at most one commit apart (a commit follows a collective
+        # every rank took part in), and a rank synced back to the previous one takes its residuals.
+        saved["residuals_before"] = saved.get("residuals", [])
         saved["residuals"] = [h.residuals_snapshot() for h in _hook_states(self.model)]
         self._saved = saved
 
@@ -123,7 +128,12 @@ class TorchState:
         if not known:
             raise DDLError(f"rank {comm.rank}: elastic: no rank of the new world holds a state (every one is a "
                            "joiner)")
-        source = min(known)[1]
+        source_commits, source = min(known)
+        if self._saved is not None and self.commits == source_commits + 1:
+            # This rank committed a step the source did not: the step is redone, so this rank's own
+            # error feedback goes back one commit too (the module doc's rule for residuals).
+            for hooks, snapshot in zip(_hook_states(self.model), self._saved["residuals_before"]):
+                hooks.load_residuals(snapshot)
         if comm.rank == source:
             tensors, manifest = self._packed()
             store.set(manifest_key, json.dumps(manifest))

@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ...errors import CollectiveTimeout, CommunicatorPoisoned, CoordinatorLost, DDLError, ExcludedFromWorld, \
-    PeersLost
+    PeersLost, this_host
 from ...options import Options
 from ...runtime import world as ddl_world
 from ...runtime.membership import Decision, Membership
-from ...runtime.setup.bootstrap import BootstrapError, host_id, launched_by_mpi, store_from_env
+from ...runtime.setup.bootstrap import BootstrapError, launched_by_mpi, store_from_env
 from ...transports import failure_notice
 
 _JOIN_VARIABLE = "DDL_ELASTIC_JOIN"
@@ -208,7 +208,7 @@ def init_process_group(backend: str = "ddl", *, grace: float = 1.0) -> None:
         raise ValueError(f"elastic.init_process_group: grace must be > 0 seconds, got {grace!r}")
     options = Options.from_env()
     failure_notice.set_revocable(True)
-    host = host_id()
+    host = this_host()  # for errors and the records: the lost ranks' hosts are named by it
     joiner = os.environ.get(_JOIN_VARIABLE, "") not in ("", "0")
     if joiner:
         store = _joiner_store(options.timeout)
@@ -241,5 +241,5 @@ def _joiner_store(timeout: float):
         return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                              timeout=timedelta(seconds=timeout))
     except (RuntimeError, ValueError) as e:
-        raise DDLError(f"elastic joiner on {host_id().split('|')[0]}: could not reach the job's store at {address} "
+        raise DDLError(f"elastic joiner on {this_host()}: could not reach the job's store at {address} "
                        f"({str(e).splitlines()[0]})") from None

@@ -1,0 +1,172 @@
+"""The membership agreement of elastic jobs (ddl_triton/runtime/membership.py), in one process: members
+are Membership objects on one in-memory store, each agreeing on its own thread as a process would.
+
+What must hold: every member that takes part in a generation learns the same list; a silent member
+is left out after the grace; a member that comes back later is told it was excluded; joiners are
+admitted; a world below min_size ends with PeersLost naming the lost ranks; a store that fails or
+holds garbage is an error, never a world."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from ddl_triton.errors import CoordinatorLost, ExcludedFromWorld, PeersLost
+from ddl_triton.runtime.membership import JOINER_BASE, Membership
+from ddl_triton.transports import failure_notice
+
+
+@pytest.fixture(autouse=True)
+def _no_revocation_left():
+    yield
+    failure_notice.clear_revocation()
+
+
+def _members(store, size: int, grace: float = 0.3, timeout: float = 10.0) -> list[Membership]:
+    out = []
+    for rank in range(size):
+        m = Membership(store, rank, f"h{rank}", timeout, grace)
+        m.start(rank, size)
+        out.append(m)
+    return out
+
+
+def _agree_all(members: list[Membership], reason: str = "lost", min_size: int = 1) -> dict[int, object]:
+    """Each member agrees on its own thread; returns member id -> its Decision or the error it raised."""
+    results: dict[int, object] = {}
+
+    def one(m: Membership) -> None:
+        try:
+            results[m.member] = m.agree(reason, min_size)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            results[m.member] = e
+
+    threads = [threading.Thread(target=one, args=(m,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+def test_survivors_agree_on_one_world_without_the_silent_member():
+    store = dist.HashStore()
+    ms = _members(store, 4)
+    start = time.monotonic()
+    got = _agree_all([ms[0], ms[1], ms[3]])  # member 2 never answers (dead, cut off, stopped)
+    took = time.monotonic() - start
+    lists = {tuple(d.members) for d in got.values()}
+    assert lists == {(0, 1, 3)}, got
+    assert [got[m].rank for m in (0, 1, 3)] == [0, 1, 2]  # renumbered in the old order
+    assert all(got[m].lost == [2] and got[m].lost_hosts == ["h2"] and got[m].generation == 1 for m in (0, 1, 3))
+    assert 0.3 <= took < 5, took  # waited the grace for member 2, no longer than the deadline allows
+    # Member 2 comes back (SIGCONT, the link mended): the world was decided without it.
+    with pytest.raises(ExcludedFromWorld, match="rank 2 .*generation 1"):
+        ms[2].agree("lost")
+
+
+def test_every_member_present_decides_without_waiting_the_grace():
+    store = dist.HashStore()
+    ms = _members(store, 3, grace=20.0)
+    start = time.monotonic()
+    got = _agree_all(ms, reason="grow")
+    assert {tuple(d.members) for d in got.values()} == {(0, 1, 2)}
+    assert time.monotonic() - start < 5  # all answered: nobody waits for the 20 s grace
+
+
+def test_two_proposals_one_world():
+    """Two survivors that saw different members answer still build the same world: the first
+    proposal written wins, and the other reads it back."""
+    store = dist.HashStore()
+    a, b, c = _members(store, 3, grace=0.05)
+    a.say_here()
+    first = a.agree("lost")          # proposes [0] alone: b and c had not answered within the grace
+    b.say_here()
+    c.say_here()
+    assert first.members == [0]
+    with pytest.raises(ExcludedFromWorld):
+        b.agree("lost")              # its own view would be [0, 1, 2]; the decided world is [0]
+    # The race itself: c proposes before it could see a's decision (the read and the write are
+    # two store calls); the store keeps the first proposal, and c reads that back.
+    c._members_of = lambda g, real=c._members_of: None if g == 1 else real(g)
+    with pytest.raises(ExcludedFromWorld):
+        c.agree("lost")
+    assert store.get("ddl_triton/elastic/g1/members") == b"[0]"
+
+
+def test_too_few_survivors_end_the_job_naming_the_lost():
+    store = dist.HashStore()
+    ms = _members(store, 3)
+    got = _agree_all([ms[0]], min_size=2)
+    assert isinstance(got[0], PeersLost), got
+    assert "rank 1 on h1" in str(got[0]) and "rank 2 on h2" in str(got[0]) and "min_size=2" in str(got[0])
+
+
+def test_a_joiner_is_admitted_at_the_next_change_and_numbered_last():
+    store = dist.HashStore()
+    ms = _members(store, 2, grace=2.0)
+    joiner = Membership.as_joiner(store, "h9", timeout=10.0, grace=2.0)
+    assert joiner.member == JOINER_BASE
+    admitted = {}
+    waiting = threading.Thread(target=lambda: admitted.setdefault("d", joiner.wait_admitted(10.0)))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    while not ms[0].pending_joiners() and time.monotonic() < deadline:  # what rank 0 checks at a commit
+        time.sleep(0.02)
+    assert ms[0].pending_joiners() == [JOINER_BASE]
+    got = _agree_all(ms, reason="grow")
+    waiting.join(15)
+    assert got[0].members == got[1].members == admitted["d"].members == [0, 1, JOINER_BASE]
+    assert admitted["d"].rank == 2 and got[0].joined == [JOINER_BASE]
+    assert ms[0].pending_joiners() == []  # admitted: no longer waiting
+
+
+def test_a_joiner_that_never_shows_up_is_not_waited_for_again():
+    store = dist.HashStore()
+    ms = _members(store, 2, grace=0.2)
+    ghost = Membership.as_joiner(store, "h9", timeout=10.0)
+    store.set(f"ddl_triton/elastic/join/{ghost.member}", "1")  # asked, then died before saying it was here
+    got = _agree_all(ms, reason="grow")
+    assert got[0].members == [0, 1]
+    assert ms[0].pending_joiners() == []
+
+
+def test_a_revocation_reaches_every_process_through_its_watcher():
+    store = dist.HashStore()
+    (b,) = [m for m in _members(store, 2) if m.member == 1]
+    b.watch()
+    try:
+        # What another process's revoke() writes (in this process it would also revoke b's waits itself).
+        store.set("ddl_triton/elastic/g0/revoked", '[0, "rank 0: allreduce #7 failed: rank 1 died"]')
+        deadline = time.monotonic() + 5
+        while not store.check(["ddl_triton/elastic/g1/here/1"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.check(["ddl_triton/elastic/g1/here/1"])  # b's watcher said b is alive
+        assert "allreduce #7 failed" in failure_notice.revoked()[1]  # and b's waits give up
+    finally:
+        b.close()
+
+
+def test_garbage_in_the_store_is_refused_not_built():
+    store = dist.HashStore()
+    (a,) = _members(store, 1)
+    store.set("ddl_triton/elastic/g1/members", "__import__('os').system('id')")
+    with pytest.raises(CoordinatorLost, match="malformed"):
+        a.agree("lost")
+
+
+class _GoneStore:
+    """A store whose server went away: every call fails as torch's TCPStore client does."""
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError("Connection reset by peer")
+        return fail
+
+
+def test_a_lost_store_is_the_coordinator_lost():
+    m = Membership(_GoneStore(), 1, "h1", 5.0)
+    with pytest.raises(CoordinatorLost, match="lost the store .*coordinator"):
+        m.start(1, 2)
