@@ -7,7 +7,9 @@ When the call raises because the world failed (a collective timed out, a peer di
 said so through the store), the state is rolled back to its last commit, the survivors agree on a
 new world, every rank takes the same state, the reset callbacks run, and ``train`` is called
 again: it resumes from the state's counters. When ``state.commit()`` found joiners, the world grows
-the same way, without a rollback. Any other exception is the application's and goes on up (the
+the same way, without a rollback. The function returns once it has returned on every rank of one
+world (a rank that finished while another failed re-forms with it and calls ``train`` again, which
+finds its counters at the end). Any other exception is the application's and goes on up (the
 process then exits; the others see a lost rank). ``min_size``: a world smaller than this ends the
 job with ``PeersLost``; it may not be larger than the world at the first call.
 """
@@ -52,7 +54,9 @@ def run(func=None, *, min_size: int = 1):
                     if change is not None:
                         world.reform(state, *change, min_size)  # may fail too (a second loss): then again
                         change = None
-                    return train(state, *args, **kwargs)
+                    result = train(state, *args, **kwargs)
+                    world.finish()  # every rank got here: none leaves while another still needs it
+                    return result
                 except HostsUpdated:
                     change = ("grow", None)
                 except Exception as e:  # noqa: BLE001 - the world's failures are recovered, others re-raised

@@ -36,6 +36,10 @@ _JOIN_VARIABLE = "DDL_ELASTIC_JOIN"
 _ENDING = (PeersLost, ExcludedFromWorld, CoordinatorLost)
 
 
+class _WorldEnded(DDLError):
+    """The world failed as training ended on this rank (``finish``)."""
+
+
 class HostsUpdated(Exception):
     """Raised by ``state.commit()`` on every rank at once when joiners wait: ``elastic.run`` grows the world."""
 
@@ -70,12 +74,20 @@ class ElasticWorld:
         if int(self._flag[0]):
             raise HostsUpdated(f"{int(self._flag[0])} joiner(s) waiting")
 
+    def finish(self) -> None:
+        """The training function returned here: check with every rank that it returned there too
+        (one small collective; it fails, and the world re-forms, if a rank was lost meanwhile)."""
+        if failure_notice.revoked() is not None:
+            raise _WorldEnded(f"rank {self.decision.rank}: elastic: the world failed as training ended here: "
+                           f"{failure_notice.revoked()[1]}")
+        self.comm.barrier()
+
     def failed(self, error: BaseException) -> bool:
         """Whether ``error`` means that the world failed (so ``reform`` can go on), not the application."""
         if isinstance(error, _ENDING) or not isinstance(error, Exception):
             return False
         if failure_notice.revoked() is not None or isinstance(error, (CollectiveTimeout, CommunicatorPoisoned,
-                                                                       BootstrapError)):
+                                                                       BootstrapError, _WorldEnded)):
             return True
         comm = self.comm
         return comm is not None and comm.failure is not None
