@@ -10,15 +10,16 @@ batches (computed once here), every survivor exiting 0, no ddl* name left in a l
 /dev/shm. Then what each fault adds: a killed host leaves no record; a host cut off (both ways or
 one way) or stopped past the deadline ends non-zero by itself with ddl_triton's error (stopped:
 ExcludedFromWorld, once resumed) while the others go on; a short stop changes nothing; a joiner
-grows the world from 3 to 4 and ends identical. The cases run one at a time (their deadlines are
-timed), each on its own testbed; skipped, with the reason, where the machine cannot build hosts.
+grows the world from 3 to 4 and ends identical. Each case runs on its own testbed, the next one
+starting once the one before has struck (two at most at once); skipped, with the reason, where the
+machine cannot build hosts.
 """
 from __future__ import annotations
 
 import pytest
 
 from ddl_triton.testbed import reap
-from support.elastic_faults import CLEAR_ERROR, Case, problems, reference_runs, run_case
+from support.elastic_faults import CLEAR_ERROR, Case, problems, reference_runs, run_cases
 from support.real_hosts import skip_unless_available
 
 T = Case.timeout_s  # DDL_TIMEOUT: a cut or a stop past it is a lost host
@@ -37,7 +38,6 @@ CASES = {c.name: c for c in [
     Case("stop-long", "stop", ("h3",), (3, 2), stop_s=T + 2.5, step_seconds=0.15),
     Case("join", "join", (), (3, 4), joiner="h4", step_seconds=0.15),
 ]}
-_runs: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +48,20 @@ def references() -> dict[str, float]:
     return {c: acc for c, (acc, _) in reference_runs().items()}
 
 
-def _run(name: str):
-    if name not in _runs:
-        _runs[name] = run_case(CASES[name])
-    return _runs[name]
+@pytest.fixture(scope="module")
+def runs(request, references) -> dict:
+    """The selected cases' runs, started one after another as each strikes (support.elastic_faults.run_cases)."""
+    chosen = [item.callspec.params["name"] for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")]
+    return run_cases([CASES[name] for name in CASES if name in chosen])
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_an_elastic_job_loses_nothing_when_a_host_fails(references, name):
+def test_an_elastic_job_loses_nothing_when_a_host_fails(references, runs, name):
     case = CASES[name]
-    run = _run(name)
+    run = runs[name]
+    if isinstance(run, BaseException):
+        raise run
     story = run.story()
     found = problems(run, references[case.compression])
     assert not found, "\n".join(found) + "\n" + story

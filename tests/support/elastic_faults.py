@@ -16,7 +16,8 @@ system (a host's /tmp is its own). The faults, each struck once rank 0 has commi
     join       the host's process starts then, with DDL_ELASTIC_JOIN=1: the world grows
 
 ``run_case`` returns a :class:`CaseRun`; every wait is bounded, every process left is killed, and
-the testbed goes down on every exit. ``problems`` lists what a run falls short of (what "nothing
+the testbed goes down on every exit. ``run_cases`` runs several, each starting when the one before
+has struck (two at most at once: one importing torch while the other waits out its deadline). ``problems`` lists what a run falls short of (what "nothing
 lost" means: see its doc); tests/multirank/test_elastic_faults.py asserts on it.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,8 +154,36 @@ def reference_runs(compressions=("none", "int8"), steps: int = STEPS) -> dict[st
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_case(case: Case) -> CaseRun:
-    """Run ``case`` on a testbed of its own (see the module doc) and gather how it went."""
+def run_cases(cases: list[Case], in_flight: int = 2) -> dict[str, CaseRun | BaseException]:
+    """Run ``cases`` in order, each on its own testbed, the next one starting as soon as the one
+    before has struck (its processes then mostly wait out a deadline or an agreement, while the
+    next one's import torch), at most ``in_flight`` at once. {name: its run, or what it raised}."""
+    done: dict[str, CaseRun | BaseException] = {}
+    threads: list[threading.Thread] = []
+
+    def one(case: Case, struck: threading.Event) -> None:
+        try:
+            done[case.name] = run_case(case, struck)
+        except BaseException as e:  # the test of this case reports it
+            done[case.name] = e
+        finally:
+            struck.set()
+
+    for case in cases:
+        while sum(t.is_alive() for t in threads) >= in_flight:
+            time.sleep(_POLL_S)
+        struck = threading.Event()
+        threads.append(threading.Thread(target=one, args=(case, struck), name=f"case-{case.name}"))
+        threads[-1].start()
+        struck.wait()
+    for t in threads:
+        t.join()
+    return done
+
+
+def run_case(case: Case, struck: threading.Event | None = None) -> CaseRun:
+    """Run ``case`` on a testbed of its own (see the module doc) and gather how it went; ``struck``
+    is set once the fault has struck (or the run failed before it could)."""
     SCRATCH.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f"{case.name}-", dir=SCRATCH))
     run = CaseRun(case)
@@ -169,7 +199,11 @@ def run_case(case: Case) -> CaseRun:
                     if case.delay_s:
                         time.sleep(case.delay_s)
                     run.struck = time.time()
-                    _strike(bed, case, folder, procs)
+                    try:
+                        _strike(bed, case, folder, procs)
+                    finally:
+                        if struck is not None:
+                            struck.set()
                 _wait_all(procs, ended, run.struck or time.time(), case.timeout_s + _ENDING_S)
                 for host in bed.holders:  # the hosts still up (a killed host's /dev/shm went with it)
                     listing = bed.run(host, ["ls", "/dev/shm"], timeout=30).stdout.split()
@@ -191,6 +225,8 @@ def run_case(case: Case) -> CaseRun:
                             os.kill(proc.pid, signal.SIGKILL)  # nsenter itself; the testbed's end kills the rest
                             proc.wait(10)
     finally:
+        if struck is not None:
+            struck.set()
         for host, (proc, out) in procs.items():
             run.exit_codes[host] = proc.returncode
             out.seek(0)
