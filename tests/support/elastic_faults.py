@@ -372,7 +372,7 @@ def problems(run: CaseRun, reference: float, steps: int = STEPS) -> list[str]:
                                               for r in run.records.get(h, [])}))
     if sizes != case.survivors_sizes:
         found.append(f"the survivors' world sizes by generation were {sizes}, expected {case.survivors_sizes}")
-    losses = _losses(run)
+    losses = step_losses(run)
     if len(losses) < 10 or not sum(losses[-5:]) / 5 < sum(losses[:5]) / 5:
         found.append(f"the loss did not fall: {[round(x, 3) for x in losses]}")
     found += [f"{h}: /dev/shm kept {left}" for h, left in run.shm_left.items() if left]
@@ -437,7 +437,7 @@ def _recorded_steps(run: CaseRun) -> set[int]:
     return steps - {0}
 
 
-def _losses(run: CaseRun) -> list[float]:
+def step_losses(run: CaseRun) -> list[float]:
     """Per step (in order), the mean of its ranks' losses in the latest generation that ran it."""
     latest: dict[int, tuple[int, list[float]]] = {}
     for r in _survivor_records(run):
