@@ -145,10 +145,8 @@ class Membership:
         failure_notice.revoke(reason)
         g = self.current.generation
         key = f"{_PREFIX}/g{g}/revoked"
-        try:
-            self.store.compare_set(key, "", json.dumps([self.member, reason[:300]]))
-        except RuntimeError:
-            pass  # the coordinator is gone: agree() will say so
+        self._call(lambda: self.store.compare_set(key, "", json.dumps([self.member, reason[:300]])),
+                   f"revoking generation {g}")
         self.say_here()
 
     def say_here(self) -> None:
@@ -158,10 +156,8 @@ class Membership:
             if nxt in self._said_here:
                 return
             self._said_here.add(nxt)
-        try:
-            self.store.set(f"{_PREFIX}/g{nxt}/here/{self.member}", "1")
-        except RuntimeError:
-            pass
+        self._call(lambda: self.store.set(f"{_PREFIX}/g{nxt}/here/{self.member}", "1"),
+                   f"saying this rank is alive for generation {nxt}")
 
     def watch(self) -> None:
         """Start the watcher thread: it revokes this process's waits as soon as the store says the
@@ -272,6 +268,10 @@ class Membership:
         except ValueError:
             return 0
 
+    def host_of(self, member: int) -> str:
+        """The host name ``member`` posted when it started (\"?\" where unknown)."""
+        return self._host_of(member)
+
     def _host_of(self, member: int) -> str:
         if member not in self._hosts:
             key = f"{_PREFIX}/host/{member}"
@@ -286,15 +286,40 @@ class Membership:
         self._call(lambda: self.store.set(key, value), f"writing {key}")
 
     def _call(self, call, what: str):
-        """A store call; a store that went away is the coordinator lost."""
-        try:
-            return call()
-        except RuntimeError as e:
+        """A store call, bounded by the deadline; a store that went away or cannot be reached is the
+        coordinator lost.
+
+        Bounded on a thread of its own because torch's TCPStore client does not bound every call by
+        its timeout: on a link cut both ways, ``check``, ``get`` and ``compare_set`` were seen still
+        blocked 15 s past a 2 s timeout (only ``set`` returned). A call left behind stays blocked on
+        its daemon thread; this process ends with the error."""
+        box: dict = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = call()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+            done.set()
+
+        threading.Thread(target=run, name="ddl_triton-elastic-store", daemon=True).start()
+        if not done.wait(self.timeout):
+            raise CoordinatorLost(
+                f"member {self.member} on {self.host}: elastic job: the store did not answer within "
+                f"{self.timeout:g} s ({what}): this host is cut off from the job's coordinator (the store's "
+                "host: rank 0's process under env://, torchrun's agent on the first host), or it is gone; "
+                "either way this rank cannot take part in the job any more, and ends")
+        error = box.get("error")
+        if isinstance(error, RuntimeError) and not isinstance(error, CoordinatorLost):
             raise CoordinatorLost(
                 f"member {self.member} on {self.host}: elastic job: lost the store ({what}: "
-                f"{str(e).splitlines()[0][:200]}); the store's host is the job's coordinator (rank 0's "
+                f"{str(error).splitlines()[0][:200]}); the store's host is the job's coordinator (rank 0's "
                 "process under env://, torchrun's agent on the first host): without it the world cannot "
                 "be re-formed, so the job ends") from None
+        if error is not None:
+            raise error
+        return box.get("value")
 
 
 def _member_list(raw: bytes, what: str) -> list[int]:

@@ -170,3 +170,22 @@ def test_a_lost_store_is_the_coordinator_lost():
     m = Membership(_GoneStore(), 1, "h1", 5.0)
     with pytest.raises(CoordinatorLost, match="lost the store .*coordinator"):
         m.start(1, 2)
+
+
+class _SilentStore:
+    """A store across a link cut both ways: torch's TCPStore client then blocks in check/get/compare_set
+    past its own timeout (seen for 15 s past a 2 s timeout)."""
+
+    def __getattr__(self, name):
+        def hang(*args, **kwargs):
+            threading.Event().wait(60)
+        return hang
+
+
+def test_a_store_that_never_answers_ends_the_rank_at_the_deadline():
+    m = Membership(_SilentStore(), 1, "h1", timeout=0.5)
+    m.current = __import__("ddl_triton.runtime.membership", fromlist=["Decision"]).Decision(0, [0, 1], 1)
+    start = time.monotonic()
+    with pytest.raises(CoordinatorLost, match="did not answer within 0.5 s .*cut off"):
+        m.revoke("rank 1: allreduce #3 timed out")
+    assert time.monotonic() - start < 3
