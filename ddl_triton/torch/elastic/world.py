@@ -33,6 +33,7 @@ from ...runtime.setup.bootstrap import BootstrapError, launched_by_mpi, store_fr
 from ...transports import failure_notice
 
 _JOIN_VARIABLE = "DDL_ELASTIC_JOIN"
+_AGENT_KEY = "ddl_triton/elastic/torchrun_agent"
 _ENDING = (PeersLost, ExcludedFromWorld, CoordinatorLost)
 
 
@@ -81,6 +82,32 @@ class ElasticWorld:
             raise _WorldEnded(f"rank {self.decision.rank}: elastic: the world failed as training ended here: "
                            f"{failure_notice.revoked()[1]}")
         self.comm.barrier()
+        if self.decision.rank == 0 and self.decision.generation > 0:
+            self._release_torchrun_exit_barrier()
+
+    def _release_torchrun_exit_barrier(self) -> None:
+        """Under torchrun, check in at its agents' exit barrier for the agents of the hosts this job
+        lost: torchrun's agents wait there, at exit, for every agent of the launch (300 s, not settable
+        from its command line), and the agent of a lost host never comes. An agent is lost when none of
+        the ranks it started is in the world any more (each rank posted its agent at start); its
+        check-in is the store counter torchrun's own barrier increments (the static rendezvous's keys,
+        which the workers' store shares; verified with torch 2.13)."""
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+        if not run_id or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return
+        try:
+            from torch.distributed.elastic.utils.store import _barrier_nonblocking
+
+            def agent(member: int) -> bytes:
+                key = f"{_AGENT_KEY}/{member}"
+                return self.store.get(key) if self.store.check([key]) else b""
+            launched = {agent(m) for m in range(int(os.environ["WORLD_SIZE"]))} - {b""}
+            lost = launched - {agent(m) for m in self.decision.members}
+            agents = dist.PrefixStore(run_id, self.store)  # the agents' keys: "<run id>/torchelastic/..."
+            for _ in range(len(lost)):
+                _barrier_nonblocking(agents, int(os.environ["GROUP_WORLD_SIZE"]), "torchelastic/agent/terminal_state")
+        except (ImportError, KeyError, ValueError, RuntimeError):
+            pass  # another torch: its agents then wait out their exit barrier, as without this
 
     def failed(self, error: BaseException) -> bool:
         """Whether ``error`` means that the world failed (so ``reform`` can go on), not the application."""
@@ -230,6 +257,8 @@ def init_process_group(backend: str = "ddl", *, grace: float = 1.0) -> None:
         _init_group(backend, store, solo, options.timeout, prefix=f"ddl_triton/elastic/solo/{membership.member}")
     else:
         store, rank, size = store_from_env(options.timeout)
+        if os.environ.get("TORCHELASTIC_RUN_ID"):  # which torchrun agent started this rank (see finish)
+            store.set(f"{_AGENT_KEY}/{rank}", f"{host}/{os.environ.get('GROUP_RANK', '')}")
         membership = Membership(store, rank, host, options.timeout, grace)
         decision = membership.start(rank, size)
         _init_group(backend, store, decision, options.timeout)
