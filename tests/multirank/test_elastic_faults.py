@@ -90,10 +90,6 @@ def test_an_elastic_job_loses_nothing_when_a_host_fails(references, runs, name):
         if case.fault.startswith("kill"):
             assert not run.finals.get(host) and run.exit_codes[host] == -9, story
             continue
-        if host in run.forced and case.fault == "cut" and "ddl_triton/runtime/membership.py" in run.outputs[host]:
-            # Reported (issue 44): torch's TCPStore check/compare_set on a link cut both ways blocks past
-            # the store's timeout (DDL_TIMEOUT), so Membership.revoke/agree never return on the cut host.
-            pytest.xfail(f"{host}, cut off both ways, hung in a store call (membership.py) until killed")
         assert host not in run.forced, story
         assert run.exit_codes[host] not in (0, None), story
         errors = CLEAR_ERROR.findall(run.outputs[host])

@@ -34,6 +34,7 @@ from ...transports import failure_notice
 
 _JOIN_VARIABLE = "DDL_ELASTIC_JOIN"
 _AGENT_KEY = "ddl_triton/elastic/torchrun_agent"
+_JOIN_POLL_S = 0.25  # rank 0 asks the store for joiners at most this often (admit_joiners)
 _ENDING = (PeersLost, ExcludedFromWorld, CoordinatorLost)
 
 
@@ -53,6 +54,7 @@ class ElasticWorld:
         self.joiner_waiting = joiner
         self.records: list[dict] = []
         self._flag = None
+        self._next_join_poll = 0.0
 
     # -- the current world -------------------------------------------------------------------------
     @property
@@ -65,13 +67,19 @@ class ElasticWorld:
 
     def admit_joiners(self) -> None:
         """At a commit: rank 0 looks for joiners and every rank learns its answer (one small
-        broadcast); when some wait, every rank raises ``HostsUpdated`` together."""
+        allreduce, the latency path); when some wait, every rank raises ``HostsUpdated`` together.
+        Rank 0 asks the store at most every ``_JOIN_POLL_S``: a store round trip at every commit
+        cost more than the allreduce (a joiner waits that much longer, next to its seconds of start-up)."""
         import torch
 
         if self._flag is None:
             self._flag = torch.zeros(1, dtype=torch.int64)
-        self._flag[0] = len(self.membership.pending_joiners()) if self.comm.rank == 0 else 0
-        self.comm.broadcast(self._flag, root=0)
+        waiting = 0
+        if self.comm.rank == 0 and time.monotonic() >= self._next_join_poll:
+            self._next_join_poll = time.monotonic() + _JOIN_POLL_S
+            waiting = len(self.membership.pending_joiners())
+        self._flag[0] = waiting
+        self.comm.allreduce(self._flag, op="max")
         if int(self._flag[0]):
             raise HostsUpdated(f"{int(self._flag[0])} joiner(s) waiting")
 
