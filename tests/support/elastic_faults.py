@@ -127,11 +127,14 @@ def reference_runs(compressions=("none", "int8"), steps: int = STEPS) -> dict[st
     SCRATCH.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="reference-", dir=SCRATCH))
     procs = {}
+    sockets = [socket.socket() for _ in compressions]
+    for s in sockets:  # a free port for each world of one's store: all held at once, so they differ
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
     try:
-        for c in compressions:
-            with socket.socket() as s:  # a free port for the world of one's store
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+        for c, port in zip(compressions, ports):
             env = torch_launcher_env(DDL_TUNING_FILE="off", DDL_TIMEOUT="30", RANK="0", WORLD_SIZE="1",
                                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             env.pop("DDL_TOPOLOGY", None)
