@@ -105,6 +105,23 @@ def clear_revocation() -> None:
     """The failed world is gone and a new one is being built: waits wait again."""
     global _revoked
     _revoked = None
+    _gone.clear()
+
+
+# Ranks of the current world whose process is known to have ended: a wait found its pid gone (same
+# host), or gloo failed an operation with it otherwise than by a timeout (its sockets closed). An
+# elastic job tells the others (ddl_triton/runtime/membership.py: they need not wait for its word).
+_gone: set[int] = set()
+
+
+def note_gone(rank: int) -> None:
+    if rank >= 0:
+        _gone.add(rank)
+
+
+def gone() -> set[int]:
+    """The ranks noted gone since the last ``clear_revocation``."""
+    return set(_gone)
 
 
 def set_revocable(on: bool) -> None:

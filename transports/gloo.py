@@ -129,7 +129,10 @@ class Watchers:
 
 
 def _failed(peer: int, what: str, error: BaseException) -> PeerTimeout:
-    return PeerTimeout(peer, f"{what}: gloo reported: {str(error).splitlines()[0][:300]}", dead=True)
+    report = str(error).splitlines()[0][:300]
+    if "Timed out" not in report:
+        failure_notice.note_gone(peer)  # its sockets closed: the process has ended (module doc)
+    return PeerTimeout(peer, f"{what}: gloo reported: {report}", dead=True)
 
 
 class _Request:

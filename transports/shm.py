@@ -34,7 +34,7 @@ import stat
 import numpy as np
 import torch
 
-from . import futex
+from . import failure_notice, futex
 from ..errors import DDLError, process_alive  # the one liveness check: a dead peer is told from a slow one
 from .waits import DEFAULT_SPIN_SECONDS, PeerTimeout, wait_until, with_calls_first
 
@@ -246,6 +246,7 @@ class ShmTransport:
             for other in range(self.local_size):
                 if other != local and other != self.local_rank and \
                         not process_alive(int(self._flags[other][_PID_OFFSET // 8])):
+                    failure_notice.note_gone(self._world_of(other))
                     raise PeerTimeout(self._world_of(other), "its process has exited", dead=True)
             return True
         return alive

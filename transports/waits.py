@@ -134,6 +134,9 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
         if ready():
             return
     global current_wait, last_stuck
+    revoked = failure_notice.revoked()
+    if revoked is not None:  # the world is being given up: every later wait (a close's flush) gives up at once
+        raise PeerTimeout(peer, f"{what} (abandoned: {revoked[1]})", dead=True)
     now = time.monotonic()
     current_wait = (peer, what, time.time())
     try:
@@ -206,6 +209,7 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
         if now > next_liveness:
             next_liveness = now + _LIVENESS_PERIOD
             if alive is not None and not alive() and not ready():
+                failure_notice.note_gone(peer)
                 raise PeerTimeout(peer, what + " (its process has exited)", dead=True)
             notice = failure_notice.received_at()
             if notice is not None and now > notice + _NOTICE_GRACE and not ready():

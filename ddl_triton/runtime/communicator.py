@@ -34,6 +34,7 @@ from .. import kernels, schedules
 from ..ops import check_op_dtype, normalize_op
 from ..options import Options
 from ..planning.planner import Plan, Planner
+from ..transports import failure_notice
 from .setup.bootstrap import MpiBootstrap, StoreBootstrap
 from .calls.executor import Executor
 from .calls.issue import IssuePath
@@ -254,6 +255,13 @@ class Communicator:
         """Context manager: calls this thread issues inside the block do not wake the background
         thread until their Work is waited on or released, or a later call comes (work.py)."""
         return self._issuer.runner.waking_later()
+
+    def peers_gone(self) -> list[int]:
+        """Ranks whose process is known to have ended: seen gone by a wait, or their call-lane
+        connection closed (ranks that met through a store). An elastic job tells the others
+        (ddl_triton/runtime/membership.py), so that nobody waits for their word."""
+        closed = self._lane.closed_peers() if self._lane is not None else []
+        return sorted(failure_notice.gone() | set(closed))
 
     @property
     def failure(self) -> BaseException | None:

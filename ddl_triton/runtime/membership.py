@@ -20,9 +20,10 @@ How generation G ends:
   so a survivor stuck on another survivor stops too, instead of waiting out the deadline.
 - Each live process says it is here for G+1 (``g<G+1>/here/<id>``): the watcher thread does it at
   once, so a rank still computing its backward is counted as alive.
-- ``agree`` decides: once every member of G (and every pending joiner) is here, or ``grace`` seconds
-  after the first of them arrived, whichever comes first. A member that died, is cut off, or is
-  stopped does not post, and is left out after ``grace``.
+- ``agree`` decides: once every member of G (and every pending joiner) is here or known gone, or
+  ``grace`` seconds after the first of them arrived, whichever comes first. A member whose process
+  ended is known gone when a survivor saw it (its pid gone on the same host, its sockets closed:
+  ``mark_gone``); one that is cut off or stopped does not post, and is left out after ``grace``.
 - A second failure during the agreement or the build of G+1 is handled the same way: the build fails
   (its bootstrap times out or a peer dies), G+1 is revoked, and the survivors agree on G+2.
 
@@ -149,6 +150,13 @@ class Membership:
                    f"revoking generation {g}")
         self.say_here()
 
+    def mark_gone(self, members: list[int]) -> None:
+        """Tell the others that these members of the current generation have ended (their process
+        exited, their sockets closed): nobody waits the grace for their word."""
+        nxt = self.current.generation + 1
+        for m in members:
+            self._call(lambda m=m: self.store.set(f"{_PREFIX}/g{nxt}/gone/{m}", "1"), f"noting member {m} gone")
+
     def say_here(self) -> None:
         """Post that this process is alive and will take part in the next generation (idempotent)."""
         nxt = self.current.generation + 1
@@ -220,17 +228,24 @@ class Membership:
         """Wait for the others' word (at most ``grace`` after the first arrival, ``timeout`` in all),
         then propose who answered; return the list that won."""
         expected = list(old.members) + [j for j in self.pending_joiners() if j not in old.members]
-        here_key = f"{_PREFIX}/g{g}/here/"
+        here_key, gone_key = f"{_PREFIX}/g{g}/here/", f"{_PREFIX}/g{g}/gone/"
         start = time.monotonic()
         first_seen = start
         while True:
+            # A member known gone (its process ended: mark_gone) will not answer: no need to wait for it.
+            # Read before the answers: a live member says it is here before it closes anything (revoke
+            # comes before the teardown), so one wrongly called gone is then always seen here too.
+            gone = [m for m in expected if self._call(lambda m=m: self.store.check([gone_key + str(m)]),
+                                                      f"agreeing on generation {g}")]
             present = [m for m in expected if self._call(lambda m=m: self.store.check([here_key + str(m)]),
                                                          f"agreeing on generation {g}")]
+            gone = [m for m in gone if m not in present]
             decided = self._members_of(g)
             if decided is not None:
                 return decided
             now = time.monotonic()
-            if len(present) == len(expected) or now - first_seen >= self.grace or now - start >= self.timeout:
+            if len(present) + len(gone) == len(expected) or now - first_seen >= self.grace or \
+                    now - start >= self.timeout:
                 break
             time.sleep(_POLL_S)
         proposal = json.dumps(present)

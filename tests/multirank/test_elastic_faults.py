@@ -29,7 +29,9 @@ CASES = {c.name: c for c in [
     Case("kill-backward", "kill", ("h3",), (3, 2), step_seconds=0.1, delay_s=0.03),
     Case("kill-plain", "kill", ("h2",), (3, 2)),
     Case("kill-int8", "kill", ("h3",), (3, 2), compression="int8"),
-    # h4's process dies (its peers see it at once and start agreeing: grace 1 s), h3's host 0.3 s later.
+    # h4's host fails silently (its peers see it at the deadline T, then wait the 1 s grace for its
+    # word); h3's host fails inside that wait, after saying it was here: the world it was agreed into
+    # cannot form, and the survivors agree again without it.
     Case("kill-in-agreement", "kill2", ("h4", "h3"), (4, 2), hosts=4),
     Case("cut-both", "cut", ("h3",), (3, 2)),
     Case("cut-up", "cut-up", ("h3",), (3, 2)),

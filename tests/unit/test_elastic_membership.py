@@ -67,6 +67,28 @@ def test_survivors_agree_on_one_world_without_the_silent_member():
         ms[2].agree("lost")
 
 
+def test_a_member_known_gone_is_not_waited_for():
+    """A survivor that saw a member's process end (its sockets closed, its pid gone) says so: the
+    others decide as soon as every other member has answered, not after the grace."""
+    store = dist.HashStore()
+    ms = _members(store, 3, grace=20.0)
+    ms[0].mark_gone([2])
+    start = time.monotonic()
+    got = _agree_all([ms[0], ms[1]])
+    assert {tuple(d.members) for d in got.values()} == {(0, 1)} and got[0].lost == [2]
+    assert time.monotonic() - start < 5  # not the 20 s grace
+
+
+def test_a_member_marked_gone_that_answers_stays_in():
+    """A wrong "gone" (the member was alive after all) costs nothing once it has answered."""
+    store = dist.HashStore()
+    ms = _members(store, 3, grace=0.3)
+    ms[0].mark_gone([2])
+    ms[2].say_here()  # as its watcher does at once: it had answered before anyone decided
+    got = _agree_all(ms)
+    assert {tuple(d.members) for d in got.values()} == {(0, 1, 2)}
+
+
 def test_every_member_present_decides_without_waiting_the_grace():
     store = dist.HashStore()
     ms = _members(store, 3, grace=20.0)

@@ -132,6 +132,9 @@ def test_run_and_init_refuse_bad_use(monkeypatch):
     monkeypatch.delenv("PMI_RANK")
     with pytest.raises(ValueError, match="backend 'gloo'"):
         elastic.init_process_group("gloo")
+    monkeypatch.setenv("DDL_TOPOLOGY", "2x2")
+    with pytest.raises(ValueError, match="DDL_TOPOLOGY='2x2' emulates a grid of a fixed size"):
+        elastic.init_process_group("ddl")
 
 
 def test_run_refuses_a_model_without_its_optimizer(monkeypatch):

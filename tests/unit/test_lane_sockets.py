@@ -173,3 +173,26 @@ def test_a_stranger_connecting_first_is_ignored():
         out[1] = sorted(LaneSockets(store, 1, 2, 10.0).socks)
         t.join(10)
     assert out == {0: [1], 1: [0]}
+
+
+def test_closed_peers_tells_a_closed_connection_from_an_idle_one_without_waiting():
+    """An elastic job asks which lane peers have gone (their process ended: the connection is at its
+    end); an idle but open connection must not make it wait for the socket's timeout."""
+    import socket
+    import time
+
+    from ddl_triton.runtime.lanes.lane_sockets import LaneSockets
+
+    a1, b1 = socket.socketpair()
+    a2, b2 = socket.socketpair()
+    for s in (a1, a2):
+        s.settimeout(5.0)  # as the lane's sockets carry the deadline
+    lane = object.__new__(LaneSockets)
+    lane.socks = {1: a1, 2: a2}
+    b2.close()  # peer 2's process ended; peer 1 is alive and silent
+    start = time.monotonic()
+    assert lane.closed_peers() == [2]
+    assert time.monotonic() - start < 1.0
+    assert a1.gettimeout() == 5.0  # the socket is left as it was
+    for s in (a1, a2, b1):
+        s.close()

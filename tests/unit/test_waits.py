@@ -164,6 +164,12 @@ def test_a_revoked_world_makes_every_wait_give_up_within_a_liveness_period():
             wait_until(lambda: False, 30.0, 4, "message 12")
         assert caught.value.dead and caught.value.peer == 4
         assert time.monotonic() - start < 0.1 + 2 * waits._LIVENESS_PERIOD + 0.5
+        # A wait that starts once the world is revoked (the old communicator's close, flushing its
+        # sends) gives up at once, not a liveness period later: a close waits on many peers in turn.
+        start = time.monotonic()
+        with pytest.raises(PeerTimeout, match="abandoned"):
+            wait_until(lambda: False, 30.0, 5, "gloo send completion")
+        assert time.monotonic() - start < waits._LIVENESS_PERIOD / 2
     finally:
         timer.cancel()
         failure_notice.clear_revocation()

@@ -237,6 +237,11 @@ class CallLane:
         self.done_reading()  # the lane stays in step: every peer's message of this call was read
         raise calls_disagree(self.rank, seq, calls, self.size)
 
+    def closed_peers(self) -> list[int]:
+        """Peers whose lane connection is known closed (TCP lanes only; an MPI lane cannot tell)."""
+        sockets = getattr(self.wire, "sockets", None)
+        return sockets.closed_peers() if sockets is not None else []
+
     def close(self) -> None:
         self.wire.close()
 

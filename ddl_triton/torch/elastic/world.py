@@ -134,6 +134,10 @@ class ElasticWorld:
         old = self.decision
         if reason == "lost":
             self.membership.revoke(str(error).splitlines()[0][:300] if error is not None else "a failure")
+            # Ranks this process saw end (a pid gone, sockets closed): the others need not wait for them.
+            comm = self.comm
+            gone = comm.peers_gone() if comm is not None else sorted(failure_notice.gone())
+            self.membership.mark_gone([old.members[r] for r in gone if r < old.size])
             state.restore()
         self._tear_down()
         decision = self.membership.agree(reason, min_size)
@@ -254,6 +258,9 @@ def init_process_group(backend: str = "ddl", *, grace: float = 1.0) -> None:
     if not grace > 0:
         raise ValueError(f"elastic.init_process_group: grace must be > 0 seconds, got {grace!r}")
     options = Options.from_env()
+    if options.topology:
+        raise ValueError(f"elastic.init_process_group: DDL_TOPOLOGY={options.topology!r} emulates a grid of a "
+                         "fixed size, and an elastic world changes size: unset it (elastic jobs find their hosts)")
     failure_notice.set_revocable(True)
     host = this_host()  # for errors and the records: the lost ranks' hosts are named by it
     joiner = os.environ.get(_JOIN_VARIABLE, "") not in ("", "0")
