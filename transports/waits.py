@@ -136,7 +136,7 @@ def wait_until(ready: Callable[[], bool], timeout: float, peer: int, what: str,
     global current_wait, last_stuck
     revoked = failure_notice.revoked()
     if revoked is not None:  # the world is being given up: every later wait (a close's flush) gives up at once
-        raise PeerTimeout(peer, f"{what} (abandoned: {revoked[1]})", dead=True)
+        raise _abandoned(peer, what, revoked)
     now = time.monotonic()
     current_wait = (peer, what, time.time())
     try:
@@ -217,7 +217,12 @@ def _wait_slowly(ready, deadline: float, next_liveness: float, peer: int, what: 
                                   dead=True)
             revoked = failure_notice.revoked()
             if revoked is not None and not ready():
-                raise PeerTimeout(peer, f"{what} (abandoned: {revoked[1]})", dead=True)
+                raise _abandoned(peer, what, revoked)
+
+
+def _abandoned(peer: int, what: str, revoked: tuple[float, str]) -> PeerTimeout:
+    """The error of a wait given up because the job revoked this process's world (failure_notice.revoke)."""
+    return PeerTimeout(peer, f"{what} (abandoned: {revoked[1]})", dead=True)
 
 
 _loadavg_fd: int | None = None  # /proc/loadavg, opened once (None: not opened yet; -1: unavailable)

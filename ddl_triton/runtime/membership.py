@@ -262,7 +262,7 @@ class Membership:
             return Decision(g, members, rank, reason=reason)
         lost = [r for r, m in enumerate(old.members) if m not in members]
         joined = [m for m in members if m not in old.members]
-        hosts = [self._host_of(old.members[r]) for r in lost]
+        hosts = [self.host_of(old.members[r]) for r in lost]
         return Decision(g, members, rank, lost, hosts, joined, reason)
 
     # -- the store -----------------------------------------------------------------------------------------
@@ -284,15 +284,14 @@ class Membership:
             return 0
 
     def host_of(self, member: int) -> str:
-        """The host name ``member`` posted when it started (\"?\" where unknown)."""
-        return self._host_of(member)
-
-    def _host_of(self, member: int) -> str:
+        """The host name ``member`` posted when it started ("?" where unknown or the store is gone:
+        this only names hosts in messages)."""
         if member not in self._hosts:
             key = f"{_PREFIX}/host/{member}"
             try:
-                raw = self.store.get(key) if self.store.check([key]) else b"?"
-            except RuntimeError:
+                raw = self._call(lambda: self.store.get(key) if self.store.check([key]) else b"?",
+                                 f"reading member {member}'s host")
+            except CoordinatorLost:
                 raw = b"?"
             self._hosts[member] = raw.decode(errors="replace")[:100].split("|")[0]
         return self._hosts[member]

@@ -126,11 +126,11 @@ class HookState:
 
     def residuals_snapshot(self) -> dict:
         """A copy of the error-feedback residuals (an elastic commit keeps it; ``load_residuals``)."""
-        return {k: (kind, w.clone(), None if s is None else s.clone()) for k, (kind, w, s) in self._residuals.items()}
+        return _copied(self._residuals)
 
     def load_residuals(self, snapshot: dict) -> None:
         """Put residuals from ``residuals_snapshot`` back (copied again: the snapshot stays as it was)."""
-        self._residuals = {k: (kind, w.clone(), None if s is None else s.clone()) for k, (kind, w, s) in snapshot.items()}
+        self._residuals = _copied(snapshot)
 
     def explain(self, nbytes: int) -> str:
         """What ``auto_compress_hook`` sends between hosts for a bucket of ``nbytes``, and why
@@ -169,6 +169,11 @@ class HookState:
         server = None if server_numel is None else torch.zeros(server_numel, dtype=torch.float32, device=device)
         self._residuals[key] = (kind, worker, server)
         return worker, server
+
+
+def _copied(residuals: dict) -> dict:
+    """Residuals ({bucket: (kind, worker, server or None)}) whose tensors share nothing with these."""
+    return {k: (kind, w.clone(), None if s is None else s.clone()) for k, (kind, w, s) in residuals.items()}
 
 
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
