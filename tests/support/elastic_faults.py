@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddl_triton import testbed
+from support.host_faults import shm_left, shm_problems
 from support.launch import TESTS, torch_launcher_env
 
 ROOT = TESTS.parent
@@ -208,9 +209,7 @@ def run_case(case: Case, struck: threading.Event | None = None) -> CaseRun:
                         if struck is not None:
                             struck.set()
                 _wait_all(procs, ended, run.struck or time.time(), case.timeout_s + _ENDING_S)
-                for host in bed.holders:  # the hosts still up (a killed host's /dev/shm went with it)
-                    listing = bed.run(host, ["ls", "/dev/shm"], timeout=30).stdout.split()
-                    run.shm_left[host] = [n for n in listing if n.startswith("ddl")]
+                run.shm_left = shm_left(bed)
             finally:
                 for host, (proc, out) in procs.items():
                     if proc.poll() is None:
@@ -381,9 +380,7 @@ def problems(run: CaseRun, reference: float, steps: int = STEPS) -> list[str]:
     losses = step_losses(run)
     if len(losses) < 10 or not sum(losses[-5:]) / 5 < sum(losses[:5]) / 5:
         found.append(f"the loss did not fall: {[round(x, 3) for x in losses]}")
-    found += [f"{h}: /dev/shm kept {left}" for h, left in run.shm_left.items() if left]
-    if "h1" not in run.shm_left:
-        found.append("h1's /dev/shm was not checked")
+    found += shm_problems(run.shm_left)
     return found
 
 

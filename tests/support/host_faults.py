@@ -101,9 +101,7 @@ def run_fault(fault: str, launcher: str, timeout_s: float = 5.0, rate: str = "1g
             run.ranks_gone_after_s = _wait_ended(jobs, pids, struck,
                                                  timeout_s + _ENDING_S + (_SLOW_RUN_S if fault == "slow" else 0))
             run.ended_after_s = time.time() - struck
-            for host in bed.holders:  # the hosts still alive (kill-host ended h2, and its /dev/shm)
-                listing = bed.run(host, ["ls", "/dev/shm"], timeout=30).stdout.split()
-                run.shm_left[host] = [n for n in listing if n.startswith("ddl")]
+            run.shm_left = shm_left(bed)
         finally:
             for host, (proc, out) in jobs.items():
                 if proc.poll() is None:
@@ -126,6 +124,20 @@ def run_fault(fault: str, launcher: str, timeout_s: float = 5.0, rate: str = "1g
         run.ranks[end.rank] = end
     shutil.rmtree(results, ignore_errors=True)
     return run
+
+
+def shm_left(bed) -> dict[str, list[str]]:
+    """Per host still up (a killed host's /dev/shm went with it): the ddl_triton segments in its /dev/shm."""
+    return {host: [n for n in bed.run(host, ["ls", "/dev/shm"], timeout=30).stdout.split() if n.startswith("ddl")]
+            for host in bed.holders}
+
+
+def shm_problems(left: dict[str, list[str]]) -> list[str]:
+    """What ``shm_left``'s answer shows wrong: a segment kept, or h1 (never a victim) not checked."""
+    found = [f"{h}: /dev/shm kept {names}" for h, names in left.items() if names]
+    if "h1" not in left:
+        found.append("h1's /dev/shm was not checked")
+    return found
 
 
 def _start(bed, launcher: str, results: Path, timeout_s: float, seconds: float) -> dict:
@@ -221,9 +233,7 @@ def problems(run: FaultRun, size: int = 4) -> list[str]:
         found.append(f"ranks {sorted(run.ranks)} ran, not 0..{size - 1}")
     found += [f"rank {r} ran in a world of {e.size}, not {size}" for r, e in sorted(run.ranks.items()) if e.size != size]
     found += [f"rank {r}: {e.wrong} wrong results" for r, e in sorted(run.ranks.items()) if e.wrong]
-    found += [f"{h}: /dev/shm kept {left}" for h, left in run.shm_left.items() if left]
-    if "h1" not in run.shm_left:
-        found.append("h1's /dev/shm was not checked")
+    found += shm_problems(run.shm_left)
     if run.ranks_gone_after_s is None:
         found.append("a rank's process outlived the run")
     if run.fault == "slow":
