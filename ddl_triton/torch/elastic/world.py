@@ -21,6 +21,7 @@ import sys
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
@@ -70,8 +71,6 @@ class ElasticWorld:
         allreduce, the latency path); when some wait, every rank raises ``HostsUpdated`` together.
         Rank 0 asks the store at most every ``_JOIN_POLL_S``: a store round trip at every commit
         cost more than the allreduce (a joiner waits that much longer, next to its seconds of start-up)."""
-        import torch
-
         if self._flag is None:
             self._flag = torch.zeros(1, dtype=torch.int64)
         waiting = 0
@@ -86,9 +85,10 @@ class ElasticWorld:
     def finish(self) -> None:
         """The training function returned here: check with every rank that it returned there too
         (one small collective; it fails, and the world re-forms, if a rank was lost meanwhile)."""
-        if failure_notice.revoked() is not None:
+        revoked = failure_notice.revoked()
+        if revoked is not None:
             raise _WorldEnded(f"rank {self.decision.rank}: elastic: the world failed as training ended here: "
-                           f"{failure_notice.revoked()[1]}")
+                              f"{revoked[1]}")
         self.comm.barrier()
         if self.decision.rank == 0 and self.decision.generation > 0:
             self._release_torchrun_exit_barrier()
@@ -141,28 +141,27 @@ class ElasticWorld:
             state.restore()
         self._tear_down()
         decision = self.membership.agree(reason, min_size)
-        t_agreed = time.time()
-        self._build(decision)
-        t_rebuilt = time.time()
-        self._follow(state)
-        state.sync(self.comm, decision.prefix("state"), self.store)
-        state.reset()
-        t_resumed = time.time()
-        self._record(old, decision, reason, t_failed, t_agreed, t_rebuilt, t_resumed)
+        self._enter(decision, state, old, reason, t_failed, time.time())
 
     def admit(self, state) -> None:
         """A joiner: wait until the members admit this process, then build the world and take the state."""
-        t_failed = time.time()
+        t_asked = time.time()
         decision = self.membership.wait_admitted(self.options.timeout)
-        t_agreed = time.time()
-        self._tear_down()
+        t_admitted = time.time()
+        self._tear_down()  # the world of one it waited in
+        self._enter(decision, state, None, "joined", t_asked, t_admitted)
+        self.joiner_waiting = False
+
+    def _enter(self, decision: Decision, state, old: Decision | None, reason: str, t_failed: float,
+               t_agreed: float) -> None:
+        """Build the agreed world, put DDP and the hooks on it, make every rank hold the same state,
+        run the reset callbacks, and record the change with the time of each phase."""
         self._build(decision)
         t_rebuilt = time.time()
         self._follow(state)
         state.sync(self.comm, decision.prefix("state"), self.store)
         state.reset()
-        self.joiner_waiting = False
-        self._record(None, decision, "joined", t_failed, t_agreed, t_rebuilt, time.time())
+        self._record(old, decision, reason, t_failed, t_agreed, t_rebuilt, time.time())
 
     def start(self, state) -> None:
         """The first call of ``elastic.run``: every rank takes rank 0's state (as Horovod's first sync)."""
