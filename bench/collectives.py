@@ -18,6 +18,19 @@ testbed: docs/testbed.md), each row also shows ``bound``: the least time any all
 S bytes over H hosts needs on that link, 2(H-1)/H * S through each host's link in each
 direction (reduce-scatter, then all-gather, between the hosts), and ``%bound``, that
 time's share of the measured one (100% = the link is the only cost).
+
+On one host, each row shows ``mem(us)``: the least time the memory allows, from a copy
+bandwidth measured in the same run. Every rank copies S bytes between two prebuilt buffers at
+once (``copy``, timed in the same interleaved rounds as the peers, so it sees the same drift),
+less a copy of one element (the call's fixed cost). An in-place allreduce must at least read
+every rank's input once and write its output once: one copy's memory traffic per rank, whatever
+the schedule. So mem = that copy time, the floor, and ``%mem`` is its share of each peer's
+measured time. Intermediate traffic (publishing into a shared segment, reading the peer's
+share) comes on top; chunked schedules keep it in the shared last-level cache, which is why
+no floor that counts it as memory traffic would hold (through a segment out of cache it is 2.5
+copies per rank). The copy is timed at the call's size, so the floor follows the cache level
+that size lives in. Below 64 KiB a copy is mostly its call's fixed cost, not memory traffic:
+the column shows "-" there.
 """
 from __future__ import annotations
 
@@ -108,6 +121,19 @@ def _time_round(impl: _Impl, buf: torch.Tensor, iters: int, mpi_comm) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+# Below this size a copy's time is mostly its call, not memory traffic: no memory bound is shown.
+_MEM_BOUND_MIN_BYTES = 64 << 10
+
+
+def _copy_impls(count: int, dtype: torch.dtype) -> list[_Impl]:
+    """The memory-traffic yardstick: every rank copies the buffer into a prebuilt one of its own
+    ("copy"), and one element of it ("copy0": the copy call's fixed cost, taken off)."""
+    dst = torch.empty(count, dtype=dtype)
+    dst0 = torch.empty(1, dtype=dtype)
+    return [_Impl("copy", lambda t: functools.partial(dst.copy_, t)),
+            _Impl("copy0", lambda t: functools.partial(dst0.copy_, t[:1]))]
+
+
 def _count_wrong(impl: _Impl, count: int, dtype: torch.dtype, op: str, rank: int, size: int) -> int:
     base = torch.arange(count, dtype=torch.int64) % 13
     t = (base + rank).to(dtype)
@@ -163,6 +189,7 @@ def main(argv=None) -> int:
     impls = _impls(comm, mpi_comm, dist, args.op, dtype, names, args.schedule)
     n = comm.size
     hosts = len(set(comm.placement.node_of_rank))
+    mem_bound = hosts == 1 and n > 1  # across hosts the link bounds a call long before memory does
     link_bits = parse_rate(args.link_rate) if args.link_rate else 0
     rows = []
     if comm.rank == 0:
@@ -171,7 +198,8 @@ def main(argv=None) -> int:
               + (f"; {hosts} hosts, links {args.link_rate}: bound = 2(H-1)/H*S on one host's link" if link_bits else ""))
         print(f"{'size(B)':>10} {'count':>9} {'type':>8} {'redop':>5} {'impl':>17} {'time(us)':>10} {'algbw':>7} "
               f"{'busbw':>7} {'#wrong':>6} {'shm B':>10} {'mpi B':>10} {'mpi/impl':>8}"
-              + (f" {'bound(us)':>10} {'%bound':>7}" if link_bits else ""))
+              + (f" {'bound(us)':>10} {'%bound':>7}" if link_bits else "")
+              + (f" {'mem(us)':>9} {'%mem':>6}" if mem_bound else ""))
     for nbytes in _sizes(max(args.min_bytes, elem), args.max_bytes):
         count = nbytes // elem
         buf = (torch.arange(count) % 13).to(dtype)
@@ -180,10 +208,11 @@ def main(argv=None) -> int:
             im.bind(buf)()
         probe = _time_round(impls[0], buf, 3, mpi_comm)
         iters = int(mpi_comm.allreduce(max(1, min(10000, int(args.round_seconds / max(probe, 1e-7)))), op=MPI.MAX))
-        times: dict[str, list[float]] = {im.name: [] for im in impls}
-        sent: dict[str, dict[str, int]] = {im.name: {} for im in impls}
+        timed = impls + (_copy_impls(count, dtype) if mem_bound else [])
+        times: dict[str, list[float]] = {im.name: [] for im in timed}
+        sent: dict[str, dict[str, int]] = {im.name: {} for im in timed}
         for _ in range(args.rounds):
-            for im in impls:
+            for im in timed:
                 buf.copy_((torch.arange(count) % 13).to(dtype))
                 before = im.comm.transport_bytes if im.comm else {}
                 times[im.name].append(_time_round(im, buf, iters, mpi_comm))
@@ -211,14 +240,30 @@ def main(argv=None) -> int:
         bound = 2 * (hosts - 1) / hosts * count * elem * 8 / link_bits if link_bits and hosts > 1 else None
         if bound is not None:
             row["link_bound_us"] = bound * 1e6
+        mem = None
+        if mem_bound:
+            # Per round, the copy's time less the one-element copy's (its call), then the median.
+            copy = statistics.median(float(mpi_comm.allreduce(t - t0, op=MPI.MAX))
+                                     for t, t0 in zip(times["copy"], times["copy0"]))
+            row["copy_us"] = copy * 1e6
+            row["copy_GBps"] = count * elem / copy / 1e9 if copy > 0 else None
+            if count * elem >= _MEM_BOUND_MIN_BYTES and copy > 0:
+                mem = copy  # read the input once, write the output once
+                row["mem_bound_us"] = mem * 1e6
         if comm.rank == 0:
             for name, med, algbw, busbw, wrong, per_call in lines:
                 shm_b = f"{per_call['shm']:.0f}" if "shm" in per_call else "-"
                 mpi_b = f"{per_call['mpi']:.0f}" if "mpi" in per_call else "-"
                 ratio = f"{mpi_time / med:.2f}" if mpi_time else "-"
                 share = f" {bound * 1e6:>10.1f} {100 * bound / med:>6.1f}%" if bound is not None else ""
+                if mem_bound:
+                    share += f" {mem * 1e6:>9.1f} {100 * mem / med:>5.1f}%" if mem is not None else f" {'-':>9} {'-':>6}"
                 print(f"{count * elem:>10} {count:>9} {args.dtype:>8} {args.op:>5} {name:>17} {med * 1e6:>10.1f} "
                       f"{algbw:>7.3f} {busbw:>7.3f} {wrong:>6} {shm_b:>10} {mpi_b:>10} {ratio:>8}{share}", flush=True)
+            if mem_bound:
+                print(f"{'':>10} {'':>9} {'':>8} {'':>5} {'copy':>17} {row['copy_us']:>10.1f} "
+                      f"{row['copy_GBps'] or 0:>7.3f} (each rank copies S bytes at once, less a 1-element copy: "
+                      "the memory yardstick)", flush=True)
         rows.append(row)
     if comm.rank == 0 and args.schedule == "all":
         _print_crossovers(rows, [im.name for im in impls if im.name.startswith("ddl:")])
