@@ -1,7 +1,7 @@
 """Data-parallel training scaling: ddl_triton against gloo, the host's ceiling and, across hosts, the link's bound.
 
 Run:  ddlrun -n 2 -- python bench/train_scaling.py [--model cnn|mlp|both] [--steps 5] [--rounds 10]
-                                                  [--gradient-as-bucket-view] [--json F]
+                                                  [--warmup 2] [--gradient-as-bucket-view] [--json F]
 Across hosts (docs/testbed.md; bench/train_scaling_across_hosts.py runs both launchers and layouts):
       ddlrun -n 4 -H h1:2,h2:2 -- python bench/train_scaling.py --link-rate 1gbit
       torchrun --nnodes 2 --node-rank I --nproc-per-node 2 --master-addr h1 --master-port P \
@@ -35,12 +35,14 @@ world size:
   gradient bytes, and it against ``ddp no-comm`` the cost of keeping the ranks in step (the
   slower rank of each step sets the pace; the ranks compute the same phase at once);
   its replicas diverge, so they are not compared;
-- ``gloo``: DDP on torch's gloo;
-- ``ddl``: DDP on the "ddl" backend (DDP's own allreduce through the process group);
+- ``gloo``: DDP on torch's gloo, through torch's stock ``allreduce_hook`` (default_hooks.py);
+- ``ddl``: DDP on the "ddl" backend, through the same stock hook (so the two differ only in the
+  backend; a hook called from Python is not the reducer's own call, which the backend's
+  ``_called_from_cpp_backward`` treats apart);
 - ``ddl+<hook>``: DDP on "ddl" with a comm hook from ddl_triton.torch.hooks (``ddl+auto``:
   ``auto_compress_hook``: full precision inside a host, compressed between hosts where it pays);
 - ``ddl[<setting>]``: DDP on a "ddl" process group made with ``DDL_COMPRESSION=<setting>`` (the
-  ``compression`` option of the default path: int8, onebit or auto), no hook. Where a mode
+  ``compression`` option of the default path: int8, onebit or auto), through the stock hook. Where a mode
   compresses per level, the table's notes say what each bucket size sent between hosts, and why.
 
 "cpu ms" is the CPU time one rank's process spends per step, every thread included (the
@@ -65,6 +67,19 @@ The header states the same bound for fp32 from DDP's bucket layout alone (its lo
 sizes after the rebuild; the last bucket carries 2(H-1)/H * S_last through each of the H hosts'
 links): the figure no full-precision mode can pass, but for what the shaper lets through at
 once (the testbed's tbf burst: about 2 ms of traffic, when the link was idle before).
+
+The exposed communication (a second table; bench/_exposure.py): every DDP mode's comm hook is
+wrapped to record, per bucket, its hand-off and the completion of the future it returned (a
+done-callback: the time the collective ended, in the thread that ended it, not when someone
+waited). Per step and rank, exposed = the last completion - the last hand-off: from the end of
+backward to the end of every bucket's collective. Per step the smallest over the ranks (the last
+rank to end backward: what the step pays for communication beyond the slowest backward; "skew
+incl.": the largest, the first rank's, which also waits for the others' backward); per round
+the median over its steps; the table quotes the median and p25-p75 over rounds. Beside it,
+across hosts, the wire bound: the last bucket's bytes through a host's link (2(H-1)/H * S in
+fp32; for per-level compression, what its notes say that bucket sent, in compressed bytes), over
+the shaped rate, and the exposed time in multiples of it; and the share of no-comm, p25-p75 of
+its rounds, as information (the VM's speed and the ranks' skew move it by several points).
 ``--gradient-as-bucket-view`` passes DDP's option of that name to every DDP mode
 (gradients live in DDP's buckets: no copy into or out of them).
 """
@@ -86,7 +101,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _timing import unchanged_bucket_hook  # bench/ is on the path when run as a script
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as stock_allreduce_hook
+
+from _exposure import Exposure, per_step as exposure_per_step, quartiles, wire_bytes_last  # bench/ is on the path when run as a script
+from _timing import unchanged_bucket_hook
 from ddl_triton.testbed.hosts import parse_rate  # the standard library only: no testbed is needed
 
 BATCH = 32
@@ -144,9 +162,9 @@ def _hook_name(short: str) -> str:
 
 
 def compression_settings() -> list[str]:
-    """The settings of Options.compression other than "none" (none where the option does not exist)."""
-    from ddl_triton import options
-    return [c for c in getattr(options, "COMPRESSION", ()) if c != "none"]
+    """The settings of Options.compression other than "none" (ddl_triton/compression_methods.py)."""
+    from ddl_triton import compression_methods
+    return [c for c in compression_methods.choices() if c != compression_methods.NONE]
 
 
 def _compressed_group(setting: str):
@@ -217,14 +235,19 @@ class _Trainer:
         self.model = DDP(net, **ddp_options) if self.ddp else net
         self.hook_state = None
         self.group = group
+        self.exposure = Exposure()  # every DDP mode's hook goes through it: hand-offs and completions
         if name == NO_COMM:
-            self.model.register_comm_hook(None, unchanged_bucket_hook)
+            state, hook = None, unchanged_bucket_hook
         elif name == LOCKSTEP:
-            self.model.register_comm_hook(comm, _lockstep_hook)
+            state, hook = comm, _lockstep_hook
         elif name.startswith("ddl+"):
             from ddl_triton.torch import hooks
             self.hook_state = hooks.HookState(comm)
-            self.model.register_comm_hook(self.hook_state, getattr(hooks, _hook_name(name[4:])))
+            state, hook = self.hook_state, getattr(hooks, _hook_name(name[4:]))
+        else:  # gloo, ddl, ddl[<setting>]: torch's stock allreduce_hook on the mode's process group
+            state, hook = group, stock_allreduce_hook
+        if self.ddp:
+            self.model.register_comm_hook(state, self.exposure.wrap(hook))
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.data = _batches(rank)
         self.i = 0
@@ -233,6 +256,7 @@ class _Trainer:
         """One training step; returns its wall time in seconds."""
         x, y = self.data[self.i % len(self.data)]
         self.i += 1
+        self.exposure.begin_step()
         t0 = time.perf_counter()
         loss = F.cross_entropy(self.model(x), y)
         self.opt.zero_grad(set_to_none=False)
@@ -254,16 +278,32 @@ class _Trainer:
         logged = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
         return [int(x) for x in logged.replace(" ", "").split(",") if x]
 
+    def _explain(self):
+        """The explain(nbytes) of this mode's per-level compression, or None where it has none."""
+        if self.name == "ddl+auto":
+            return self.hook_state.explain
+        if self.name.startswith("ddl[") and self.group.compression is not None:
+            return self.group.compression.explain
+        return None
+
     def compression_notes(self) -> list[str]:
         """Where this mode compresses per level: what each of its bucket sizes sent between hosts,
         and why (decided during training, so asking again is not collective)."""
-        if self.name == "ddl+auto":
-            explain = self.hook_state.explain
-        elif self.name.startswith("ddl[") and self.group.compression is not None:
-            explain = self.group.compression.explain
-        else:
-            return []
-        return [explain(b) for b in self.bucket_sizes()]
+        explain = self._explain()
+        return [explain(b) for b in self.bucket_sizes()] if explain is not None else []
+
+    def last_bucket_link_bytes(self, hosts: int, per_host: int) -> float | None:
+        """The bytes the bucket issued when backward ends puts through each host's link (module
+        doc, "exposed"): None for the modes that send no gradients, and for the flat compressed hooks."""
+        buckets = self.bucket_sizes() if self.ddp else []
+        if not buckets or self.name == NO_COMM:
+            return None
+        if self.name == LOCKSTEP:
+            return wire_bytes_last(4, "none", hosts, per_host)
+        if self.name not in ("gloo", "ddl", "ddl+allreduce", "ddl+auto") and not self.name.startswith("ddl["):
+            return None
+        explain = self._explain()  # per level: the method its notes name for the last bucket
+        return wire_bytes_last(buckets[-1], explain(buckets[-1]) if explain else "none", hosts, per_host)
 
     def close(self) -> None:
         if self.hook_state is not None and hasattr(self.hook_state, "close"):
@@ -288,7 +328,7 @@ def _check_modes(modes: list[str], n: int) -> None:
 
 
 def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bucket_cap_mb: float | None = None,
-        bucket_view: bool = False, link_rate: str = "", link_iface: str = "eth0") -> dict:
+        bucket_view: bool = False, link_rate: str = "", link_iface: str = "eth0", warmup: int = 2) -> dict:
     import ddl_triton as ddl
     rank, n = ctl.rank, ctl.size
     comm = ddl.init()
@@ -305,16 +345,19 @@ def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bu
     times: dict[str, list[float]] = {m: [] for m in modes}  # per round: the median step, seconds
     cpu_times: dict[str, list[float]] = {m: [] for m in modes}  # CPU seconds per step, all threads
     link_bytes: dict[str, list[float]] = {m: [] for m in modes}  # per round: the busiest host's, per step
+    exposed: dict[str, list[float]] = {m: [] for m in modes}  # per round: the median step's, the last rank's
+    exposed_max: dict[str, list[float]] = {m: [] for m in modes}  # the same, the first rank's (skew included)
     for r in range(rounds):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for m in order:
             t = trainers[m]
             ctl.barrier()
             active = m != ONE_RANK or rank == r % n
-            steps_taken, cpu, link = [], 0.0, None
+            steps_taken, cpu, link, exposure = [], 0.0, None, []
             if active:
-                for _ in range(2):
+                for _ in range(warmup):
                     t.step()  # warm-up: caches, buckets rebuilt, the allocator's pools
+                t.exposure.take()
             if link_bits:
                 ctl.barrier()  # every rank's link window holds this mode's timed steps and nothing else
             if active:
@@ -324,17 +367,24 @@ def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bu
                 cpu = (time.process_time() - cpu0) / steps
                 if link0 is not None:
                     link = max(b - a for a, b in zip(link0, _link_counters(link_iface))) / steps
-            per_rank = ctl.allgather((steps_taken, cpu, link))  # control path
-            slowest = [max(s[i] for s, _, _ in per_rank if s) for i in range(steps)]
+                exposure = t.exposure.take()  # read after the steps: nothing added to them
+            per_rank = ctl.allgather((steps_taken, cpu, link, exposure))  # control path
+            slowest = [max(s[i] for s, *_ in per_rank if s) for i in range(steps)]
             times[m].append(statistics.median(slowest))
-            cpu_times[m].append(max(c for _, c, _ in per_rank if c))
-            if any(x is not None for _, _, x in per_rank):
-                link_bytes[m].append(max(x for _, _, x in per_rank if x is not None))
+            cpu_times[m].append(max(c for _, c, *_ in per_rank if c))
+            if any(x is not None for _, _, x, _ in per_rank):
+                link_bytes[m].append(max(x for _, _, x, _ in per_rank if x is not None))
+            lows, highs = exposure_per_step([e for *_, e in per_rank if e])
+            if lows:
+                exposed[m].append(statistics.median(lows))
+                exposed_max[m].append(statistics.median(highs))
     digests = {m: ctl.allgather(trainers[m].digest()) for m in modes if trainers[m].synced}
     params = sum(p.numel() for p in trainers[modes[0]].model.parameters())
     ddp_trainers = [t for t in trainers.values() if t.ddp]
     buckets = ddp_trainers[0].bucket_sizes() if ddp_trainers else []
     notes = {m: trainers[m].compression_notes() for m in modes}
+    per_host = n // hosts if n % hosts == 0 else 0
+    last_link = {m: trainers[m].last_bucket_link_bytes(hosts, per_host) if per_host else None for m in modes}
     for t in trainers.values():
         t.close()
 
@@ -368,14 +418,26 @@ def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bu
                      "of_ceiling_rounds": paired(independent(n), m),
                      "of_no_comm": _median_or_none(paired(NO_COMM, m)),
                      "of_no_comm_rounds": paired(NO_COMM, m),
+                     "of_no_comm_quartiles": quartiles(paired(NO_COMM, m)),
+                     "exposed_ms_quartiles": _ms(quartiles(exposed[m])),
+                     "exposed_ms_rounds": [x * 1e3 for x in exposed[m]],
+                     "exposed_skew_ms_quartiles": _ms(quartiles(exposed_max[m])),
+                     "last_bucket_link_bytes": last_link[m],
+                     "wire_bound_ms": last_link[m] * 8 / link_bits * 1e3
+                     if link_bits and last_link[m] is not None else None,
                      "link_bytes_per_step": per_step, "bound": mode_bound, "compression": notes[m],
                      "identical": (len(set(digests[m])) == 1) if m in digests else None})
     return {"model": model, "params": params, "batch_per_rank": BATCH, "steps": steps, "rounds": rounds,
+            "warmup": warmup,
             "ranks": n, "hosts": hosts, "ranks_per_host": [hostnames.count(h) for h in dict.fromkeys(hostnames)],
             "gradient_as_bucket_view": bucket_view, "bucket_cap_mb": bucket_cap_mb, "bucket_sizes": buckets,
             "link_rate": link_rate if link_bits else None,
             "fp32_last_bucket_link_ms": fp32_last_s * 1e3 if fp32_last_s is not None else None,
             "fp32_bound": bound(fp32_last_s) if fp32_last_s is not None else None, "rows": rows}
+
+
+def _ms(q: tuple[float, float, float] | None) -> list[float] | None:
+    return [x * 1e3 for x in q] if q is not None else None
 
 
 def _median_or_none(values: list[float]) -> float | None:
@@ -410,6 +472,22 @@ def _print(result: dict) -> None:
         print(f"{row['mode']:>16} {row['step_ms']:>9.2f} {row['cpu_ms']:>8.2f} {row['img_per_s']:>8.1f} "
               f"{_pct(row['efficiency']):>10} {_pct(row['of_ceiling']):>10} {_pct(row['of_no_comm']):>10}{link} "
               f"{same:>9}", flush=True)
+    print(f"# exposed: from the last bucket's hand-off to every bucket's completion, per step (the last rank "
+          f"to end backward; 'skew incl.': the first), median [p25-p75] of {result['rounds']} rounds")
+    print(f"{'mode':>16} {'exposed ms':>22} {'skew incl. ms':>14}" + (f" {'wire ms':>8} {'x wire':>7}" if across
+                                                                        else "") + f" {'of no-comm [p25-p75]':>22}")
+    for row in result["rows"]:
+        q, skew, wire = row["exposed_ms_quartiles"], row["exposed_skew_ms_quartiles"], row["wire_bound_ms"]
+        if q is None:
+            continue
+        share = row["of_no_comm_quartiles"]
+        share = f"{share[1]:.1%} [{share[0]:.1%}-{share[2]:.1%}]" if share else "-"
+        bound = ""
+        if across:
+            ratio = f"{q[1] / wire:.2f}" if wire else "-"
+            bound = f" {wire:>8.2f} {ratio:>7}" if wire is not None else f" {'-':>8} {'-':>7}"
+        print(f"{row['mode']:>16} {q[1]:>7.2f} [{q[0]:>5.2f}-{q[2]:>6.2f}] {skew[1]:>14.2f}{bound} {share:>22}",
+              flush=True)
     for row in result["rows"]:
         for note in row["compression"]:
             print(f"# {row['mode']}: {note}")
@@ -430,8 +508,11 @@ def main() -> int:
     p.add_argument("--link-rate", default="", help="across hosts: the rate each host's link is shaped to "
                    "(e.g. 1gbit); adds each mode's bytes on the link and its bound")
     p.add_argument("--link-iface", default="eth0", help="across hosts: the interface of the link (default eth0)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per mode per round, before its timed ones")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.steps < 1 or args.rounds < 1 or args.warmup < 1:
+        p.error("--steps, --rounds and --warmup: 1 or more (the first step of a mode rebuilds DDP's buckets)")
     if args.link_rate:
         parse_rate(args.link_rate)  # a bad rate fails here, before any rank starts training
     torch.set_num_threads(1)
@@ -449,7 +530,7 @@ def main() -> int:
     results = []
     for model in (("cnn", "mlp") if args.model == "both" else (args.model,)):
         result = run(model, args.steps, args.rounds, modes, ctl, args.bucket_cap_mb, args.gradient_as_bucket_view,
-                     args.link_rate, args.link_iface)
+                     args.link_rate, args.link_iface, args.warmup)
         results.append(result)
         if ctl.rank == 0:
             _print(result)

@@ -1,6 +1,7 @@
 """bench/train_scaling.py across hosts: 2 hosts, links shaped to ``--rate``, under ddlrun and under
 torchrun, at 2 hosts x 1 rank and 2 hosts x 2 ranks; each job's own table as it ends, then one
-compact table of every job's shares of the no-comm ceiling beside their bounds.
+compact table of every job's shares of the no-comm ceiling beside their bounds, and per job the
+exposed communication per step of each mode against its wire bound (train_scaling.py's doc).
 
 On a testbed (docs/testbed.md; needs root), run from the repository root:
 
@@ -24,6 +25,14 @@ DDL_TUNING_FILE=off (unless set), OMP_NUM_THREADS=1, GLOO_SOCKET_IFNAME and UCX_
 to the interface. The JSON of each job goes to ``--json-prefix``<launcher>-2x<K>.json. ``--lock F``
 holds an exclusive lock on F during each job (``--lock /tmp/ddl_bench.lock`` for timed runs on a
 shared machine), so other timed runs can go between the jobs.
+
+Several runs (separate jobs, each with its own --json-prefix), summarized without running:
+
+    .venv/bin/python bench/train_scaling_across_hosts.py --summarize build/ts-r1-,build/ts-r2-,build/ts-r3-
+
+prints, per job and mode, the exposed ms of each run (median [p25-p75] of its rounds), of all
+runs' rounds together, the wire bound and the exposed time in multiples of it, the share of
+no-comm (median and the runs' range), and the paired ratios ddl / gloo and auto / ddl.
 """
 from __future__ import annotations
 
@@ -32,12 +41,14 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _host_jobs import ddl_options_from_shell, locked as _locked, torchrun_on_every_host  # bench/ is on the path
+from _exposure import quartiles  # bench/ is on the path
+from _host_jobs import ddl_options_from_shell, locked as _locked, torchrun_on_every_host
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -57,7 +68,11 @@ def main(argv=None) -> int:
     p.add_argument("--json-prefix", default="build/train-scaling-across-hosts-")
     p.add_argument("--lock", default="", help="a file to hold an exclusive lock on during each job (as flock(1) "
                    "would: /tmp/ddl_bench.lock for timed runs), released between jobs")
+    p.add_argument("--summarize", default="", help="no run: print the exposed-time table across the runs whose "
+                   "JSON files start with these --json-prefix values (a comma list, one per run)")
     args, rest = p.parse_known_args(argv)
+    if args.summarize:
+        return _summarize(args.summarize.split(","))
     launchers = args.launchers.split(",")
     if set(launchers) - {"ddlrun", "torchrun"}:
         p.error(f"--launchers: ddlrun and/or torchrun, not {args.launchers!r}")
@@ -82,6 +97,7 @@ def main(argv=None) -> int:
             worst = max(worst, code)
             jobs.append((launcher, per_host, out))
     _print_summary(jobs, args.rate)
+    _print_exposed([_load(jobs)])
     return worst
 
 
@@ -180,6 +196,75 @@ def _print_summary(jobs: list[tuple[str, int, Path]], rate: str) -> None:
                     return _pct(row["of_no_comm"])
                 return f"{_pct(row['of_no_comm'])} / {_pct(row['bound'])}"
             line(mode, cell)
+
+
+def _load(jobs: list[tuple[str, int, Path]]) -> dict:
+    """{(job name, model): result} of the jobs' JSON files that exist."""
+    out = {}
+    for launcher, per_host, path in jobs:
+        if path.exists():
+            for r in json.loads(path.read_text())["results"]:
+                out[(f"{launcher} 2x{per_host}", r["model"])] = r
+    return out
+
+
+def _summarize(prefixes: list[str]) -> int:
+    runs = []
+    for prefix in prefixes:
+        found = sorted((ROOT / prefix).parent.glob(Path(prefix).name + "*-2x*.json"))
+        if not found:
+            print(f"train_scaling_across_hosts.py: no JSON file starts with {prefix!r}", file=sys.stderr)
+            return 2
+        jobs = [(f.stem[len(Path(prefix).name):].rsplit("-2x", 1)[0], int(f.stem.rsplit("-2x", 1)[1]), f)
+                for f in found]
+        runs.append(_load(jobs))
+    _print_exposed(runs)
+    return 0
+
+
+def _print_exposed(runs: list[dict]) -> None:
+    """Per job and mode: the exposed time per step of each run (median [p25-p75] of its rounds),
+    of every run's rounds together, the wire bound and the share of no-comm (median, the runs'
+    range); then the paired figures the issue asks for (ddl / gloo, ddl / its bound, auto / ddl)."""
+    keys = list(dict.fromkeys(k for run in runs for k in run))
+    for key in keys:
+        results = [run.get(key) for run in runs]
+        first = next(r for r in results if r)
+        print(f"\n# {key[1]}, {key[0]}, links {first['link_rate']}: exposed ms per step, median [p25-p75] over "
+              f"rounds, per run and all runs' rounds together; wire bound ms; share of no-comm (runs' range)",
+              flush=True)
+        modes = list(dict.fromkeys(row["mode"] for r in results if r for row in r["rows"]
+                                   if row.get("exposed_ms_quartiles")))
+        print(f"{'mode':>16}" + "".join(f" {'run ' + str(i + 1):>21}" for i in range(len(runs)))
+              + f" {'all runs':>21} {'wire ms':>8} {'x wire':>7} {'of no-comm':>21}")
+        pooled = {}
+        for mode in modes:
+            rows = [next((x for x in r["rows"] if x["mode"] == mode), None) if r else None for r in results]
+            cells = [_q(row["exposed_ms_quartiles"]) if row else "-" for row in rows]
+            every = [v for row in rows if row for v in row["exposed_ms_rounds"]]
+            pooled[mode] = quartiles(every)
+            wire = next((row["wire_bound_ms"] for row in rows if row and row["wire_bound_ms"] is not None), None)
+            ratio = f"{pooled[mode][1] / wire:.2f}" if pooled[mode] and wire else "-"
+            shares = [row["of_no_comm"] for row in rows if row and row["of_no_comm"]]
+            share = f"{statistics.median(shares):.1%} ({min(shares):.1%}-{max(shares):.1%})" if shares else "-"
+            print(f"{mode:>16}" + "".join(f" {c:>21}" for c in cells) + f" {_q(pooled[mode]):>21} "
+                  f"{wire if wire is not None else float('nan'):>8.2f} {ratio:>7} {share:>21}", flush=True)
+        auto = next((m for m in ("ddl[auto]", "ddl+auto") if m in pooled), None)
+        for a, b in (("ddl", "gloo"), (auto, "ddl")):
+            if a in pooled and b in pooled and pooled[a] and pooled[b]:
+                per_run = [_median_of(r, a) / _median_of(r, b) for r in results
+                           if r and _median_of(r, a) is not None and _median_of(r, b)]
+                print(f"# {a} / {b} exposed: {pooled[a][1] / pooled[b][1]:.2f} (all rounds); per run "
+                      + ", ".join(f"{x:.2f}" for x in per_run), flush=True)
+
+
+def _median_of(result: dict, mode: str) -> float | None:
+    row = next((x for x in result["rows"] if x["mode"] == mode), None)
+    return row["exposed_ms_quartiles"][1] if row and row.get("exposed_ms_quartiles") else None
+
+
+def _q(q) -> str:
+    return f"{q[1]:.2f} [{q[0]:.2f}-{q[2]:.2f}]" if q else "-"
 
 
 def _row_name(mode: str) -> str:

@@ -34,3 +34,10 @@ def test_train_scaling_runs_every_kind_of_mode(tmp_path):
     for mode in ("gloo", "ddl", "ddl+allreduce", "ddl+int8"):
         assert rows[mode]["identical"] is True, rows[mode]
     assert "ddp no-comm" in proc.stdout and "NO" not in proc.stdout.split(), proc.stdout
+    # the exposed communication per step, measured through every DDP mode's (wrapped) comm hook
+    for mode in MODES[:2]:
+        assert rows[mode]["exposed_ms_quartiles"] is None, rows[mode]
+    for mode in MODES[2:]:
+        p25, median, p75 = rows[mode]["exposed_ms_quartiles"]
+        assert 0 <= p25 <= median <= p75 and len(rows[mode]["exposed_ms_rounds"]) == 2, rows[mode]
+        assert rows[mode]["wire_bound_ms"] is None  # one host: no link
