@@ -484,7 +484,7 @@ def _print(result: dict) -> None:
         share = f"{share[1]:.1%} [{share[0]:.1%}-{share[2]:.1%}]" if share else "-"
         bound = ""
         if across:
-            ratio = f"{q[1] / wire:.2f}" if wire else "-"
+            ratio = f"{q[1] / wire:.2f}" if wire and wire >= 0.01 else "-"  # not of lockstep's 4 bytes
             bound = f" {wire:>8.2f} {ratio:>7}" if wire is not None else f" {'-':>8} {'-':>7}"
         print(f"{row['mode']:>16} {q[1]:>7.2f} [{q[0]:>5.2f}-{q[2]:>6.2f}] {skew[1]:>14.2f}{bound} {share:>22}",
               flush=True)

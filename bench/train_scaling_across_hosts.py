@@ -127,6 +127,8 @@ def _env(iface: str, ssh: str) -> dict[str, str]:
     env = {"UCX_NET_DEVICES": iface, "GLOO_SOCKET_IFNAME": iface, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "DDL_TUNING_FILE": os.environ.get("DDL_TUNING_FILE", "off"),
            "HYDRA_LAUNCHER_EXEC": shutil.which(ssh) or ssh}
+    if os.environ.get("PYTHONPATH"):  # a checkout other than the installed one: the ranks import it too
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     # This shell's other DDL_* options reach every rank under both launchers (ssh passes none).
     env.update({k: v for k, v in ddl_options_from_shell().items() if k not in env})
     return env
@@ -244,7 +246,7 @@ def _print_exposed(runs: list[dict]) -> None:
             every = [v for row in rows if row for v in row["exposed_ms_rounds"]]
             pooled[mode] = quartiles(every)
             wire = next((row["wire_bound_ms"] for row in rows if row and row["wire_bound_ms"] is not None), None)
-            ratio = f"{pooled[mode][1] / wire:.2f}" if pooled[mode] and wire else "-"
+            ratio = f"{pooled[mode][1] / wire:.2f}" if pooled[mode] and wire and wire >= 0.01 else "-"
             shares = [row["of_no_comm"] for row in rows if row and row["of_no_comm"]]
             share = f"{statistics.median(shares):.1%} ({min(shares):.1%}-{max(shares):.1%})" if shares else "-"
             print(f"{mode:>16}" + "".join(f" {c:>21}" for c in cells) + f" {_q(pooled[mode]):>21} "
