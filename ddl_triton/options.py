@@ -55,6 +55,9 @@ class Options:
                                           ddl_triton/compression_methods.py ("int8", "onebit", "fp16", "bf16"), or
                                           "auto" (per size, where it pays: ddl_triton/tuning/auto_compression.py);
                                           "none" (default): full precision everywhere
+    link_probe (DDL_LINK_PROBE)           where ranks span hosts and no tuning table fits the cost model,
+                                          measure the link between hosts at init (about 0.1 s) and plan
+                                          with it (ddl_triton/runtime/setup/link_probe.py); default 1
     """
 
     timeout: float = 300.0
@@ -76,6 +79,7 @@ class Options:
     debug: bool = False
     link_emulation: str = ""
     compression: str = "none"
+    link_probe: bool = True
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:

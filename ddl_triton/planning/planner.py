@@ -8,7 +8,9 @@ One decision, three sources, in this order:
    this size, or measured sizes on both sides of it;
 3. **model**: otherwise every candidate schedule is built and timed by the alpha-beta-gamma
    cost model (ddl_triton/planning/costmodel.py) walking the very IR the executor runs; the model's
-   parameters are the table's fitted ones when a table is loaded, else built-in defaults.
+   parameters are the table's fitted ones when a table is loaded, else built-in defaults, with
+   the link between hosts and the step cost as measured at init where ranks span hosts
+   (planning/measured_link.py).
 
 Every rank holds the same options, the same table (the communicator checks its digest
 across ranks at init) and the same topology, so every rank makes the same choice.
@@ -18,6 +20,7 @@ across ranks at init) and the same topology, so every rank makes the same choice
     tuned (t.json): one_shot measured 262 us, ring 414 us
     cost model fitted from t.json: fastest of 5 candidates for 1073741824 B on topology 2 [model: ...]
     cost model (built-in defaults): fastest of 5 candidates ...
+    cost model (built-in defaults; link between hosts measured at init: 0.118 GB/s each way, 9 us; ...): ...
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .. import schedules
+from . import measured_link
 from .costmodel import DEFAULT as DEFAULT_COST_MODEL, PARAMETERS, CostModel, tensor_bytes
+from .measured_link import MeasuredLink
 from ..schedules import grid as grid_mod, native
 from .topology import Topology
 from .tuning_table import TuningTable
@@ -61,7 +66,7 @@ class Planner:
 
     def __init__(self, *, rank: int, size: int, topology: Topology, link_of: Callable[[int, int], str],
                  forced: str, slot_bytes: int, table: TuningTable | None = None, table_source: str = "",
-                 wire_chunk_bytes: int = 0):
+                 wire_chunk_bytes: int = 0, link: MeasuredLink | None = None):
         self.rank, self.size, self.topology = rank, size, topology
         self.link_of = link_of
         self.forced = forced
@@ -75,8 +80,14 @@ class Planner:
         self.table_source = table_source
         if table is not None and table.model is not None:
             self.model, self.model_source = table.model, f"cost model fitted from {table_source}"
+        elif link is not None:
+            self.model = measured_link.price(DEFAULT_COST_MODEL, link, topology.ranks_per_node)
+            self.model_source = f"cost model (built-in defaults; {link.describe()})"
         else:
             self.model, self.model_source = DEFAULT_COST_MODEL, "cost model (built-in defaults)"
+        # The link between hosts as measured at init (runtime/setup/link_probe.py), or None; shared
+        # with compression="auto" (tuning/auto_compression.py), which then does not measure it again.
+        self.link = link
         self._override: Plan | None = None
         # (nbytes, dtype) -> whether a one_shot allreduce of that shape would take the
         # small-message path (its own fixed cost in the model); set by the communicator.

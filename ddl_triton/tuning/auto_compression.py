@@ -10,7 +10,8 @@ worth the time spent compressing. Two sources answer it, in this order:
    the measured time of the full-precision allreduce and of the per-level int8 and 1-bit ones.
    A size takes the entry measured nearest to it (log scale); the winner there decides.
 2. **Else, a cost model of the inter-host phase** on the link as probed at first use
-   (``probe``: an fp32 allreduce of 8 B and of 1 MiB over the cross group, and int8 /
+   (``probe``: the link the communicator measured at init for its planner, ``shared_link``,
+   where it did, else an fp32 allreduce of 8 B and of 1 MiB over the cross group; and int8 /
    1-bit compression of 1 MiB on this CPU; every rank takes the slowest rank's times, so every
    rank decides alike). For a shard of s = 4C bytes (C = ceil(N / L)) on H hosts:
 
@@ -59,7 +60,7 @@ from .. import compression_methods
 from ..runtime.compression import compressed
 
 __all__ = ["CompressorSpeed", "Decision", "LinkSpeed", "decide", "exposed_us", "from_table",
-           "predict_us", "probe", "sweep_compression"]
+           "predict_us", "probe", "shared_link", "sweep_compression"]
 
 _PROBE_SMALL, _PROBE_FIXED, _PROBE_BIG = 8, 1 << 10, 1 << 20
 
@@ -162,18 +163,34 @@ def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
 
     comm, cross, hosts = levels.comm, levels.cross, levels.hosts
     methods = compression_methods.names()  # the same table on every rank: the same figures, in order
-    mine = [_time_allreduce(cross, _PROBE_SMALL), _time_allreduce(cross, _PROBE_BIG)]
+    measured = shared_link(comm)
+    mine = [] if measured is not None else [_time_allreduce(cross, _PROBE_SMALL), _time_allreduce(cross, _PROBE_BIG)]
     mine += [_time_compressor(m, n) for m in methods for n in (_PROBE_FIXED, _PROBE_BIG)]
     agreed = torch.tensor(mine, dtype=torch.float64)
     comm.allreduce(agreed, op="max")  # same figures everywhere: the same decisions everywhere
-    small, big, *kernels = agreed.tolist()
-    latency = small / max(1, compressed.latency_steps(hosts)) * 1e6  # an 8 B allreduce: its latency steps alone
-    bw = 2 * (hosts - 1) / hosts * _PROBE_BIG / max(big - small, 1e-9)
-    link = LinkSpeed(latency, bw, f"probed at first use over the {hosts} hosts")
+    figures = agreed.tolist()
+    if measured is not None:
+        link, kernels = measured, figures
+    else:
+        small, big, *kernels = figures
+        latency = small / max(1, compressed.latency_steps(hosts)) * 1e6  # an 8 B allreduce: its latency steps alone
+        bw = 2 * (hosts - 1) / hosts * _PROBE_BIG / max(big - small, 1e-9)
+        link = LinkSpeed(latency, bw, f"probed at first use over the {hosts} hosts")
     fixed = dict(zip(methods, kernels[0::2]))
     whole = dict(zip(methods, kernels[1::2]))
     return link, CompressorSpeed({m: _PROBE_BIG / max(whole[m] - fixed[m], 1e-9) for m in methods},
                                  {m: fixed[m] * 1e6 for m in methods})
+
+
+def shared_link(comm) -> LinkSpeed | None:
+    """The link between hosts as ``comm`` measured it at init (runtime/setup/link_probe.py, every
+    rank the same figures), or None where it did not. Its latency is one message's, not an 8 B
+    allreduce's: both methods pay the same latency steps (module doc), so only the rate decides."""
+    planner = getattr(comm, "planner", None)
+    link = getattr(planner, "link", None)
+    if link is None:
+        return None
+    return LinkSpeed(link.alpha * 1e6, link.bytes_per_s, "measured at init, shared with the planner")
 
 
 def sweep_compression(levels, sizes: list[int], rounds: int = 5) -> dict:

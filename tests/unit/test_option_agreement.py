@@ -40,7 +40,7 @@ def test_per_rank_fields_may_differ_and_every_shared_field_is_compared():
                         "debug", "mpi_cuda_aware"}
     samples = {"chunk_bytes": 4096, "pipeline_depth": 3, "wire_chunk_bytes": 8192, "schedule": "ring",
                "topology": "1x2", "transport": "mpi", "check_calls": False, "kernels": "torch",
-               "compression": "int8", "link_emulation": "mpi:bw=1GB/s"}
+               "compression": "int8", "link_emulation": "mpi:bw=1GB/s", "link_probe": False}
     for name in MUST_AGREE:
         text = differences(0, [_values(), _values(**{name: samples[name]})])
         assert text.startswith(f"rank 0: options differ across ranks: {name} is ") and \

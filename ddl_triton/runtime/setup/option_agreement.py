@@ -21,7 +21,9 @@ hang that does not name its cause:
 - ``kernels``: which kernel reduces; ranks reducing one chunk with different kernels could
   hold different bits, where every rank must end with the same bits;
 - ``compression``: the format of compressed buckets between hosts;
-- ``link_emulation``: the emulated link between two ranks is one link, not two.
+- ``link_emulation``: the emulated link between two ranks is one link, not two;
+- ``link_probe``: measuring the link at init is collective (link_probe.py), and the planner's
+  model comes from it.
 Whether ``trace`` is set must agree too (``SET_OR_NOT``), not its folder: a new tracer aligns
 its clock with rank 0's in a collective exchange that every rank must join.
 Fields that are this rank's own may differ: ``timeout`` (how long this rank waits),
@@ -35,10 +37,11 @@ from __future__ import annotations
 from ...options import Options
 
 MUST_AGREE = ("chunk_bytes", "pipeline_depth", "wire_chunk_bytes", "schedule", "topology", "transport",
-              "check_calls", "kernels", "compression", "link_emulation")
+              "check_calls", "kernels", "compression", "link_emulation", "link_probe")
 SET_OR_NOT = ("trace",)  # fields whose being set ("" or not) must agree, their values not
 _COMPARED = MUST_AGREE + SET_OR_NOT
 _KINDS = {"chunk_bytes": int, "pipeline_depth": int, "wire_chunk_bytes": int, "check_calls": bool,
+          "link_probe": bool,
           **{name: bool for name in SET_OR_NOT}}  # else str
 
 

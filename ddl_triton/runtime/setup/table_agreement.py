@@ -8,7 +8,8 @@ call and deadlock, so every rank raises the same ValueError naming each rank's t
 that cannot read its table makes every rank raise TuningTableError (a rank leaving alone
 would hang the others). A table measured with another shm slot layout brings its own
 (chunk_bytes, pipeline_depth) unless the options set non-default ones; its tuned Triton
-launch configurations are applied to the kernels.
+launch configurations are applied to the kernels. Without a fitted model, a communicator that
+spans hosts measures the link between them first (link_probe.py) and plans with it.
 
 It lives in runtime/, not planning/, because it talks to the other ranks: planning/ only
 decides, from what it is given.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from ...options import Options
 from ...planning.planner import Planner
 from ...planning import tuning_table
+from . import link_probe
 from .bootstrap_values import shaped
 from .placement import Placement
 
@@ -56,7 +58,10 @@ def agree_on_planner(bootstrap, placement: Placement, options: Options) -> tuple
     if table is not None and table.kernels:
         from ...kernels import launch_configs
         launch_configs.apply(table.kernels)  # tuned Triton launch configurations (GPU path)
+    link = None
+    if size > 1 and not link_probe.wanted(placement, options, table):
+        link = link_probe.measure(bootstrap, placement, options)  # collective: every rank or none
     planner = Planner(rank=rank, size=size, topology=placement.topology, link_of=placement.link,
                       forced=options.schedule, slot_bytes=options.chunk_bytes, table=table, table_source=source,
-                      wire_chunk_bytes=options.wire_chunk_bytes)
+                      wire_chunk_bytes=options.wire_chunk_bytes, link=link)
     return planner, options

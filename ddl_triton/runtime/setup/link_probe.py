@@ -1,0 +1,148 @@
+"""Measure the link between hosts once at init, for a planner that has no fitted cost model.
+
+Semantics: ``measure`` is collective over an MPI bootstrap (every rank, same point). It returns
+None, measuring nothing, where ``wanted`` says no: one host, ``Options.link_probe`` off
+(``DDL_LINK_PROBE=0``), a tuning table with a fitted model (it knows the link better), a store
+bootstrap (torchrun: no data path exists yet at this point of init), or ranks of one host that
+talk over MPI (``DDL_TRANSPORT=mpi``: the model's one "mpi" link would price them as the slow
+link). Otherwise it returns the :class:`~ddl_triton.planning.measured_link.MeasuredLink` every
+rank agrees on:
+
+1. the first rank of each host pairs with the next host's (hosts 0-1, 2-3, ...; an odd last host
+   with host 0, after) and, over the bootstrap's own MPI communicator, times 8-byte round trips
+   (the latency: half the median) and 1 and 2 MiB sent both ways at once (the rate: the
+   difference, so that tbf's burst and the fixed cost cancel; medians, interleaved);
+2. then every rank at once computes for ``_SPIN`` seconds and reads the share of a core it got
+   (several ranks per core, 4 testbed ranks on 2 cores: 0.5);
+3. the ranks exchange their figures and every rank takes the slowest link and the smallest share
+   (``measured_link.agree``).
+
+Bounded: each exchange waits at most ``Options.timeout`` (a lost peer: BootstrapTimeout naming it),
+and the repeats stop at ``_BUDGET`` seconds. On the testbed (1 Gbit/s) it costs about 0.12 s.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from ...options import Options
+from ...planning.measured_link import MeasuredLink, agree, rate
+from .bootstrap_values import BootstrapError, BootstrapTimeout
+from .placement import Placement
+
+_PING_BYTES, _SMALL, _BIG = 8, 1 << 20, 2 << 20
+_PINGS, _REPEATS = 8, 3
+_BUDGET = 0.25   # seconds of repeats per host pair, past the first of each size
+_SPIN = 0.01     # seconds every rank computes at once to read its share of a core
+_TAG = 0x4C50    # on the bootstrap's communicator, before any transport uses it
+
+
+def wanted(placement: Placement, options: Options, table) -> str:
+    """Why the probe does not run ("" when it does): the same on every rank (module doc)."""
+    if not placement.spans_hosts:
+        return "one host"
+    if not options.link_probe:
+        return "DDL_LINK_PROBE=0"
+    if table is not None and table.model is not None:
+        return "the tuning table's fitted model"
+    if placement.bootstrap_kind != "mpi":
+        return "a store bootstrap"
+    host = placement.host_of_rank
+    if any(host[a] == host[b] and placement.link(a, b) == "mpi" for a in range(placement.size)
+           for b in range(a + 1, placement.size)):
+        return "ranks of one host talk over MPI"
+    return ""
+
+
+def measure(bootstrap, placement: Placement, options: Options) -> MeasuredLink:
+    """Measure the link between hosts (module doc); call only where ``wanted`` is ""."""
+    started = time.perf_counter()
+    rank = placement.rank
+    mine: list = [None, None]
+    for lower, upper in _pairs(sorted(set(placement.host_of_rank))):
+        if rank in (lower, upper):
+            alpha, bw = _exchange(bootstrap.comm, rank, upper if rank == lower else lower, rank == lower,
+                                  options.timeout, placement.describe)
+            if rank == lower:
+                mine = [alpha, bw]  # one report per link
+        bootstrap.barrier()  # the next pair's host 0 is this pair's: one exchange at a time per host
+    share = _cpu_share(_SPIN)
+    every = bootstrap.allgather(mine + [share, int(mine[0] is not None), time.perf_counter() - started])
+    try:
+        return agree(every)
+    except (ValueError, TypeError, IndexError) as e:
+        raise BootstrapError(f"rank {rank}: the link probe's figures do not agree: {e}") from None
+
+
+def _pairs(leaders: list[int]) -> list[tuple[int, int]]:
+    """Host leaders paired: (0, 1), (2, 3), ..., then an odd last one with the first."""
+    out = [(leaders[i], leaders[i + 1]) for i in range(0, len(leaders) - 1, 2)]
+    if len(leaders) % 2:
+        out.append((leaders[0], leaders[-1]))
+    return out
+
+
+def _exchange(comm, rank: int, peer: int, first: bool, timeout: float, describe) -> tuple[float, float]:
+    """(one-way seconds, bytes per second each way) between this rank and ``peer`` (module doc)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from ...transports.waits import PeerTimeout, wait_until
+
+    out, back = np.zeros(_BIG, dtype=np.uint8), np.empty(_BIG, dtype=np.uint8)
+
+    def done(requests, what):
+        try:
+            wait_until(lambda: MPI.Request.Testall(requests), timeout, peer, what, prompt=True)
+        except PeerTimeout:
+            raise BootstrapTimeout(f"rank {rank}: measuring the link between hosts ({what}) with "
+                                   f"{describe(peer)} did not complete within {timeout:g} s") from None
+
+    def ping() -> float:
+        t0 = time.perf_counter()
+        if first:
+            done([comm.Isend(out[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
+            done([comm.Irecv(back[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
+        else:
+            done([comm.Irecv(back[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
+            done([comm.Isend(out[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
+        return time.perf_counter() - t0
+
+    def both_ways(nbytes: int) -> float:
+        t0 = time.perf_counter()
+        done([comm.Irecv(back[:nbytes], peer, _TAG + 1), comm.Isend(out[:nbytes], peer, _TAG + 1)],
+             f"{nbytes} B both ways")
+        return time.perf_counter() - t0
+
+    ping()  # connects and warms the path
+    trips = [ping() for _ in range(_PINGS)]
+    small, big = [both_ways(_SMALL)], [both_ways(_BIG)]
+    begun = time.perf_counter()
+    for _ in range(_REPEATS - 1):
+        small.append(both_ways(_SMALL))
+        big.append(both_ways(_BIG))
+        # Both sides stop together: the lower rank decides and says so in the next exchange's place.
+        stop = np.array([time.perf_counter() - begun > _BUDGET], dtype=np.uint8)
+        if first:
+            done([comm.Isend(stop, peer, _TAG + 2)], "the probe's end")
+        else:
+            done([comm.Irecv(stop, peer, _TAG + 2)], "the probe's end")
+        if stop[0]:
+            break
+    alpha = statistics.median(trips) / 2
+    try:
+        return alpha, rate(_SMALL, statistics.median(small), _BIG, statistics.median(big))
+    except ValueError:
+        # A link faster than the timer can tell apart: price it as the larger transfer's mean rate.
+        return alpha, _BIG / max(statistics.median(big), 1e-9)
+
+
+def _cpu_share(seconds: float) -> float:
+    """The share of a core this thread got while computing for ``seconds`` of wall time."""
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    x = 0
+    while time.perf_counter() - wall0 < seconds:
+        for i in range(200):
+            x += i
+    wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
+    return max(0.01, min(1.0, cpu / wall))
