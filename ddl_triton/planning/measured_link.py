@@ -10,7 +10,7 @@ when a communicator spanning hosts started with no fitted cost model (no ``ddl-t
 - ``cpu_share``: the share of a core each rank got while every rank of the communicator was busy
   at once (1.0: a core each; 0.5: two busy ranks per core).
 
-Every rank holds the same figures (the slowest link's, the smallest share), so every rank plans alike.
+Every rank holds the same figures (the slowest link's, the ranks' mean share), so every rank plans alike.
 
 ``price(model, link, ranks_per_node)`` is ``model`` with the link between hosts and the general
 path's step cost replaced:
@@ -103,7 +103,7 @@ def rate(small_bytes: int, small_s: float, big_bytes: int, big_s: float) -> floa
 def agree(figures: list[list]) -> MeasuredLink:
     """What every rank plans with, from every rank's ``[alpha, bytes_per_s, cpu_share, links,
     seconds]`` (a rank that measured no link sends alpha and rate as None): the slowest link (the
-    largest alpha, the smallest rate), the smallest share of a core, the longest probe. The same
+    largest alpha, the smallest rate), the ranks' mean share of a core, the longest probe. The same
     list gives the same answer on every rank. Raises ValueError when no rank measured a link or a
     figure is not a finite positive number."""
     measured = [f for f in figures if f[0] is not None]
@@ -114,7 +114,9 @@ def agree(figures: list[list]) -> MeasuredLink:
         if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0
                for x in numbers) or not f[2] > 0 or (f[0] is not None and not f[1] > 0):
             raise ValueError(f"a link probe figure is not a finite positive number: {f!r}")
+    # The cores the ranks got together, divided among them: one rank's share over a short window
+    # swings with the scheduler's slices (0.2-0.6 for 4 ranks on 2 cores), their sum much less.
     return MeasuredLink(alpha=max(f[0] for f in measured), bytes_per_s=min(f[1] for f in measured),
-                        cpu_share=min(f[2] for f in figures), links=sum(int(f[3]) for f in measured),
+                        cpu_share=sum(f[2] for f in figures) / len(figures), links=sum(int(f[3]) for f in measured),
                         seconds=max(f[4] for f in figures))
 

@@ -59,6 +59,10 @@ class Plan:
 # The planner never costs more than this many chunks: timing a 64 MiB schedule step by step
 # would cost more than it saves; time scales linearly in the chunk count beyond it.
 _MODEL_CHUNKS = 64
+# The largest call hierarchical_native is a model candidate for where a node holds several ranks
+# (``Planner._offers_native``): 2 testbed hosts x 2 ranks, 1 Gbit/s, it was within 5% of the
+# fastest up to 1 MiB and 10-15% slower than hierarchical from 2 MiB.
+_NATIVE_NODE_BYTES = 1 << 20
 
 
 class Planner:
@@ -137,7 +141,7 @@ class Planner:
         elem = dtype.itemsize
         candidates = [n for n in schedules.names() if schedules.supports(n, collective)
                       and (not schedules.uses_grid(n) or len(self.topology.dims) > 1)
-                      and (n != native.NAME or self._offers_native())]
+                      and (n != native.NAME or self._offers_native(nbytes))]
         estimates = []
         for name in candidates:
             grid, algos = self.grid_params(name, count, chunk_elems, elem)
@@ -150,14 +154,19 @@ class Planner:
                     f"topology {self.topology.signature}", grid, algos,
                     tuple((n, t) for t, n, _, _ in sorted(estimates, key=lambda e: e[0])))
 
-    def _offers_native(self) -> bool:
+    def _offers_native(self, nbytes: int) -> bool:
         """hierarchical_native is a model candidate where the link between nodes has an engine and
         a node holds one rank. With several, its node phases cannot overlap the engine's, which
         on a slow link cost more than its saved CPU (2 testbed hosts x 2 ranks, 1 Gbit/s, under
         MPI: 7-22% slower than hierarchical from 2 MiB; bench/results/collectives_across_hosts.md),
-        and the untuned model, which does not know the link is slow, cannot tell; a tuning table
-        that measured it, or ``DDL_SCHEDULE``, still chooses it there."""
-        return self.group_engines and self.topology.dims[0] == 1
+        and the model, which charges every rank's work in series, cannot tell; a tuning table
+        that measured it, or ``DDL_SCHEDULE``, still chooses it there. Below ``_NATIVE_NODE_BYTES``
+        those phases are short, and where the link was measured (the only case the model prices
+        the waiting steps that native saves) it is a candidate too: there it took 0.63-0.94 ms at
+        32-128 KiB where hierarchical took 0.80-1.08 and one_shot 1.06-4.6."""
+        if not self.group_engines:
+            return False
+        return self.topology.dims[0] == 1 or (self.link is not None and nbytes <= _NATIVE_NODE_BYTES)
 
     def model_time(self, name, collective, count, chunk_elems, elem, grid=None, algos=None,
                    model: CostModel | None = None, small: bool = False) -> float:

@@ -28,10 +28,11 @@ def test_rate_is_the_difference_of_two_transfers():
         rate(1 << 20, 5e-3, 2 << 20, 5e-3)
 
 
-def test_every_rank_agrees_on_the_slowest_link_and_the_smallest_share():
-    every = [[10e-6, 0.12e9, 0.9, 1, 0.1], [None, None, 0.5, 0, 0.12], [30e-6, 0.10e9, 0.7, 1, 0.09]]
+def test_every_rank_agrees_on_the_slowest_link_and_the_mean_share():
+    every = [[10e-6, 0.12e9, 0.9, 1, 0.1], [None, None, 0.3, 0, 0.12], [30e-6, 0.10e9, 0.6, 1, 0.09]]
     link = agree(every)
-    assert (link.alpha, link.bytes_per_s, link.cpu_share, link.links, link.seconds) == (30e-6, 0.10e9, 0.5, 2, 0.12)
+    assert (link.alpha, link.bytes_per_s, link.links, link.seconds) == (30e-6, 0.10e9, 2, 0.12)
+    assert link.cpu_share == pytest.approx(0.6)
     assert agree(list(reversed(every))) == link  # the same answer whatever the order
 
 
@@ -70,12 +71,14 @@ def _picks(planner: Planner, sizes) -> list[str]:
     return [planner.plan("allreduce", n, torch.float32).schedule for n in sizes]
 
 
-def test_at_2x2_the_measured_link_moves_64_kib_off_one_shot_and_keeps_the_small_path_below():
+def test_at_2x2_the_measured_link_moves_32_kib_up_off_one_shot_and_keeps_the_small_path_below():
     sizes = [8, 2048, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 1 << 20, 16 << 20]
     # Without the probe: one_shot to 128 KiB (2.1-4.4 ms measured, where hierarchical took 1.1).
     assert _picks(_planner(2, None), sizes)[:6] == ["one_shot"] * 6
     measured = _planner(2, MeasuredLink(10e-6, _TESTBED, 0.5))
-    assert _picks(measured, sizes) == ["one_shot"] * 4 + ["hierarchical"] * 4
+    # MPI's own allreduce between the hosts up to 1 MiB (0.63-0.94 ms at 32-128 KiB measured, the
+    # fastest), then hierarchical, whose node phases overlap the link.
+    assert _picks(measured, sizes) == ["one_shot"] * 3 + ["hierarchical_native"] * 4 + ["hierarchical"]
     # The link alone, without the waiting steps (the reverted try): the general path at 8 KiB.
     assert _picks(_planner(2, MeasuredLink(10e-6, _TESTBED, 1.0)), [8 << 10, 16 << 10]) != ["one_shot"] * 2
     plan = measured.plan("allreduce", 64 << 10, torch.float32)

@@ -10,12 +10,12 @@ rank agrees on:
 
 1. the first rank of each host pairs with the next host's (hosts 0-1, 2-3, ...; an odd last host
    with host 0, after) and, over the bootstrap's own MPI communicator, times 8-byte round trips
-   (the latency: half the median) and 1 and 2 MiB sent both ways at once (the rate: the
+   (the latency: half the fastest) and 1 and 2 MiB sent both ways at once (the rate: the
    difference, so that tbf's burst and the fixed cost cancel; medians, interleaved);
 2. then every rank at once computes for ``_SPIN`` seconds and reads the share of a core it got
    (several ranks per core, 4 testbed ranks on 2 cores: 0.5);
-3. the ranks exchange their figures and every rank takes the slowest link and the smallest share
-   (``measured_link.agree``).
+3. the ranks exchange their figures and every rank takes the slowest link, and the share of a
+   core the ranks got together, divided among them (``measured_link.agree``).
 
 Bounded: each exchange waits at most ``Options.timeout`` (a lost peer: BootstrapTimeout naming it),
 and the repeats stop at ``_BUDGET`` seconds. On the testbed (1 Gbit/s) it costs about 0.12 s.
@@ -33,7 +33,7 @@ from .placement import Placement
 _PING_BYTES, _SMALL, _BIG = 8, 1 << 20, 2 << 20
 _PINGS, _REPEATS = 8, 3
 _BUDGET = 0.25   # seconds of repeats per host pair, past the first of each size
-_SPIN = 0.01     # seconds every rank computes at once to read its share of a core
+_SPIN = 0.02     # seconds every rank computes at once to read its share of a core
 _TAG = 0x4C50    # on the bootstrap's communicator, before any transport uses it
 
 
@@ -129,7 +129,9 @@ def _exchange(comm, rank: int, peer: int, first: bool, timeout: float, describe)
             done([comm.Irecv(stop, peer, _TAG + 2)], "the probe's end")
         if stop[0]:
             break
-    alpha = statistics.median(trips) / 2
+    # The fastest round trip is the link's: a slower one waited for a core (ranks busy in init beside
+    # it), which the model charges as step cost, not as latency.
+    alpha = min(trips) / 2
     try:
         return alpha, rate(_SMALL, statistics.median(small), _BIG, statistics.median(big))
     except ValueError:
