@@ -18,7 +18,8 @@ rank agrees on:
    core the ranks got together, divided among them (``measured_link.agree``).
 
 Bounded: each exchange waits at most ``Options.timeout`` (a lost peer: BootstrapTimeout naming it),
-and the repeats stop at ``_BUDGET`` seconds. On the testbed (1 Gbit/s) it costs about 0.12 s.
+and no pair of transfers starts past ``_BUDGET`` seconds (a slow link times one). On the testbed
+(1 Gbit/s) it took 99-109 ms.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from .placement import Placement
 
 _PING_BYTES, _SMALL, _BIG = 8, 1 << 20, 2 << 20
 _PINGS, _REPEATS = 8, 3
-_BUDGET = 0.25   # seconds of repeats per host pair, past the first of each size
+_BUDGET = 0.15   # seconds of 1 + 2 MiB pairs per host pair, past which no more are timed
 _SPIN = 0.02     # seconds every rank computes at once to read its share of a core
 _TAG = 0x4C50    # on the bootstrap's communicator, before any transport uses it
 
@@ -116,12 +117,14 @@ def _exchange(comm, rank: int, peer: int, first: bool, timeout: float, describe)
 
     ping()  # connects and warms the path
     trips = [ping() for _ in range(_PINGS)]
-    small, big = [both_ways(_SMALL)], [both_ways(_BIG)]
+    small, big = [], []
     begun = time.perf_counter()
-    for _ in range(_REPEATS - 1):
+    for repeat in range(_REPEATS):
         small.append(both_ways(_SMALL))
         big.append(both_ways(_BIG))
-        # Both sides stop together: the lower rank decides and says so in the next exchange's place.
+        if repeat == _REPEATS - 1:
+            break
+        # Both sides stop together (a slow link after one pair): the lower rank decides and says so.
         stop = np.array([time.perf_counter() - begun > _BUDGET], dtype=np.uint8)
         if first:
             done([comm.Isend(stop, peer, _TAG + 2)], "the probe's end")
