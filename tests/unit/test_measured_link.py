@@ -129,9 +129,12 @@ def test_auto_compression_reads_the_planners_measurement_instead_of_timing_the_l
         def allreduce(self, t, op="sum"):
             return t
 
-    link, speed = auto_compression.probe(SimpleNamespace(comm=Comm(), cross=None, hosts=2))
+    link, speed = auto_compression.probe(SimpleNamespace(comm=Comm(), cross=None, hosts=2, local_size=1))
     assert timed == [] and link.bytes_per_s == _TESTBED and link.latency_us == pytest.approx(10.0)
     assert "measured at init" in link.source and speed.fixed_us
+    # Two ranks per host: two cross groups share the host link, as timing them at once measured.
+    link, _ = auto_compression.probe(SimpleNamespace(comm=Comm(), cross=None, hosts=2, local_size=2))
+    assert link.bytes_per_s == _TESTBED / 2
     Comm.planner = SimpleNamespace(link=None)
-    auto_compression.probe(SimpleNamespace(comm=Comm(), cross=None, hosts=2))
+    auto_compression.probe(SimpleNamespace(comm=Comm(), cross=None, hosts=2, local_size=1))
     assert timed == [8, 1 << 20]  # no measurement to share: it times the link itself
