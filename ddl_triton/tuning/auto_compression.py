@@ -163,7 +163,7 @@ def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
 
     comm, cross, hosts = levels.comm, levels.cross, levels.hosts
     methods = compression_methods.names()  # the same table on every rank: the same figures, in order
-    measured = shared_link(comm, levels.local_size)
+    measured = shared_link(levels)
     mine = [] if measured is not None else [_time_allreduce(cross, _PROBE_SMALL), _time_allreduce(cross, _PROBE_BIG)]
     mine += [_time_compressor(m, n) for m in methods for n in (_PROBE_FIXED, _PROBE_BIG)]
     agreed = torch.tensor(mine, dtype=torch.float64)
@@ -182,18 +182,17 @@ def probe(levels) -> tuple[LinkSpeed, CompressorSpeed]:
                                  {m: fixed[m] * 1e6 for m in methods})
 
 
-def shared_link(comm, local: int = 1) -> LinkSpeed | None:
-    """The link between hosts as ``comm`` measured it at init (runtime/setup/link_probe.py, every
-    rank the same figures), or None where it did not, as one of ``local`` cross groups sees it: the
-    host link's rate divided among the ``local`` ranks of a host, whose groups cross it at once
+def shared_link(levels) -> LinkSpeed | None:
+    """The link between hosts as ``levels.comm`` measured it at init (runtime/setup/link_probe.py,
+    every rank the same figures), or None where it did not, as one cross group sees it: the host
+    link's rate divided among the ``levels.local_size`` ranks of a host, whose groups cross it at once
     (what timing an allreduce on every cross group at once measured). Its latency is one message's,
     not an 8 B allreduce's: both methods pay the same latency steps (module doc), so only the rate
     decides."""
-    planner = getattr(comm, "planner", None)
-    link = getattr(planner, "link", None)
+    link = getattr(getattr(levels.comm, "planner", None), "link", None)
     if link is None:
         return None
-    return LinkSpeed(link.alpha * 1e6, link.bytes_per_s / max(1, local),
+    return LinkSpeed(link.alpha * 1e6, link.bytes_per_s / max(1, levels.local_size),
                      "measured at init, shared with the planner")
 
 
