@@ -2,8 +2,8 @@
 
 Run under mpiexec, e.g.:  mpiexec -n 2 python bench/collectives.py [--json out.json]
 
-Every size is timed in interleaved rounds (ddl, mpi, gloo, ddl, mpi, gloo, ...)
-within one run, so all peers see the same machine noise; the table quotes the
+Every size is timed in interleaved rounds (ddl, mpi, gloo, then mpi, gloo, ddl, ...: the
+order rotates each round) within one run, so all peers see the same machine noise; the table quotes the
 median round (p20/p80 go to the JSON). Every peer reduces the same buffer and is
 called as its fastest user would call it, with everything but the call prepared
 once: MPICH's ``Allreduce(IN_PLACE, [view, datatype], op)`` on a prebuilt numpy
@@ -211,8 +211,10 @@ def main(argv=None) -> int:
         timed = impls + (_copy_impls(count, dtype) if mem_bound else [])
         times: dict[str, list[float]] = {im.name: [] for im in timed}
         sent: dict[str, dict[str, int]] = {im.name: {} for im in timed}
-        for _ in range(args.rounds):
-            for im in timed:
+        for r in range(args.rounds):
+            # The order rotates each round: a peer timed right after another (gloo's threads
+            # winding down at 4 ranks on 2 cores) would otherwise always pay for it.
+            for im in timed[r % len(timed):] + timed[:r % len(timed)]:
                 buf.copy_((torch.arange(count) % 13).to(dtype))
                 before = im.comm.transport_bytes if im.comm else {}
                 times[im.name].append(_time_round(im, buf, iters, mpi_comm))
@@ -260,7 +262,7 @@ def main(argv=None) -> int:
                     share += f" {mem * 1e6:>9.1f} {100 * mem / med:>5.1f}%" if mem is not None else f" {'-':>9} {'-':>6}"
                 print(f"{count * elem:>10} {count:>9} {args.dtype:>8} {args.op:>5} {name:>17} {med * 1e6:>10.1f} "
                       f"{algbw:>7.3f} {busbw:>7.3f} {wrong:>6} {shm_b:>10} {mpi_b:>10} {ratio:>8}{share}", flush=True)
-            if mem_bound:
+            if mem is not None:
                 print(f"{'':>10} {'':>9} {'':>8} {'':>5} {'copy':>17} {row['copy_us']:>10.1f} "
                       f"{row['copy_GBps'] or 0:>7.3f} (each rank copies S bytes at once, less a 1-element copy: "
                       "the memory yardstick)", flush=True)
