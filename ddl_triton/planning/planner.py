@@ -84,14 +84,13 @@ class Planner:
         self.table_source = table_source
         if table is not None and table.model is not None:
             self.model, self.model_source = table.model, f"cost model fitted from {table_source}"
-        elif link is not None:
-            self.model = measured_link.price(DEFAULT_COST_MODEL, link, topology.ranks_per_node)
-            self.model_source = f"cost model (built-in defaults; {link.describe()})"
         else:
             self.model, self.model_source = DEFAULT_COST_MODEL, "cost model (built-in defaults)"
         # The link between hosts as measured at init (runtime/setup/link_probe.py), or None; shared
         # with compression="auto" (tuning/auto_compression.py), which then does not measure it again.
-        self.link = link
+        self.link: MeasuredLink | None = None
+        if link is not None:
+            self.use_link(link)
         self._override: Plan | None = None
         # (nbytes, dtype) -> whether a one_shot allreduce of that shape would take the
         # small-message path (its own fixed cost in the model); set by the communicator.
@@ -100,6 +99,16 @@ class Planner:
         # which hierarchical_native's group steps run on; set by the communicator. Without one the
         # executor would run their p2p stand-in, which hierarchical's pipelined phases beat.
         self.group_engines = False
+
+    def use_link(self, link: MeasuredLink) -> None:
+        """Plan with the link between hosts as measured (runtime/setup/link_probe.py): the built-in
+        model priced with it, unless a tuning table's fitted model plans (it knows the link
+        better). Every rank calls it with the same figures before its first plan (a store
+        bootstrap measures once the transports are open, after the planner was made)."""
+        self.link = link
+        if self.table is None or self.table.model is None:
+            self.model = measured_link.price(DEFAULT_COST_MODEL, link, self.topology.ranks_per_node)
+            self.model_source = f"cost model (built-in defaults; {link.describe()})"
 
     def plan(self, collective: str, nbytes: int, dtype) -> Plan:
         """The plan for ``collective`` on ``nbytes`` (the input tensor's bytes) of ``dtype``."""

@@ -46,6 +46,7 @@ from .calls.plan_cache import PlanCache
 from .calls.running import SMALL_PATH, Call, CallRunner
 from .lanes.small_allreduce import SmallAllreduce
 from .lanes.small_allreduce_two_sided import SmallAllreduceTwoSided
+from .setup import link_probe
 from .setup.table_agreement import agree_on_planner
 from .calls.arguments import check_output_input, check_root, check_tensor
 from .arrays import IN_PLACE, READ, WRITTEN, as_tensor, handed_back
@@ -97,6 +98,10 @@ class Communicator:
         # The control channel (fingerprint exchange, barrier, clock alignment): the private MPI
         # communicator, or, on a store bootstrap, the gloo transport.
         self._transports, route, shm, self._comm = wiring.transports, wiring.route, wiring.shm, wiring.control
+        if self.size > 1 and not link_probe.before_wiring(self.placement) and \
+                not link_probe.wanted(self.placement, self.options, self._planner.table):
+            # A store bootstrap had no data path to measure the link on until now: over gloo's.
+            self._planner.use_link(link_probe.measure(self._bootstrap, self.placement, self.options, wiring.control))
         self._lane = wiring.lane  # the call lane over MPI or gloo (call_lane.py), or None
         every_peer_on_shm = self.placement.every_peer_on_shm
         checker = CallChecker(self._lane, self.rank, self.size, shm if every_peer_on_shm else None, options.timeout,

@@ -99,3 +99,7 @@ def test_every_collective_exact_grid_detected_and_bytes_between_hosts_through_gl
         assert gloo and shm, moved
         assert int(gloo.group(1)) > 1_000_000 and int(gloo.group(2)) > 1_000_000, moved  # MBs between hosts
         assert int(shm.group(1)) > 0 and int(shm.group(2)) > 0, moved  # and within each
+    # The link between the hosts was measured once the transports were open (over gloo's process
+    # group: a store bootstrap has no data path before) and every rank plans with the same figures.
+    plans = {re.search(rf"rank {q} plans with: (.*)", out).group(1) for q in range(4)}
+    assert len(plans) == 1 and "link between hosts measured at init" in plans.pop(), out

@@ -150,7 +150,9 @@ def check_transports(ck, r: int, w: int) -> None:
     ck.moved = moved
     # Where this rank really runs and the link to each peer (what the wiring routes by): across
     # real hosts (the testbed) the test holds these against the hostnames.
-    ck.where = (socket.gethostname(), comm.topology.signature, " ".join(comm.placement.links))
+    # And what its planner prices the link between hosts with (measured at init where ranks span hosts).
+    ck.where = (socket.gethostname(), comm.topology.signature, " ".join(comm.placement.links),
+                comm.planner.model_source)
 
 
 def _verdict(ck, r: int, w: int, group, mode: str) -> int:
@@ -170,6 +172,7 @@ def _verdict(ck, r: int, w: int, group, mode: str) -> int:
         print(f"torch_launchers_worker: rank {q} transport bytes: {moved}")
         if at:
             print(f"torch_launchers_worker: rank {q} on host {at[0]}, links {at[2]}")
+            print(f"torch_launchers_worker: rank {q} plans with: {at[3]}")
     heading = f"torch_launchers_worker: {w} ranks, topology {topology}, {mode}"
     for line in rank_lines(heading, [(rank, size, cases, len(fs)) for fs, cases, _, _, rank, size in everyone]):
         print(line)

@@ -98,17 +98,22 @@ def _placement(hosts, links=None, kind="mpi"):
                      tuple(r for r in range(size) if hosts[r] == 0), links, "auto", bootstrap_kind=kind)
 
 
-def test_the_probe_runs_only_across_hosts_without_a_fitted_model_under_mpi():
+def test_the_probe_runs_only_across_hosts_without_a_fitted_model():
     across, on = _placement((0, 0, 2, 2)), Options()
     assert link_probe.wanted(across, on, None) == ""
     assert link_probe.wanted(_placement((0, 0)), on, None) == "one host"
     assert link_probe.wanted(across, Options(link_probe=False), None) == "DDL_LINK_PROBE=0"
     assert link_probe.wanted(across, on, SimpleNamespace(model=object())) == "the tuning table's fitted model"
     assert link_probe.wanted(across, on, SimpleNamespace(model=None)) == ""  # entries only: the model still plans
-    assert link_probe.wanted(_placement((0, 0, 2, 2), kind="store"), on, None) == "a store bootstrap"
+    # torchrun / env://: measured too, once the transports are open (over gloo's process group).
+    stored = _placement((0, 0, 2, 2), kind="store")
+    assert link_probe.wanted(stored, on, None) == ""
+    assert (link_probe.before_wiring(across), link_probe.before_wiring(stored)) == (True, False)
     everything_mpi = _placement((0, 0, 2, 2))
     object.__setattr__(everything_mpi, "transport", "mpi")
     assert link_probe.wanted(everything_mpi, on, None) == "ranks of one host talk over MPI"
+    object.__setattr__(stored, "transport", "mpi")  # DDL_TRANSPORT: every peer over the two-sided transport
+    assert link_probe.wanted(stored, on, None) == "ranks of one host talk over gloo"
     assert Options.from_env({"DDL_LINK_PROBE": "0"}).link_probe is False
 
 
@@ -138,3 +143,18 @@ def test_auto_compression_reads_the_planners_measurement_instead_of_timing_the_l
     Comm.planner = SimpleNamespace(link=None)
     auto_compression.probe(SimpleNamespace(comm=Comm(), cross=None, hosts=2, local_size=1))
     assert timed == [8, 1 << 20]  # no measurement to share: it times the link itself
+
+
+def test_a_link_measured_after_the_planner_was_made_prices_its_model_unless_a_table_fitted_one():
+    # A store bootstrap measures once the transports are open: the planner made before takes it then.
+    later = _planner(2, None)
+    later.use_link(MeasuredLink(10e-6, _TESTBED, 0.5))
+    at_once = _planner(2, MeasuredLink(10e-6, _TESTBED, 0.5))
+    assert (later.model, later.model_source, later.link) == (at_once.model, at_once.model_source, at_once.link)
+    assert "measured at init: 0.118 GB/s" in later.model_source
+    assert later.model != _planner(2, None).model
+    fitted = _planner(2, None)
+    fitted.table = SimpleNamespace(model=DEFAULT)
+    model = fitted.model
+    fitted.use_link(MeasuredLink(10e-6, _TESTBED, 0.5))
+    assert fitted.model is model and fitted.link is not None  # auto still reads the measurement

@@ -1,15 +1,17 @@
 """Measure the link between hosts once at init, for a planner that has no fitted cost model.
 
-Semantics: ``measure`` is collective over an MPI bootstrap (every rank, same point). It returns
-None, measuring nothing, where ``wanted`` says no: one host, ``Options.link_probe`` off
-(``DDL_LINK_PROBE=0``), a tuning table with a fitted model (it knows the link better), a store
-bootstrap (torchrun: no data path exists yet at this point of init), or ranks of one host that
-talk over MPI (``DDL_TRANSPORT=mpi``: the model's one "mpi" link would price them as the slow
-link). Otherwise it returns the :class:`~ddl_triton.planning.measured_link.MeasuredLink` every
-rank agrees on:
+Semantics: ``measure`` is collective (every rank, same point): over an MPI bootstrap at init,
+before the transports open (table_agreement.py), over its own communicator; over a store
+bootstrap (torchrun, env://), which has no data path until then, right after the transports
+are wired (the communicator), over the gloo transport's process group, and the planner takes
+the figures then (``Planner.use_link``), before any call is planned. It does not run where
+``wanted`` says no: one host, ``Options.link_probe`` off (``DDL_LINK_PROBE=0``), a tuning table
+with a fitted model (it knows the link better), or ranks of one host that talk over MPI or gloo
+(``DDL_TRANSPORT``: the model's one "mpi" link would price them as the slow link). Otherwise it
+returns the :class:`~ddl_triton.planning.measured_link.MeasuredLink` every rank agrees on:
 
 1. the first rank of each host pairs with the next host's (hosts 0-1, 2-3, ...; an odd last host
-   with host 0, after) and, over the bootstrap's own MPI communicator, times 8-byte round trips
+   with host 0, after) and, over the bootstrap's own MPI communicator (or gloo's), times 8-byte round trips
    (the latency: half the fastest) and 1 and 2 MiB sent both ways at once (the rate: the
    difference, so that tbf's burst and the fixed cost cancel; medians, interleaved);
 2. then every rank at once computes for ``_SPIN`` seconds and reads the share of a core it got
@@ -46,24 +48,31 @@ def wanted(placement: Placement, options: Options, table) -> str:
         return "DDL_LINK_PROBE=0"
     if table is not None and table.model is not None:
         return "the tuning table's fitted model"
-    if placement.bootstrap_kind != "mpi":
-        return "a store bootstrap"
     host = placement.host_of_rank
     if any(host[a] == host[b] and placement.link(a, b) == "mpi" for a in range(placement.size)
            for b in range(a + 1, placement.size)):
-        return "ranks of one host talk over MPI"
+        return "ranks of one host talk over MPI" if placement.bootstrap_kind == "mpi" else \
+            "ranks of one host talk over gloo"
     return ""
 
 
-def measure(bootstrap, placement: Placement, options: Options) -> MeasuredLink:
-    """Measure the link between hosts (module doc); call only where ``wanted`` is ""."""
+def before_wiring(placement: Placement) -> bool:
+    """Whether the probe runs at init before the transports open (an MPI bootstrap: over its
+    communicator) or right after them (a store bootstrap: over the gloo transport)."""
+    return placement.bootstrap_kind == "mpi"
+
+
+def measure(bootstrap, placement: Placement, options: Options, gloo=None) -> MeasuredLink:
+    """Measure the link between hosts (module doc); call only where ``wanted`` is "". ``gloo``: the
+    gloo transport a store bootstrap's communicator just opened (None over MPI)."""
     started = time.perf_counter()
     rank = placement.rank
     mine: list = [None, None]
     for lower, upper in _pairs(sorted(set(placement.host_of_rank))):
         if rank in (lower, upper):
-            alpha, bw = _exchange(bootstrap.comm, rank, upper if rank == lower else lower, rank == lower,
-                                  options.timeout, placement.describe)
+            peer = upper if rank == lower else lower
+            wire = _MpiPair(bootstrap.comm, peer) if gloo is None else _GlooPair(gloo, peer)
+            alpha, bw = _exchange(wire, rank, peer, rank == lower, options.timeout, placement.describe)
             if rank == lower:
                 mine = [alpha, bw]  # one report per link
         bootstrap.barrier()  # the next pair's host 0 is this pair's: one exchange at a time per host
@@ -83,18 +92,59 @@ def _pairs(leaders: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _exchange(comm, rank: int, peer: int, first: bool, timeout: float, describe) -> tuple[float, float]:
-    """(one-way seconds, bytes per second each way) between this rank and ``peer`` (module doc)."""
-    import numpy as np
-    from mpi4py import MPI
+class _MpiPair:
+    """Point-to-point with ``peer`` over an MPI communicator: nonblocking sends and receives of
+    numpy views, completed together."""
 
-    from ...transports.waits import PeerTimeout, wait_until
+    def __init__(self, comm, peer: int):
+        self.comm, self.peer = comm, peer
 
-    out, back = np.zeros(_BIG, dtype=np.uint8), np.empty(_BIG, dtype=np.uint8)
+    def send(self, buf, tag: int):
+        return self.comm.Isend(buf.numpy(), self.peer, tag)
+
+    def recv(self, buf, tag: int):
+        return self.comm.Irecv(buf.numpy(), self.peer, tag)
+
+    def wait(self, requests, timeout: float, what: str) -> None:
+        from mpi4py import MPI
+
+        from ...transports.waits import wait_until
+        wait_until(lambda: MPI.Request.Testall(requests), timeout, self.peer, what, prompt=True)
+
+
+class _GlooPair:
+    """Point-to-point with ``peer`` over the gloo transport's process group, on tags past the
+    transport's own (``transports/gloo.py`` numbers its messages below ``_TAG_RANGE``; nothing else
+    is in flight at this point of init)."""
+
+    def __init__(self, gloo, peer: int):
+        from ...transports.gloo import _TAG_RANGE
+        self.gloo, self.peer, self.tags = gloo, peer, _TAG_RANGE
+
+    def send(self, buf, tag: int):
+        return self.gloo.pg.send([buf], self.peer, self.tags + tag)
+
+    def recv(self, buf, tag: int):
+        return self.gloo.pg.recv([buf], self.peer, self.tags + tag)
+
+    def wait(self, requests, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        for work in requests:
+            self.gloo.wait_work(work, max(deadline - time.monotonic(), 1e-3), self.peer, what)
+
+
+def _exchange(wire, rank: int, peer: int, first: bool, timeout: float, describe) -> tuple[float, float]:
+    """(one-way seconds, bytes per second each way) between this rank and ``peer`` over ``wire``
+    (``_MpiPair`` or ``_GlooPair``; module doc)."""
+    import torch
+
+    from ...transports.waits import PeerTimeout
+
+    out, back = torch.zeros(_BIG, dtype=torch.uint8), torch.empty(_BIG, dtype=torch.uint8)
 
     def done(requests, what):
         try:
-            wait_until(lambda: MPI.Request.Testall(requests), timeout, peer, what, prompt=True)
+            wire.wait(requests, timeout, what)
         except PeerTimeout:
             raise BootstrapTimeout(f"rank {rank}: measuring the link between hosts ({what}) with "
                                    f"{describe(peer)} did not complete within {timeout:g} s") from None
@@ -102,17 +152,16 @@ def _exchange(comm, rank: int, peer: int, first: bool, timeout: float, describe)
     def ping() -> float:
         t0 = time.perf_counter()
         if first:
-            done([comm.Isend(out[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
-            done([comm.Irecv(back[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
+            done([wire.send(out[:_PING_BYTES], _TAG)], "8-byte round trip")
+            done([wire.recv(back[:_PING_BYTES], _TAG)], "8-byte round trip")
         else:
-            done([comm.Irecv(back[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
-            done([comm.Isend(out[:_PING_BYTES], peer, _TAG)], "8-byte round trip")
+            done([wire.recv(back[:_PING_BYTES], _TAG)], "8-byte round trip")
+            done([wire.send(out[:_PING_BYTES], _TAG)], "8-byte round trip")
         return time.perf_counter() - t0
 
     def both_ways(nbytes: int) -> float:
         t0 = time.perf_counter()
-        done([comm.Irecv(back[:nbytes], peer, _TAG + 1), comm.Isend(out[:nbytes], peer, _TAG + 1)],
-             f"{nbytes} B both ways")
+        done([wire.recv(back[:nbytes], _TAG + 1), wire.send(out[:nbytes], _TAG + 1)], f"{nbytes} B both ways")
         return time.perf_counter() - t0
 
     ping()  # connects and warms the path
@@ -125,11 +174,11 @@ def _exchange(comm, rank: int, peer: int, first: bool, timeout: float, describe)
         if repeat == _REPEATS - 1:
             break
         # Both sides stop together (a slow link after one pair): the lower rank decides and says so.
-        stop = np.array([time.perf_counter() - begun > _BUDGET], dtype=np.uint8)
+        stop = torch.tensor([time.perf_counter() - begun > _BUDGET], dtype=torch.uint8)
         if first:
-            done([comm.Isend(stop, peer, _TAG + 2)], "the probe's end")
+            done([wire.send(stop, _TAG + 2)], "the probe's end")
         else:
-            done([comm.Irecv(stop, peer, _TAG + 2)], "the probe's end")
+            done([wire.recv(stop, _TAG + 2)], "the probe's end")
         if stop[0]:
             break
     # The fastest round trip is the link's: a slower one waited for a core (ranks busy in init beside

@@ -59,8 +59,9 @@ def agree_on_planner(bootstrap, placement: Placement, options: Options) -> tuple
         from ...kernels import launch_configs
         launch_configs.apply(table.kernels)  # tuned Triton launch configurations (GPU path)
     link = None
-    if size > 1 and not link_probe.wanted(placement, options, table):
+    if size > 1 and link_probe.before_wiring(placement) and not link_probe.wanted(placement, options, table):
         link = link_probe.measure(bootstrap, placement, options)  # collective: every rank or none
+    # A store bootstrap measures it once the transports are open (the communicator: Planner.use_link).
     planner = Planner(rank=rank, size=size, topology=placement.topology, link_of=placement.link,
                       forced=options.schedule, slot_bytes=options.chunk_bytes, table=table, table_source=source,
                       wire_chunk_bytes=options.wire_chunk_bytes, link=link)
