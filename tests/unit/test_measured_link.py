@@ -158,3 +158,56 @@ def test_a_link_measured_after_the_planner_was_made_prices_its_model_unless_a_ta
     model = fitted.model
     fitted.use_link(MeasuredLink(10e-6, _TESTBED, 0.5))
     assert fitted.model is model and fitted.link is not None  # auto still reads the measurement
+
+
+class _FakeWire:
+    """One side of a point-to-point pair whose transfers take ``latency + bytes / rate`` (both
+    directions at once, as the probe sends them), for ``link_probe._exchange`` on two threads."""
+
+    def __init__(self, inbox, outbox, latency: float, rate: float, sizes: list):
+        self.inbox, self.outbox, self.latency, self.rate, self.sizes = inbox, outbox, latency, rate, sizes
+
+    def send(self, buf, tag: int):
+        self.outbox.put((tag, buf.clone()))
+        return ("send", buf.numel())
+
+    def recv(self, buf, tag: int):
+        return ("recv", buf, tag)
+
+    def wait(self, requests, timeout: float, what: str) -> None:
+        import time
+        for kind, *rest in requests:
+            if kind == "recv":
+                buf, tag = rest
+                got_tag, data = self.inbox.get(timeout=timeout)
+                assert got_tag == tag and data.numel() == buf.numel(), (what, got_tag, tag, data.numel(), buf.numel())
+                buf.copy_(data)
+                self.sizes.append(buf.numel())
+                time.sleep(self.latency + buf.numel() / self.rate)
+
+
+@pytest.mark.parametrize("rate,scaled", [(0.4e9, True), (0.09e9, False)])
+def test_the_probe_times_transfers_that_outlast_a_fast_links_burst_and_both_sides_agree(rate, scaled):
+    import queue
+    import threading
+    a_to_b, b_to_a = queue.Queue(), queue.Queue()
+    seen: dict[bool, list] = {True: [], False: []}
+    results: dict[bool, tuple] = {}
+
+    def side(first: bool):
+        wire = _FakeWire(b_to_a if first else a_to_b, a_to_b if first else b_to_a, 50e-6, rate, seen[first])
+        results[first] = link_probe._exchange(wire, 0 if first else 1, 1 if first else 0, first, 10.0, str)
+
+    threads = [threading.Thread(target=side, args=(f,)) for f in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert set(results) == {True, False}
+    # The same transfers on both sides, in the same order (the lower rank's 1-byte words only go up).
+    data = {f: [n for n in seen[f] if n > 1] for f in seen}
+    assert data[True] == data[False] and len(seen[False]) > len(data[False])
+    big = max(data[True])
+    assert big == (link_probe._BIG * link_probe._SCALE if scaled else link_probe._BIG)
+    alpha, measured = results[True]
+    assert measured == pytest.approx(rate, rel=0.3)  # the difference of two transfers: latency cancels

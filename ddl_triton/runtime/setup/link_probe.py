@@ -13,7 +13,8 @@ returns the :class:`~ddl_triton.planning.measured_link.MeasuredLink` every rank 
 1. the first rank of each host pairs with the next host's (hosts 0-1, 2-3, ...; an odd last host
    with host 0, after) and, over the bootstrap's own MPI communicator (or gloo's), times 8-byte round trips
    (the latency: half the fastest) and 1 and 2 MiB sent both ways at once (the rate: the
-   difference, so that tbf's burst and the fixed cost cancel; medians, interleaved);
+   difference, so that tbf's burst and the fixed cost cancel; medians, interleaved), or 8 and
+   16 MiB where 2 MiB took under 8 ms (a fast link's burst would hold both);
 2. then every rank at once computes for ``_SPIN`` seconds and reads the share of a core it got
    (several ranks per core, 4 testbed ranks on 2 cores: 0.5);
 3. the ranks exchange their figures and every rank takes the slowest link, and the share of a
@@ -34,6 +35,10 @@ from .bootstrap_values import BootstrapError, BootstrapTimeout
 from .placement import Placement
 
 _PING_BYTES, _SMALL, _BIG = 8, 1 << 20, 2 << 20
+# A shaper lets a burst through at line rate (tbf: about 2 ms of traffic, 2.5 MB at 10 Gbit/s); the
+# difference of two transfers cancels it only when both outlast it. Where the larger one took less
+# than _FAST_S, both sizes are scaled by _SCALE (8 and 16 MiB: 13 ms at 10 Gbit/s).
+_FAST_S, _SCALE = 0.008, 8
 _PINGS, _REPEATS = 8, 3
 _BUDGET = 0.15   # seconds of 1 + 2 MiB pairs per host pair, past which no more are timed
 _SPIN = 0.02     # seconds every rank computes at once to read its share of a core
@@ -140,7 +145,7 @@ def _exchange(wire, rank: int, peer: int, first: bool, timeout: float, describe)
 
     from ...transports.waits import PeerTimeout
 
-    out, back = torch.zeros(_BIG, dtype=torch.uint8), torch.empty(_BIG, dtype=torch.uint8)
+    out, back = torch.zeros(_BIG * _SCALE, dtype=torch.uint8), torch.empty(_BIG * _SCALE, dtype=torch.uint8)
 
     def done(requests, what):
         try:
@@ -164,31 +169,35 @@ def _exchange(wire, rank: int, peer: int, first: bool, timeout: float, describe)
         done([wire.recv(back[:nbytes], _TAG + 1), wire.send(out[:nbytes], _TAG + 1)], f"{nbytes} B both ways")
         return time.perf_counter() - t0
 
+    def lower_says(flag: bool, what: str) -> bool:
+        """The lower rank's ``flag``, on both sides (the two must run the same transfers)."""
+        said = torch.tensor([flag], dtype=torch.uint8)
+        done([wire.send(said, _TAG + 2)] if first else [wire.recv(said, _TAG + 2)], what)
+        return bool(said[0])
+
     ping()  # connects and warms the path
     trips = [ping() for _ in range(_PINGS)]
+    sizes = (_SMALL, _BIG)
+    if lower_says(both_ways(_BIG) < _FAST_S, "the probe's transfer size"):
+        sizes = (_SMALL * _SCALE, _BIG * _SCALE)  # a fast link: transfers that outlast the shaper's burst
     small, big = [], []
     begun = time.perf_counter()
     for repeat in range(_REPEATS):
-        small.append(both_ways(_SMALL))
-        big.append(both_ways(_BIG))
+        small.append(both_ways(sizes[0]))
+        big.append(both_ways(sizes[1]))
         if repeat == _REPEATS - 1:
             break
         # Both sides stop together (a slow link after one pair): the lower rank decides and says so.
-        stop = torch.tensor([time.perf_counter() - begun > _BUDGET], dtype=torch.uint8)
-        if first:
-            done([wire.send(stop, _TAG + 2)], "the probe's end")
-        else:
-            done([wire.recv(stop, _TAG + 2)], "the probe's end")
-        if stop[0]:
+        if lower_says(time.perf_counter() - begun > _BUDGET, "the probe's end"):
             break
     # The fastest round trip is the link's: a slower one waited for a core (ranks busy in init beside
     # it), which the model charges as step cost, not as latency.
     alpha = min(trips) / 2
     try:
-        return alpha, rate(_SMALL, statistics.median(small), _BIG, statistics.median(big))
+        return alpha, rate(sizes[0], statistics.median(small), sizes[1], statistics.median(big))
     except ValueError:
         # A link faster than the timer can tell apart: price it as the larger transfer's mean rate.
-        return alpha, _BIG / max(statistics.median(big), 1e-9)
+        return alpha, sizes[1] / max(statistics.median(big), 1e-9)
 
 
 def _cpu_share(seconds: float) -> float:
