@@ -2,8 +2,8 @@
 
 Run under mpiexec, e.g.:  mpiexec -n 2 python bench/collectives.py [--json out.json]
 
-Every size is timed in interleaved rounds (ddl, mpi, gloo, then mpi, gloo, ddl, ...: the
-order rotates each round) within one run, so all peers see the same machine noise; the table quotes the
+Every size is timed in interleaved rounds (ddl, mpi, gloo, then a new order each round,
+the same on every rank) within one run, so all peers see the same machine noise; the table quotes the
 median round (p20/p80 go to the JSON). Every peer reduces the same buffer and is
 called as its fastest user would call it, with everything but the call prepared
 once: MPICH's ``Allreduce(IN_PLACE, [view, datatype], op)`` on a prebuilt numpy
@@ -39,6 +39,7 @@ import functools
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -212,9 +213,10 @@ def main(argv=None) -> int:
         times: dict[str, list[float]] = {im.name: [] for im in timed}
         sent: dict[str, dict[str, int]] = {im.name: {} for im in timed}
         for r in range(args.rounds):
-            # The order rotates each round: a peer timed right after another (gloo's threads
-            # winding down at 4 ranks on 2 cores) would otherwise always pay for it.
-            for im in timed[r % len(timed):] + timed[:r % len(timed)]:
+            # A new order each round, the same on every rank (seeded by the round): a peer timed
+            # right after another (gloo's threads winding down at 4 ranks on 2 cores) would otherwise
+            # always pay for it. A rotation would not do: it keeps who follows whom.
+            for im in random.Random(r).sample(timed, len(timed)) if r else timed:
                 buf.copy_((torch.arange(count) % 13).to(dtype))
                 before = im.comm.transport_bytes if im.comm else {}
                 times[im.name].append(_time_round(im, buf, iters, mpi_comm))
