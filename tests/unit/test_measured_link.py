@@ -160,12 +160,28 @@ def test_a_link_measured_after_the_planner_was_made_prices_its_model_unless_a_ta
     assert fitted.model is model and fitted.link is not None  # auto still reads the measurement
 
 
+class _ThreadClocks:
+    """A clock per thread, standing in for ``time`` in link_probe: a transfer advances the clock of
+    the thread that waited for it, so each side times exactly what the modelled link takes."""
+
+    def __init__(self):
+        import threading
+        self.local = threading.local()
+
+    def perf_counter(self) -> float:
+        return getattr(self.local, "now", 0.0)
+
+    def advance(self, seconds: float) -> None:
+        self.local.now = self.perf_counter() + seconds
+
+
 class _FakeWire:
     """One side of a point-to-point pair whose transfers take ``latency + bytes / rate`` (both
     directions at once, as the probe sends them), for ``link_probe._exchange`` on two threads."""
 
-    def __init__(self, inbox, outbox, latency: float, rate: float, sizes: list):
+    def __init__(self, inbox, outbox, latency: float, rate: float, sizes: list, clocks: _ThreadClocks):
         self.inbox, self.outbox, self.latency, self.rate, self.sizes = inbox, outbox, latency, rate, sizes
+        self.clocks = clocks
 
     def send(self, buf, tag: int):
         self.outbox.put((tag, buf.clone()))
@@ -175,7 +191,6 @@ class _FakeWire:
         return ("recv", buf, tag)
 
     def wait(self, requests, timeout: float, what: str) -> None:
-        import time
         for kind, *rest in requests:
             if kind == "recv":
                 buf, tag = rest
@@ -183,19 +198,21 @@ class _FakeWire:
                 assert got_tag == tag and data.numel() == buf.numel(), (what, got_tag, tag, data.numel(), buf.numel())
                 buf.copy_(data)
                 self.sizes.append(buf.numel())
-                time.sleep(self.latency + buf.numel() / self.rate)
+                self.clocks.advance(self.latency + buf.numel() / self.rate)
 
 
 @pytest.mark.parametrize("rate,scaled", [(0.4e9, True), (0.09e9, False)])
-def test_the_probe_times_transfers_that_outlast_a_fast_links_burst_and_both_sides_agree(rate, scaled):
+def test_the_probe_times_transfers_that_outlast_a_fast_links_burst_and_both_sides_agree(monkeypatch, rate, scaled):
     import queue
     import threading
+    clocks = _ThreadClocks()
+    monkeypatch.setattr(link_probe, "time", clocks)  # _exchange reads only perf_counter
     a_to_b, b_to_a = queue.Queue(), queue.Queue()
     seen: dict[bool, list] = {True: [], False: []}
     results: dict[bool, tuple] = {}
 
     def side(first: bool):
-        wire = _FakeWire(b_to_a if first else a_to_b, a_to_b if first else b_to_a, 50e-6, rate, seen[first])
+        wire = _FakeWire(b_to_a if first else a_to_b, a_to_b if first else b_to_a, 50e-6, rate, seen[first], clocks)
         results[first] = link_probe._exchange(wire, 0 if first else 1, 1 if first else 0, first, 10.0, str)
 
     threads = [threading.Thread(target=side, args=(f,)) for f in (True, False)]
@@ -210,4 +227,5 @@ def test_the_probe_times_transfers_that_outlast_a_fast_links_burst_and_both_side
     big = max(data[True])
     assert big == (link_probe._BIG * link_probe._SCALE if scaled else link_probe._BIG)
     alpha, measured = results[True]
-    assert measured == pytest.approx(rate, rel=0.3)  # the difference of two transfers: latency cancels
+    assert measured == pytest.approx(rate, rel=1e-9)  # the difference of two transfers: latency cancels
+    assert alpha == pytest.approx((50e-6 + 8 / rate) / 2, rel=1e-9)  # half the fastest 8-byte round trip
