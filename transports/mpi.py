@@ -16,6 +16,7 @@ import torch
 from mpi4py import MPI
 
 from . import waits
+from .host_arrays import numpy_view
 from .waits import DEFAULT_SPIN_SECONDS, wait_until
 from .link_emulation import Pacer, parse
 from .mpi_retired import retire
@@ -120,7 +121,7 @@ class MpiTransport(StagedSends):
     # -- sender (acquire: staged_sends.py) ------------------------------------------------
     def publish(self, msg_id: int) -> None:
         peers, nbytes, buf = self._unstage(msg_id)
-        mem = buf.numpy()
+        mem = numpy_view(buf)  # may be the caller's memory: leave its storage resizable
         self.bytes_sent += nbytes * len(peers)
         if self._pacer is None:
             reqs = [self.comm.Isend([mem, nbytes, MPI.BYTE], dest=p, tag=msg_id % TAG_RANGE) for p in peers]
@@ -180,7 +181,7 @@ class MpiTransport(StagedSends):
         if sub is None:
             sub = self._group_comms[group] = self.comm.Create_group(self.comm.Get_group().Incl(list(group)))
         wide = tensor if tensor.dtype in _MPI_TYPES else tensor.float()
-        flat, mpi_type = wide.view(-1).numpy(), _MPI_TYPES[wide.dtype]
+        flat, mpi_type = numpy_view(wide.view(-1)), _MPI_TYPES[wide.dtype]
         peer = next(p for p in group if p != self.comm.Get_rank()) if len(group) == 2 else -1
         what = f"MPI allreduce among ranks {', '.join(map(str, group))}"
         # In pieces, several in flight: MPI's allreduce of one large buffer exchanges, reduces, then

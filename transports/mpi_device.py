@@ -31,6 +31,7 @@ from collections import defaultdict, deque
 import torch
 from mpi4py import MPI
 
+from .host_arrays import numpy_view
 from .mpi_retired import retire
 from .waits import DEFAULT_SPIN_SECONDS, wait_until
 from .mpi import TAG_RANGE
@@ -57,7 +58,7 @@ class _CudaStreamOps:
 def _mpi_buffer(buf: torch.Tensor):
     """Host buffers through numpy (the buffer protocol); device buffers as themselves
     (``__cuda_array_interface__``, which a CUDA-aware mpi4py accepts)."""
-    return buf.numpy() if buf.device.type == "cpu" else buf
+    return numpy_view(buf) if buf.device.type == "cpu" else buf
 
 
 class DeviceMpiTransport:

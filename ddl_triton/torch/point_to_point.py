@@ -28,6 +28,7 @@ import torch
 
 from ..errors import engine_failed, peer_failed
 from ..runtime.calls.work import OrderedRunner, Work
+from ..transports.host_arrays import numpy_view
 from .staging import as_bytes, byte_counts, displs, nbytes
 
 _TAG_BOUND = 32767  # the least MPI_TAG_UB the MPI standard guarantees; gloo's is larger, one bound for both
@@ -76,8 +77,8 @@ class MpiPointToPoint:
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         from mpi4py import MPI
 
-        data = as_bytes(tensor.detach().contiguous())
-        req = self._mpi.Isend([data.numpy(), data.numel(), MPI.BYTE], dest=dst, tag=check_tag(tag))
+        data = as_bytes(tensor.detach().contiguous())  # the caller's memory: a view that leaves it resizable
+        req = self._mpi.Isend([numpy_view(data), data.numel(), MPI.BYTE], dest=dst, tag=check_tag(tag))
         return self._complete(req, None, f"send to {dst} (tag {tag})", keep=(data,), peer=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:

@@ -339,3 +339,125 @@ def test_finalize_returns_and_the_job_exits_0_after_a_raising_callback():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "finalized [1, 1, 1, 1] [2, 2, 2, 2]" in proc.stdout
     assert "a done-callback of allreduce(sum, 4 x int64) raised; ignored" in proc.stderr, proc.stderr[-3000:]
+
+
+# ---- calls issued from inside callbacks (torch's PowerSGD: Future.then callbacks that issue and wait) ----
+def _watchdog(fn, seconds: float = 10.0):
+    """Run ``fn`` on a thread; fail (instead of hanging the suite) if it is not done in ``seconds``."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised on the test's thread
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"deadlock: not done after {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@pytest.mark.parametrize("wait", ["wait", "release", "torch future"])
+def test_a_callback_on_the_background_thread_may_issue_a_call_and_wait_for_it(wait):
+    # The PowerSGD deadlock: the callback runs on the thread that runs the queue, and waits there for a
+    # call it issued. The wait runs that call on the same thread, nested.
+    runner = OrderedRunner("test-runner")
+    ran, inner = [], []
+    issued = threading.Event()
+
+    def callback(_):
+        inner_work = runner.submit(_job(ran, "inner"), "inner")
+        if wait == "wait":
+            inner.append(inner_work.wait())
+        elif wait == "release":  # get_future() of the torch Work: the call then runs before it returns
+            inner_work.release()
+            inner.append(inner_work.is_completed())
+        else:  # torch.futures.Future.wait(), which no run_here reaches: the torch Work's get_future ran it
+            tw = futures.torch_work([inner_work], ["inner"])
+            inner.append(tw.get_future().wait())
+        issued.set()
+
+    outer = runner.submit(_job(ran, "outer"), "outer")
+    outer.add_done_callback(callback)
+    try:
+        _watchdog(lambda: issued.wait(10) or None)
+        assert issued.is_set(), "the callback never finished: the call it waited for did not run"
+        assert [n for n, _ in ran] == ["outer", "inner"] and ran[0][1] == ran[1][1] == "test-runner"
+        assert inner == [{"wait": "inner", "release": True, "torch future": ["inner"]}[wait]]
+    finally:
+        runner.close(5)
+
+
+@pytest.mark.parametrize("completes", ["before the later call is issued", "after the later call is issued"])
+def test_a_call_issued_by_a_callback_runs_right_after_its_parent_whatever_the_timing(completes):
+    # The order across ranks: the call a callback issues runs right after the call whose completion ran
+    # the callback, before a call issued later from outside, whether or not that was issued first.
+    runner = _GatedRunner()
+    ran = []
+    a = runner.submit(_job(ran, "a"), "a")
+    a.add_done_callback(lambda _: runner.submit(_job(ran, "from a's callback"), "c"))
+    if completes == "before the later call is issued":
+        a.wait()  # runs a (and its callback) on this thread
+        b = runner.submit(_job(ran, "b"), "b")
+    else:
+        b = runner.submit(_job(ran, "b"), "b")
+    runner.gate.set()
+    b.wait(10)
+    runner.close(5)
+    assert [n for n, _ in ran] == ["a", "from a's callback", "b"]
+
+
+def test_calls_issued_by_callbacks_keep_their_order_and_nest():
+    # Two calls from one callback run in the order issued; a call issued by the callback of a nested
+    # call runs after the calls issued before it (breadth first), all before the outside call.
+    runner = _GatedRunner()
+    ran = []
+
+    def a_done(_):
+        c1 = runner.submit(_job(ran, "c1"), "c1")
+        c1.add_done_callback(lambda _: runner.submit(_job(ran, "d (c1's callback)"), "d"))
+        runner.submit(_job(ran, "c2"), "c2")
+        assert c1.wait() == "c1"  # nested: c1 runs here, its callback queues d after c2
+
+    a = runner.submit(_job(ran, "a"), "a")
+    a.add_done_callback(a_done)
+    b = runner.submit(_job(ran, "b"), "b")
+    runner.gate.set()
+    _watchdog(lambda: b.wait(10))
+    runner.close(5)
+    assert [n for n, _ in ran] == ["a", "c1", "c2", "d (c1's callback)", "b"]
+
+
+def test_a_callback_registered_after_completion_issues_in_program_order(runner):
+    # Registered once its call is done, a callback runs at once on the registering thread: what it
+    # issues joins the queue like any call from that thread, after the calls issued before.
+    ran = []
+    a = runner.submit(_job(ran, "a"), "a")
+    assert a.wait() == "a"
+    b = runner.submit(_job(ran, "b"), "b")
+    a.add_done_callback(lambda _: runner.submit(_job(ran, "late callback's"), "c"))
+    runner.gate.set()
+    runner.drain(5)
+    assert [n for n, _ in ran] == ["a", "b", "late callback's"]
+
+
+def test_a_synchronous_call_from_a_callback_runs_nested_and_drain_from_a_callback_returns():
+    runner = OrderedRunner("test-runner")
+    ran, seen = [], []
+
+    def callback(_):
+        seen.append(runner.run_sync(_job(ran, "sync from callback"), lambda: "s"))
+        runner.submit(_job(ran, "async from callback"), "x")
+        runner.drain(5)  # from inside a running call: runs what is queued, cannot wait for itself
+        seen.append("drained")
+
+    outer = runner.submit(_job(ran, "outer"), "outer")
+    outer.add_done_callback(callback)
+    _watchdog(lambda: outer.wait(10))
+    runner.close(5)
+    assert [n for n, _ in ran] == ["outer", "sync from callback", "async from callback"]
+    assert seen == ["sync from callback", "drained"]

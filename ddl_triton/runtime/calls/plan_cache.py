@@ -22,6 +22,7 @@ import torch
 from ... import schedules
 from ...ops import SIXTEEN_BIT
 from ...planning.planner import Planner
+from ...transports.host_arrays import numpy_view
 from ..lanes.fingerprint import encode
 from .executor import CallContext
 
@@ -134,8 +135,12 @@ class PlanCache:
         """The numpy view of ``tensor`` (flat, contiguous, on the CPU) for the small path's ``shape``."""
         ptr = tensor.data_ptr()
         cached = self._fast_arrays.get(ptr)
-        if cached is None or cached[0] is not shape:
+        # The view keeps its tensor alive, so no other tensor can be at ``ptr`` unless it shares that
+        # memory; but the storage stays resizable (host_arrays.py), and a resize moves it: then the
+        # kept tensor is elsewhere and the view is stale.
+        if cached is None or cached[0] is not shape or cached[1].data_ptr() != ptr:
             if len(self._fast_arrays) > 64:  # each entry keeps its tensor alive: stay small
                 self._fast_arrays.clear()
-            cached = self._fast_arrays[ptr] = (shape, tensor.view(-1).numpy())
-        return cached[1]
+            flat = tensor.view(-1)
+            cached = self._fast_arrays[ptr] = (shape, flat, numpy_view(flat))
+        return cached[2]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import call_name, wait_failed
+from ...transports.host_arrays import numpy_view
 from ...transports.waits import PeerTimeout, wait_until
 from ..lanes.small_allreduce_two_sided import lane_dtype
 
@@ -98,7 +99,7 @@ class CallRunner:
             record = self.executor.record
             if record is not None:
                 record.schedule = SMALL_PATH
-            self.run_small(flat.detach().numpy(), shape)
+            self.run_small(self.plans.fast_view(flat.detach(), shape), shape)
         else:
             self._execute("allreduce", flat, flat, flat.numel(), op, 0)
         _write_back(tensor, flat)
@@ -116,7 +117,7 @@ class CallRunner:
         work = flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)
         array = work.detach().view(lane_dtype(work.dtype))
         try:
-            self.small.broadcast(array.numpy(), shape, seq, root)
+            self.small.broadcast(numpy_view(array), shape, seq, root)
         except PeerTimeout as e:
             raise wait_failed(self.rank, call_name("broadcast", seq, SMALL_BROADCAST, "copy"), e,
                               self.timeout, self.describe) from None

@@ -20,6 +20,14 @@ and backward would wait for it (ddl_triton/torch/process_group.py).
 
 Callbacks (``Work.add_done_callback``) run when the Work completes, on the thread that completed
 it, before the queue moves on (the composite collectives chain their steps this way). A callback
+may issue further calls and wait for them, as torch's PowerSGD hook does in its ``Future.then``
+callbacks: a call issued from inside a running call (its job or its callbacks, on the thread
+running it) joins the queue right after that call, ahead of every call issued from outside, in
+the order issued, and a wait for it on that thread runs it there, nested, with the queued calls
+before it. The order is then fixed by the program, not by timing: a call issued from a callback
+runs right after the call whose completion ran the callback, on every rank, whether that call
+completed before or after others were issued (as long as the callback was registered before any
+further call was issued, which every DDP hook does: it returns ``fut.then(...)`` at once). A callback
 that raises an ``Exception`` changes nothing: not its Work, which is complete and whose waiters may
 already hold its result, nor the queue, whose state a callback cannot reach. The error is printed
 to stderr with the Work's name and the traceback, and the other callbacks and the later calls run
@@ -85,9 +93,11 @@ class Work:
 
     def release(self) -> None:
         """Wake the background thread for this call if it was issued ``waking_later`` and no one
-        has woken it since; otherwise do nothing."""
+        has woken it since; otherwise do nothing. On the thread running a call (a callback of it
+        asking for this call's future, which it may wait for where no ``run_here`` is reached, as
+        ``torch.futures.Future.wait`` does), run it there, nested: no other thread can meanwhile."""
         if self._runner is not None and not self._done.is_set():
-            self._runner._wake_if_held()
+            self._runner._release(self)
 
     def is_completed(self) -> bool:
         if self._done.is_set():
@@ -161,6 +171,8 @@ class OrderedRunner:
         self._issuer = threading.local()  # .later: this thread issues waking_later
         self._finished = 0  # jobs run to the end: drain's deadline counts from the latest
         self._current: Work | None = None  # the running job's Work (None for an inline run_sync)
+        self._owner: int | None = None  # the thread running the job (set with _running)
+        self._front = 0  # queued calls issued from inside a running call: they run before the others
         self._broken: DDLError | None = None  # why the background thread stopped (see the module doc)
 
     @property
@@ -177,13 +189,13 @@ class OrderedRunner:
             self._check_unbroken()
             inline = not self._queue and not self._running
             if inline:
-                self._running = True
+                self._running, self._owner = True, threading.get_ident()
         if inline:
             try:
                 return job()
             finally:
                 with self._cond:
-                    self._running = False
+                    self._running, self._owner, self._front = False, None, 0
                     self._cond.notify_all()
         return self.submit(job, describe()).wait()
 
@@ -195,7 +207,13 @@ class OrderedRunner:
             self._check_unbroken()
             if self._stopping:
                 raise RuntimeError(f"{self._name}: submit after close")
-            self._queue.append((job, work))
+            if self._running and self._owner == threading.get_ident():
+                # issued from inside the running call (a callback of it): next, after the calls its
+                # callbacks issued before, ahead of every call issued from outside (module doc)
+                self._queue.insert(self._front, (job, work))
+                self._front += 1
+            else:
+                self._queue.append((job, work))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
@@ -217,6 +235,14 @@ class OrderedRunner:
         finally:
             self._issuer.later = False
 
+    def _release(self, work: Work) -> None:
+        """``Work.release``: nested on the thread running a call (only this thread sets or clears
+        ``_owner`` to itself, so the unlocked read is exact), else wake the background thread."""
+        if self._running and self._owner == threading.get_ident():
+            self._run_until(work)
+        else:
+            self._wake_if_held()
+
     def _wake_if_held(self) -> None:
         if self._held:  # checked before taking the lock: nothing held is the common case
             with self._cond:
@@ -236,8 +262,8 @@ class OrderedRunner:
                         self._cond.wait()
                     if not self._queue:
                         return
-                    job, work = self._queue.popleft()
-                    self._running = True
+                    job, work = self._pop()
+                    self._running, self._owner = True, threading.get_ident()
                 self._execute(job, work)
         except BaseException as e:  # noqa: BLE001 - never a silent death that leaves waiters waiting
             self._break(e)
@@ -252,6 +278,7 @@ class OrderedRunner:
             self._broken = error
             queued = [work for _, work in self._queue]
             self._queue.clear()
+            self._front = 0
             self._cond.notify_all()
         text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
         print(f"ddl_triton: {error}\n{text}", end="", file=sys.stderr, flush=True)
@@ -260,18 +287,30 @@ class OrderedRunner:
 
     def _run_until(self, target: Work) -> None:
         """Run queued jobs on the calling thread, in order, until ``target``'s is done; stop as
-        soon as the background thread is running one (it then runs the rest)."""
+        soon as another thread is running one (it then runs the rest). The thread running a call
+        may wait here from inside it (a callback waiting for a call it issued): it runs the
+        queued jobs nested, in order, as no other thread can while its call runs."""
+        me = threading.get_ident()
         while not target._done.is_set():
             with self._cond:
-                if self._running or not self._queue:
+                nested = self._running and self._owner == me
+                if (self._running and not nested) or not self._queue:
                     return
-                job, work = self._queue.popleft()
-                self._running = True
-            self._execute(job, work)
+                job, work = self._pop()
+                if not nested:
+                    self._running, self._owner = True, me
+            self._execute(job, work, nested)
 
-    def _execute(self, job: Callable[[], object], work: Work) -> None:
-        """Run one dequeued job (``_running`` set) and complete its Work."""
-        self._current = work
+    def _pop(self) -> tuple[Callable[[], object], Work]:
+        """The next queued job (the lock held)."""
+        if self._front:
+            self._front -= 1
+        return self._queue.popleft()
+
+    def _execute(self, job: Callable[[], object], work: Work, nested: bool = False) -> None:
+        """Run one dequeued job (``_running`` set, by this thread) and complete its Work. Nested:
+        inside another call's job or callbacks on this thread, which keeps the running slot."""
+        outer, self._current = self._current, work
         try:
             result = job()
         except BaseException as e:  # delivered to the waiter, never lost on the thread
@@ -280,8 +319,9 @@ class OrderedRunner:
             work._finish(result=result)
         finally:
             with self._cond:
-                self._running = False
-                self._current = None
+                self._current = outer
+                if not nested:
+                    self._running, self._owner = False, None
                 self._finished += 1
                 self._cond.notify_all()
 
@@ -290,6 +330,11 @@ class OrderedRunner:
         once no job has finished for ``timeout`` seconds (each collective bounds its own waits by
         the communicator's timeout, so a queue that stalls that long is stuck, not slow)."""
         self._wake_if_held()
+        if self._running and self._owner == threading.get_ident():
+            # from inside a running call (a callback): it cannot wait for itself, but runs the rest
+            while self._queue:
+                self._run_until(self._queue[-1][1])
+            return
         with self._cond:
             finished, since = self._finished, time.monotonic()
             while self._queue or self._running:
@@ -315,6 +360,7 @@ class OrderedRunner:
                 self._stopping = True
                 queued = [work for _, work in self._queue]
                 self._queue.clear()
+                self._front = 0
                 self._cond.notify_all()
             for work in queued:
                 work._finish(error=e)
