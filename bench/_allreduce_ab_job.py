@@ -25,27 +25,31 @@ def main() -> int:
     p.add_argument("--bytes", default="128", help="a comma list of sizes")
     p.add_argument("--blocks", type=int, default=10)
     p.add_argument("--calls", type=int, default=200, help="calls per timed block")
+    p.add_argument("--async-op", action="store_true",
+                   help="time allreduce(x, async_op=True).wait(): the queue's path, not the synchronous entry")
     args = p.parse_args()
 
     start = time.perf_counter()
     comm = ddl.init()
     init_s = time.perf_counter() - start
     for nbytes in (int(b) for b in args.bytes.split(",")):
-        _time_size(comm, nbytes, args.blocks, max(3, min(args.calls, (2 << 20) // max(nbytes, 1))), init_s)
+        _time_size(comm, nbytes, args.blocks, max(3, min(args.calls, (2 << 20) // max(nbytes, 1))), init_s,
+                   args.async_op)
     ddl.finalize()
     return 0
 
 
-def _time_size(comm, nbytes: int, blocks: int, calls: int, init_s: float) -> None:
+def _time_size(comm, nbytes: int, blocks: int, calls: int, init_s: float, async_op: bool) -> None:
     x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    call = (lambda: comm.allreduce(x, async_op=True).wait()) if async_op else (lambda: comm.allreduce(x))
     for _ in range(min(50, calls)):  # warm: plans cached, lanes posted
-        comm.allreduce(x)
+        call()
     per_call = []
     for _ in range(blocks):
         comm.barrier()
         t0 = time.perf_counter()
         for _ in range(calls):
-            comm.allreduce(x)
+            call()
         per_call.append((time.perf_counter() - t0) / calls)
     slowest = torch.tensor(per_call + [init_s], dtype=torch.float64)
     comm.allreduce(slowest, op="max")

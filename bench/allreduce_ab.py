@@ -3,6 +3,7 @@ alternating jobs of one run, on one host and across two testbed hosts.
 
     python bench/allreduce_ab.py --old-rev 69cf7ec [--rounds 5] [--places host,hosts] [--bytes 128]
     python bench/allreduce_ab.py --old-rev a73ca32 --places host --launchers ddlrun --bytes 8,65536,16777216
+    python bench/allreduce_ab.py --old-rev 2d6b431 --places host --launchers ddlrun --bytes 8,65536 --async-op
 
 The earlier revision is checked out into a private temporary folder (``git worktree``, removed at the
 end) and run from there through ``PYTHONPATH``, with the same interpreter and packages; each job is
@@ -122,8 +123,9 @@ def main(argv=None) -> int:
     p.add_argument("--bytes", default="128", help="a comma list of sizes")
     p.add_argument("--launchers", default="ddlrun,env://")
     p.add_argument("--json", default="")
+    p.add_argument("--async-op", action="store_true", help="time allreduce(async_op=True).wait() instead")
     args = p.parse_args(argv)
-    job_args = ["--bytes", args.bytes]
+    job_args = ["--bytes", args.bytes] + (["--async-op"] if args.async_op else [])
     places = args.places.split(",")
     launchers = args.launchers.split(",")
     results: dict[tuple[str, str, str, int], list[dict]] = {}
