@@ -34,5 +34,5 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jax", ("planning", "runtime", "schedules", "transports", "tuning")),
     ("tensorflow", ("kernels", "planning", "runtime", "schedules", "transports", "tuning")),
 )
-CORE = ("_private_files", "compression_methods", "errors", "ops", "options", "status_files")
+CORE = ("_private_files", "compression_methods", "errors", "job_secret", "ops", "options", "status_files")
 COMMANDS = ("simulate", "trace", "tune")

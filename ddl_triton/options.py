@@ -58,6 +58,11 @@ class Options:
     link_probe (DDL_LINK_PROBE)           where ranks span hosts and no tuning table fits the cost model,
                                           measure the link between hosts at init (about 0.1 s) and plan
                                           with it (ddl_triton/runtime/setup/link_probe.py); default 1
+    job_secret (DDL_JOB_SECRET)           the job's credential, at least 16 characters, never in the store
+                                          nor on the wire: a process joins a running elastic job only by
+                                          proving it holds it (ddl_triton/job_secret.py). ddlrun
+                                          draws one for its ranks; under torchrun or env:// set the same
+                                          value for every process. "" (default): no process may join
     """
 
     timeout: float = 300.0
@@ -80,6 +85,7 @@ class Options:
     link_emulation: str = ""
     compression: str = "none"
     link_probe: bool = True
+    job_secret: str = dataclasses.field(default="", repr=False)  # a credential: never printed
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -100,6 +106,10 @@ class Options:
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"Options.kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
         compression_methods.check_choice(self.compression, "Options.compression (DDL_COMPRESSION)")
+        if self.job_secret and len(self.job_secret) < 16:
+            # the length only: an error message must not quote a credential
+            raise ValueError(f"Options.job_secret (DDL_JOB_SECRET) must be at least 16 characters, got "
+                             f"{len(self.job_secret)} (draw one: python -c 'import secrets; print(secrets.token_hex(32))')")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Options":

@@ -1,5 +1,6 @@
 """Elastic data-parallel training: lose a host, keep training; start one again, and it joins.
 
+    export DDL_JOB_SECRET=...   # the same for every process of the job: only its holders may join later
     torchrun --nnodes 2 --nproc-per-node 2 ... examples/elastic_train.py        # one per host (c10d or static)
     RANK=0 WORLD_SIZE=3 MASTER_ADDR=h1 MASTER_PORT=29500 python examples/elastic_train.py   # env://, per process
     DDL_ELASTIC_JOIN=1 MASTER_ADDR=h1 MASTER_PORT=29500 python examples/elastic_train.py    # a host joining later

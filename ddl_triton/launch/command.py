@@ -2,8 +2,11 @@
 the one shell line ddlrun prints before running it.
 
 The ranks' environment is ddlrun's own plus the ``DDL_*`` variables its options set
-(``--topology`` → ``DDL_TOPOLOGY``, ``--timeout`` → ``DDL_TIMEOUT``). Under MPICH each rank runs
-below the rank guard (rank_guard.py, run as a file so that it imports no torch).
+(``--topology`` → ``DDL_TOPOLOGY``, ``--timeout`` → ``DDL_TIMEOUT``), and the job's credential
+``DDL_JOB_SECRET``, drawn afresh for the job unless ddlrun's environment sets one (Horovod's runner
+does the same with its secret key). The credential is in the environment only, never in the printed
+command line. Under MPICH each rank runs below the rank guard (rank_guard.py, run as a file so that it
+imports no torch).
 """
 from __future__ import annotations
 
@@ -40,10 +43,17 @@ def _format_seconds(seconds: float) -> str:
     return str(int(seconds)) if seconds.is_integer() else repr(seconds)
 
 
+SECRET_VARIABLE = "DDL_JOB_SECRET"
+
+
 def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment mpiexec (and so every rank) runs in: ``base`` (default os.environ) plus DDL_*."""
+    """The environment mpiexec (and so every rank) runs in: ``base`` (default os.environ) plus DDL_*,
+    and the job's credential: ``base``'s, else a fresh one."""
     env = dict(os.environ if base is None else base)
     env.update(ddl_env_vars(args))
+    if not env.get(SECRET_VARIABLE):
+        from ..job_secret import draw
+        env[SECRET_VARIABLE] = draw()
     return env
 
 
@@ -62,7 +72,7 @@ def mpiexec_command(mpiexec: str, family: str, ranks: int, env_vars: dict[str, s
     if family == "MPICH":
         where = ["-hosts", hosts] + ([] if launcher_chosen else ["-launcher", "ssh"]) if hosts else []
         return [mpiexec, "-disable-auto-cleanup", *where, "-n", str(ranks), sys.executable, RANK_GUARD, *command]
-    exported = [word for name in env_vars for word in ("-x", name)] if family == "Open MPI" else []
+    exported = [word for name in [*env_vars, SECRET_VARIABLE] for word in ("-x", name)] if family == "Open MPI" else []
     where = ["--host", hosts] if hosts else []
     return [mpiexec, *where, "-n", str(ranks), *exported, *command]
 

@@ -30,6 +30,8 @@ Environment given to every rank (on top of ddlrun's own):
 
     --topology XxY[xZ]   DDL_TOPOLOGY   the layout of the ranks, e.g. 2x2 = 2 nodes x 2 ranks
     --timeout SECONDS    DDL_TIMEOUT    seconds any single collective wait may last (Options.timeout)
+    (always)             DDL_JOB_SECRET the job's credential (Options.job_secret): drawn afresh for each
+                                        job unless ddlrun's own environment sets it; never printed
 
 Before anything is launched ddlrun checks, failing with one line on stderr and exit
 status 2 (``--dry-run`` stops after the checks, exit status 0):

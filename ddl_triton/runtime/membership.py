@@ -27,6 +27,15 @@ How generation G ends:
 - A second failure during the agreement or the build of G+1 is handled the same way: the build fails
   (its bootstrap times out or a peer dies), G+1 is revoked, and the survivors agree on G+2.
 
+Who may join: a process that proves it holds the job's secret (``Options.job_secret``,
+ddl_triton/job_secret.py), which never enters the store. The members publish a nonce naming
+the job (``job``); a joiner posts, with its request, an HMAC of that nonce and its member id under the
+secret. Whoever checks the pending joiners (rank 0 at each commit, every member while it
+agrees) admits only a joiner whose proof holds: any other request is refused (``refused/<id>`` says
+why; the joiner raises it), and the members go on as if it had never asked. A job started without a
+secret admits nobody. A joiner is never the source of the state either (state.py takes it from a
+member of the previous world), whatever it did before it asked.
+
 The store's host is the coordinator: a store that cannot be reached raises ``CoordinatorLost``
 (torchft's Lighthouse has the same single point of failure, and says so).
 
@@ -36,12 +45,14 @@ from __future__ import annotations
 
 import atexit
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import CoordinatorLost, ExcludedFromWorld, PeersLost
+from ..errors import CoordinatorLost, DDLError, ExcludedFromWorld, PeersLost
 from ..transports import failure_notice
+from .. import job_secret
 
 JOINER_BASE = 1_000_000   # member ids of processes that joined after the launch start here
 _PREFIX = "ddl_triton/elastic"
@@ -73,11 +84,14 @@ class Decision:
 class Membership:
     """This process's view of the job's generations. ``store``: the job's store; ``member``: this
     process's id; ``host``: its host name (for errors); ``timeout``: the job's deadline (DDL_TIMEOUT),
-    which bounds every wait here; ``grace``: how long survivors wait for each other's word."""
+    which bounds every wait here; ``grace``: how long survivors wait for each other's word;
+    ``secret``: the job's credential (``Options.job_secret``; "" admits no joiner)."""
 
-    def __init__(self, store, member: int, host: str, timeout: float, grace: float = 1.0):
+    def __init__(self, store, member: int, host: str, timeout: float, grace: float = 1.0, secret: str = ""):
         self.store, self.member, self.host = store, member, host
         self.timeout, self.grace = float(timeout), float(grace)
+        self._secret = secret
+        self._verdicts: dict[int, str] = {}  # joiner id -> "" (its proof holds) or why it is refused
         self.current: Decision | None = None
         self._hosts: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -89,16 +103,23 @@ class Membership:
     def start(self, rank: int, size: int) -> Decision:
         """Generation 0: the launch's world (every rank calls this with its launch rank and size)."""
         self._set(f"{_PREFIX}/host/{self.member}", self.host)
+        # The job's nonce, which a joiner's proof covers: the first rank to get here draws it.
+        self._call(lambda: self.store.compare_set(f"{_PREFIX}/job", "", job_secret.job_nonce()), "naming the job")
         self.current = Decision(0, list(range(size)), rank, reason="launch")
         return self.current
 
     @classmethod
-    def as_joiner(cls, store, host: str, timeout: float, grace: float = 1.0) -> "Membership":
+    def as_joiner(cls, store, host: str, timeout: float, grace: float = 1.0, secret: str = "") -> "Membership":
         """A process that will join a running job: it takes the next joiner id (it asks to be
-        admitted in ``wait_admitted``, once it is ready to take part)."""
+        admitted in ``wait_admitted``, once it is ready to take part). Without the job's secret it
+        asks nothing: ``DDLError`` says why, and the job never hears of it."""
+        if not secret:
+            raise DDLError(f"elastic joiner on {host}: DDL_JOB_SECRET is not set: a running job admits only a "
+                           "process that proves it holds the job's secret (give it the value every process of "
+                           "the job was started with; ddlrun draws one for its ranks)")
         probe = cls(store, -1, host, timeout, grace)
         n = probe._call(lambda: store.add(f"{_PREFIX}/joiners", 1), "taking a joiner id")
-        self = cls(store, JOINER_BASE + n - 1, host, timeout, grace)
+        self = cls(store, JOINER_BASE + n - 1, host, timeout, grace, secret)
         self._set(f"{_PREFIX}/host/{self.member}", host)
         return self
 
@@ -111,7 +132,9 @@ class Membership:
 
         end = time.monotonic() + deadline_s
         first = None
+        request = json.dumps({"proof": job_secret.proof(self._secret, self._job(end), self.member)})
         while time.monotonic() < end:
+            self._raise_if_refused()
             latest = self._latest_generation()
             if first is None:
                 first = latest + 1
@@ -119,12 +142,16 @@ class Membership:
             if first == latest + 1 and not self._call(lambda: self.store.check([f"{_PREFIX}/join/{self.member}"]),
                                                      "asking to join"):
                 # Here first: the members, who wait for a joiner they were told of, then find it at once.
-                self._set(f"{_PREFIX}/join/{self.member}", "1")
+                self._set(f"{_PREFIX}/join/{self.member}", request)
             for g in range(first, latest + 2):  # every generation since this joiner asked: one may admit it
                 members = self._members_of(g)
                 if members is not None and self.member in members:
-                    self.current = self._decision(g, members, None, "grow")
-                    return self.current
+                    self.current = decision = self._decision(g, members, None, "grow")
+                    # Which members joined with this one (never a source of the state: state.py), as the
+                    # members see it: those not in generation g - 1 (the launch's ids, when that is 0).
+                    before = self._members_of(g - 1) if g > 1 else [m for m in members if m < JOINER_BASE]
+                    decision.joined = [m for m in members if m not in (before or [])]
+                    return decision
             first = max(first, latest)
             time.sleep(_POLL_S * 2)
         self._set(f"{_PREFIX}/gone/{self.member}", "1")
@@ -133,12 +160,62 @@ class Membership:
                        "rarely (or has ended) leaves a joiner waiting; raise DDL_TIMEOUT or commit more often")
 
     def pending_joiners(self) -> list[int]:
-        """Member ids that asked to join and are in no world yet (rank 0 polls this at each commit)."""
+        """Member ids that asked to join, proved they hold the job's secret and are in no world yet
+        (rank 0 polls this at each commit). A request whose proof does not hold is refused here,
+        once: ``refused/<id>`` tells the joiner why, and it is never counted again."""
         n = int(self._call(lambda: self.store.add(f"{_PREFIX}/joiners", 0), "counting joiners"))
         inside = set(self.current.members) if self.current else set()
         asked = [JOINER_BASE + i for i in range(min(n, _MAX_MEMBERS)) if JOINER_BASE + i not in inside]
-        return [j for j in asked if self._call(lambda j=j: self.store.check([f"{_PREFIX}/join/{j}"]) and
-                                               not self.store.check([f"{_PREFIX}/gone/{j}"]), "counting joiners")]
+        asked = [j for j in asked if self._verdicts.get(j, "") == "" and
+                 self._call(lambda j=j: self.store.check([f"{_PREFIX}/join/{j}"]) and
+                            not self.store.check([f"{_PREFIX}/gone/{j}"]), "counting joiners")]
+        return [j for j in asked if self._admissible(j)]
+
+    def _admissible(self, joiner: int) -> bool:
+        """Whether ``joiner``'s request proves it holds the job's secret; a request that does not is
+        refused (once, in the store, with the reason) and said on stderr."""
+        if joiner not in self._verdicts:
+            self._verdicts[joiner] = why = self._judge(joiner)
+            if why:
+                self._set(f"{_PREFIX}/refused/{joiner}", why[:300])
+                self._set(f"{_PREFIX}/gone/{joiner}", "1")
+                rank = self.current.rank if self.current else "?"
+                print(f"ddl_triton elastic: rank {rank}: refused joiner {joiner} on "
+                      f"{self.host_of(joiner)}: {why}", file=sys.stderr, flush=True)
+        return self._verdicts[joiner] == ""
+
+    def _judge(self, joiner: int) -> str:
+        """"" when ``joiner``'s request carries a proof that holds, else why it is refused."""
+        if not self._secret:
+            return ("this job was started without DDL_JOB_SECRET, so it admits no joiner (start every process "
+                    "of a job that may grow with the same DDL_JOB_SECRET)")
+        raw = self._call(lambda: self.store.get(f"{_PREFIX}/join/{joiner}"), f"reading joiner {joiner}'s request")
+        try:
+            claimed = json.loads(raw.decode()).get("proof")
+        except (UnicodeDecodeError, ValueError, AttributeError):
+            claimed = None
+        if not job_secret.holds(self._secret, self._job(time.monotonic() + self.timeout), joiner, claimed):
+            return ("its proof of the job's secret does not hold: its DDL_JOB_SECRET is not the one this job was "
+                    "started with")
+        return ""
+
+    def _job(self, end: float) -> str:
+        """The job's nonce (the members publish it at start), waiting for it until ``end``."""
+        key = f"{_PREFIX}/job"
+        while not self._call(lambda: self.store.check([key]), "reading the job's nonce"):
+            if time.monotonic() >= end:
+                raise DDLError(f"member {self.member} on {self.host}: elastic: the job's store holds no job "
+                               "(no member has started there): is MASTER_ADDR/MASTER_PORT the running job's?")
+            time.sleep(_POLL_S)
+        raw = self._call(lambda: self.store.get(key), "reading the job's nonce")
+        return raw.decode(errors="replace")[:job_secret.NONCE_HEX]
+
+    def _raise_if_refused(self) -> None:
+        key = f"{_PREFIX}/refused/{self.member}"
+        if self._call(lambda: self.store.check([key]), "asking to join"):
+            why = self._call(lambda: self.store.get(key), "asking to join").decode(errors="replace")[:300]
+            raise DDLError(f"joiner {self.member} on {self.host}: the running job refused to admit this process: "
+                           f"{why}")
 
     # -- ending a generation --------------------------------------------------------------------------
     def revoke(self, reason: str) -> None:

@@ -23,10 +23,11 @@ JOB_TIMEOUT_S = 60
 _CONSOLE_SCRIPT = Path(sys.executable).parent / "ddlrun"
 
 RANK_REPORT = """\
-import os, sys
+import hashlib, os, sys
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
-sys.stdout.write(f"rank {comm.Get_rank()} of {comm.Get_size()} topology {os.environ['DDL_TOPOLOGY']}\\n")
+secret = hashlib.sha256(os.environ['DDL_JOB_SECRET'].encode()).hexdigest()[:12]
+sys.stdout.write(f"rank {comm.Get_rank()} of {comm.Get_size()} topology {os.environ['DDL_TOPOLOGY']} secret {secret}\\n")
 """
 
 EXIT_3_ON_RANK_1 = """\
@@ -241,7 +242,7 @@ def test_a_hostfile_line_that_is_not_a_host_is_named(capsys, script, tmp_path):
 
 def test_open_mpi_gets_its_host_list():
     words = command.mpiexec_command("mpiexec", "Open MPI", 4, {}, ["python", "t.py"], hosts="h1:2,h2:2")
-    assert words == ["mpiexec", "--host", "h1:2,h2:2", "-n", "4", "python", "t.py"]
+    assert words == ["mpiexec", "--host", "h1:2,h2:2", "-n", "4", "-x", "DDL_JOB_SECRET", "python", "t.py"]
 
 
 def test_the_report_names_the_host_of_a_rank_on_another_host(capsys):
@@ -287,9 +288,12 @@ def test_a_rank_whose_guard_fell_silent_counts_as_ended_and_is_reported_with_its
 
 def test_child_env_sets_ddl_variables_over_the_base():
     args = Namespace(topology="2x2", timeout=2.5)
-    env = command.child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old"})
-    assert env == {"PATH": "/bin", "DDL_TOPOLOGY": "2x2", "DDL_TIMEOUT": "2.5"}
-    assert command.child_env(Namespace(topology=None, timeout=None), base={"A": "1"}) == {"A": "1"}
+    env = command.child_env(args, base={"PATH": "/bin", "DDL_TOPOLOGY": "old", "DDL_JOB_SECRET": "s" * 20})
+    assert env == {"PATH": "/bin", "DDL_TOPOLOGY": "2x2", "DDL_TIMEOUT": "2.5", "DDL_JOB_SECRET": "s" * 20}
+    # Without one, a fresh credential for each job (Horovod's runner draws its secret key the same way).
+    drawn = [command.child_env(Namespace(topology=None, timeout=None), base={"A": "1"}) for _ in range(2)]
+    assert all(set(env) == {"A", "DDL_JOB_SECRET"} and re.fullmatch(r"[0-9a-f]{64}", env["DDL_JOB_SECRET"])
+               for env in drawn) and drawn[0]["DDL_JOB_SECRET"] != drawn[1]["DDL_JOB_SECRET"]
 
 
 def test_survivor_grace_is_one_deadline_plus_reporting_time():
@@ -300,7 +304,7 @@ def test_survivor_grace_is_one_deadline_plus_reporting_time():
 
 def test_open_mpi_is_told_to_export_the_variables():
     words = command.mpiexec_command("mpiexec", "Open MPI", 4, {"DDL_TOPOLOGY": "2x2"}, ["python", "t.py"])
-    assert words == ["mpiexec", "-n", "4", "-x", "DDL_TOPOLOGY", "python", "t.py"]
+    assert words == ["mpiexec", "-n", "4", "-x", "DDL_TOPOLOGY", "-x", "DDL_JOB_SECRET", "python", "t.py"]
 
 
 def test_exit_status_of_a_job_killed_by_a_signal(capsys):
@@ -413,9 +417,12 @@ def test_real_launch_sets_topology_on_every_rank(tmp_path):
     proc = run_ddlrun("-n", "2", "--topology", "2x1", "--", sys.executable, rank_report)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # Lines from the two ranks may interleave mid-line (mpiexec merges their streams): match, don't split.
-    assert sorted(re.findall(r"rank \d of \d topology \S+?(?=rank|\n|$)", proc.stdout)) == \
+    assert sorted(re.findall(r"rank \d of \d topology \S+?(?= secret)", proc.stdout)) == \
         ["rank 0 of 2 topology 2x1", "rank 1 of 2 topology 2x1"], proc.stdout
     assert proc.stderr.startswith("ddlrun: DDL_TOPOLOGY=2x1 ")
+    # Every rank got the job's credential, the same one; the printed command line does not show it.
+    assert len(set(re.findall(r"secret ([0-9a-f]{12})", proc.stdout))) == 1, proc.stdout
+    assert "DDL_JOB_SECRET" not in proc.stderr
 
 
 def test_real_launch_forwards_a_rank_failure(tmp_path):

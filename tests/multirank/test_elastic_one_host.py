@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -46,7 +47,8 @@ def test_a_rank_lost_then_a_joiner_world_3_2_3(tmp_path):
     before = ddl_segments()
     record = tmp_path / "record.jsonl"
     port = str(_free_port())
-    env = torch_launcher_env(DDL_TIMEOUT="20", DDL_TUNING_FILE="off", PYTHONFAULTHANDLER="1")
+    env = torch_launcher_env(DDL_TIMEOUT="20", DDL_TUNING_FILE="off", PYTHONFAULTHANDLER="1",
+                             DDL_JOB_SECRET=secrets.token_hex(32))  # the joiner proves it holds it
     args = [str(EXAMPLE), "--steps", str(STEPS), "--compression", "int8", "--record", str(record),
             "--step-seconds", "0.05"]
     logs = {r: open(tmp_path / f"rank{r}.log", "w+") for r in range(4)}

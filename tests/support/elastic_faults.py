@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -46,6 +47,7 @@ SCRATCH = ROOT / "build" / "elastic-faults"  # on the shared file system: each h
 STEPS = 30
 GLOBAL_BATCH = 120                           # divides evenly over 2, 3 and 4 ranks
 PORT = 29500
+_SECRET = secrets.token_hex(32)  # every process of a drill, joiners included: DDL_JOB_SECRET
 _READY_S = 90.0     # for the processes to start (torch imports on 2 busy cores) and reach the trigger
 _ENDING_S = 12.0    # past the strike and the deadline, for every process to end: then it is killed
 _POLL_S = 0.02
@@ -243,7 +245,8 @@ def run_case(case: Case, struck: threading.Event | None = None) -> CaseRun:
 
 def _start(bed, case: Case, host: str, folder: Path, **variables) -> tuple[subprocess.Popen, object]:
     env = torch_launcher_env(GLOO_SOCKET_IFNAME="eth0", DDL_TUNING_FILE="off", DDL_TIMEOUT=f"{case.timeout_s:g}",
-                             MASTER_ADDR=bed.address["h1"], MASTER_PORT=str(PORT), PYTHONFAULTHANDLER="1", **variables)
+                             MASTER_ADDR=bed.address["h1"], MASTER_PORT=str(PORT), PYTHONFAULTHANDLER="1",
+                             DDL_JOB_SECRET=_SECRET, **variables)
     env.pop("DDL_TOPOLOGY", None)
     out = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would stall the process
     proc = bed.popen(host, worker_argv(case, folder / f"{host}.jsonl"), cwd=str(ROOT), env=env, stdout=out,

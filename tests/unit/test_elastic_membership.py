@@ -7,6 +7,7 @@ admitted; a world below min_size ends with PeersLost naming the lost ranks; a st
 holds garbage is an error, never a world."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -14,6 +15,8 @@ import pytest
 import torch.distributed as dist
 
 from ddl_triton.errors import CoordinatorLost, ExcludedFromWorld, PeersLost
+from ddl_triton.errors import DDLError
+from ddl_triton import job_secret
 from ddl_triton.runtime.membership import JOINER_BASE, Membership
 from ddl_triton.transports import failure_notice
 
@@ -24,10 +27,13 @@ def _no_revocation_left():
     failure_notice.clear_revocation()
 
 
-def _members(store, size: int, grace: float = 0.3, timeout: float = 10.0) -> list[Membership]:
+SECRET = "the job's secret, 32 chars long"
+
+
+def _members(store, size: int, grace: float = 0.3, timeout: float = 10.0, secret: str = SECRET) -> list[Membership]:
     out = []
     for rank in range(size):
-        m = Membership(store, rank, f"h{rank}", timeout, grace)
+        m = Membership(store, rank, f"h{rank}", timeout, grace, secret)
         m.start(rank, size)
         out.append(m)
     return out
@@ -129,7 +135,7 @@ def test_too_few_survivors_end_the_job_naming_the_lost():
 def test_a_joiner_is_admitted_at_the_next_change_and_numbered_last():
     store = dist.HashStore()
     ms = _members(store, 2, grace=2.0)
-    joiner = Membership.as_joiner(store, "h9", timeout=10.0, grace=2.0)
+    joiner = Membership.as_joiner(store, "h9", timeout=10.0, grace=2.0, secret=SECRET)
     assert joiner.member == JOINER_BASE
     admitted = {}
     waiting = threading.Thread(target=lambda: admitted.setdefault("d", joiner.wait_admitted(10.0)))
@@ -148,8 +154,10 @@ def test_a_joiner_is_admitted_at_the_next_change_and_numbered_last():
 def test_a_joiner_that_never_shows_up_is_not_waited_for_again():
     store = dist.HashStore()
     ms = _members(store, 2, grace=0.2)
-    ghost = Membership.as_joiner(store, "h9", timeout=10.0)
-    store.set(f"ddl_triton/elastic/join/{ghost.member}", "1")  # asked, then died before saying it was here
+    ghost = Membership.as_joiner(store, "h9", timeout=10.0, secret=SECRET)
+    request = json.dumps({"proof": job_secret.proof(SECRET, store.get("ddl_triton/elastic/job").decode(), ghost.member)})
+    store.set(f"ddl_triton/elastic/join/{ghost.member}", request)  # asked, then died before saying it was here
+    assert ms[0].pending_joiners() == [ghost.member]
     got = _agree_all(ms, reason="grow")
     assert got[0].members == [0, 1]
     assert ms[0].pending_joiners() == []
@@ -211,3 +219,71 @@ def test_a_store_that_never_answers_ends_the_rank_at_the_deadline():
     with pytest.raises(CoordinatorLost, match="did not answer within 0.5 s .*cut off"):
         m.revoke("rank 1: allreduce #3 timed out")
     assert time.monotonic() - start < 3
+
+
+# ---- who may join: only a process that proves it holds the job's secret ------------------------------
+def _ask(store, secret: str, timeout: float = 5.0) -> tuple[Membership, dict]:
+    """A joiner asking on its own thread; the dict gets its Decision or its error."""
+    joiner = Membership.as_joiner(store, "h9", timeout=timeout, secret=secret)
+    out: dict = {}
+
+    def wait():
+        try:
+            out["decision"] = joiner.wait_admitted(timeout)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            out["error"] = e
+    threading.Thread(target=wait, daemon=True).start()
+    return joiner, out
+
+
+def _until(cond, seconds: float = 10.0) -> None:
+    end = time.monotonic() + seconds
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("members_secret, joiner_secret, why", [
+    (SECRET, "another secret, 32 characters..", "its DDL_JOB_SECRET is not the one this job was started with"),
+    ("", SECRET, "this job was started without DDL_JOB_SECRET, so it admits no joiner"),
+])
+def test_a_joiner_without_the_jobs_secret_is_refused_and_the_members_go_on(members_secret, joiner_secret, why,
+                                                                            capfd):
+    store = dist.HashStore()
+    ms = _members(store, 2, grace=0.2, secret=members_secret)
+    joiner, out = _ask(store, joiner_secret)
+    _until(lambda: store.check([f"ddl_triton/elastic/join/{joiner.member}"]))
+    assert ms[0].pending_joiners() == []          # refused: nothing for the members to admit
+    _until(lambda: "error" in out)
+    assert isinstance(out.get("error"), DDLError) and "refused to admit this process" in str(out["error"]) \
+        and why in str(out["error"]), out
+    assert f"refused joiner {joiner.member} on h9: " in capfd.readouterr().err
+    got = _agree_all(ms, reason="grow")           # a later change of the world does not wait for it
+    assert got[0].members == got[1].members == [0, 1]
+
+
+def test_a_joiner_with_no_secret_asks_nothing():
+    store = dist.HashStore()
+    _members(store, 2)
+    with pytest.raises(DDLError, match="DDL_JOB_SECRET is not set"):
+        Membership.as_joiner(store, "h9", timeout=5.0, secret="")
+    assert store.add("ddl_triton/elastic/joiners", 0) == 0  # the job never heard of it
+
+
+def test_a_proof_serves_one_member_of_one_job():
+    store = dist.HashStore()
+    ms = _members(store, 2)
+    job = store.get("ddl_triton/elastic/job").decode()
+    good = job_secret.proof(SECRET, job, JOINER_BASE)
+    assert job_secret.holds(SECRET, job, JOINER_BASE, good)
+    assert not job_secret.holds(SECRET, job, JOINER_BASE + 1, good)          # copied to another id
+    assert not job_secret.holds(SECRET, "0" * 32, JOINER_BASE, good)         # replayed in another job
+    assert not job_secret.holds("x" * 32, job, JOINER_BASE, good)            # checked with another secret
+    assert not job_secret.holds(SECRET, job, JOINER_BASE, good[:-1] + "0")   # altered
+    assert not job_secret.holds(SECRET, job, JOINER_BASE, None) and not job_secret.holds("", job, JOINER_BASE, good)
+    # A request copied from a real joiner's key to a second id is refused; the real one is admitted.
+    real = Membership.as_joiner(store, "h8", timeout=5.0, secret=SECRET)
+    thief = Membership.as_joiner(store, "h9", timeout=5.0, secret="a thief's guess, 32 characters!")
+    store.set(f"ddl_triton/elastic/join/{real.member}", json.dumps({"proof": job_secret.proof(SECRET, job, real.member)}))
+    store.set(f"ddl_triton/elastic/join/{thief.member}", store.get(f"ddl_triton/elastic/join/{real.member}"))
+    assert ms[0].pending_joiners() == [real.member]
+    assert store.check([f"ddl_triton/elastic/refused/{thief.member}"])

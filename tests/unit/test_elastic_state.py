@@ -157,3 +157,70 @@ def test_run_refuses_a_model_without_its_optimizer(monkeypatch):
         elastic.run(min_size=2)(lambda state: None)(elastic.TorchState(net, opt))
     with pytest.raises(TypeError, match="must be an elastic.TorchState"):
         elastic.run(lambda state: None)({"model": net})
+
+
+class _ThreadComm:
+    """Just what ``TorchState.sync`` calls of a communicator, for ranks that are threads of this
+    process: all_gather and broadcast through shared slots and a barrier."""
+
+    class _Options:
+        timeout = 10.0
+
+    def __init__(self, rank: int, shared: dict):
+        self.rank, self.size, self.options, self._shared = rank, shared["size"], self._Options(), shared
+
+    def _meet(self, put) -> None:
+        self._shared["slots"][self.rank] = put
+        self._shared["barrier"].wait(10)
+        got = list(self._shared["slots"])
+        self._shared["barrier"].wait(10)
+        return got
+
+    def all_gather(self, out, inp):
+        out.copy_(torch.cat([t.reshape(-1) for t in self._meet(inp.clone())]))
+
+    def broadcast(self, t, root):
+        t.copy_(self._meet(t.clone())[root])
+
+
+def test_a_joiner_that_saved_a_state_of_its_own_is_never_the_source():
+    """Two members at commit 5 and a joiner that planted its own weights and lr=1e9, saved with 0
+    commits (the fewest): every rank ends with the members' state. The joiner is named by the
+    decision (``joined``), not by what it sends."""
+    import threading
+
+    import torch.distributed as dist
+
+    store, size = dist.HashStore(), 3
+    shared = {"size": size, "slots": [None] * size, "barrier": threading.Barrier(size)}
+    states, results = [], [None] * size
+    for rank in range(size):
+        net, opt = _net_and_opt()
+        st = elastic.TorchState(net, opt, step=0)
+        if rank < 2:  # members: five steps and five commits, the same on both
+            for s in range(5):
+                _step(net, opt, s)
+                st.step += 1
+                st.commits += 1
+                st.save()
+        else:  # the joiner: weights and a learning rate of its own, saved before asking to join
+            with torch.no_grad():
+                for p in net.parameters():
+                    p.fill_(7.0)
+            opt.param_groups[0]["lr"] = 1e9
+            st.save()
+        states.append(st)
+
+    def run(rank: int) -> None:
+        results[rank] = states[rank].sync(_ThreadComm(rank, shared), "manifest", store, joined=frozenset({2}))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert results == [0, 0, 0]
+    member = _bits(states[0].model, states[0].optimizer)
+    assert _bits(states[1].model, states[1].optimizer) == member
+    assert _bits(states[2].model, states[2].optimizer) == member
+    assert states[2].optimizer.param_groups[0]["lr"] == 0.1 and states[2].step == 5 and states[2].commits == 5

@@ -32,12 +32,16 @@ def test_the_wording_names_the_option_the_values_the_ranks_and_the_variable():
     assert differences(0, [_values(), _values(trace="/t1")]) == (
         "rank 0: options differ across ranks: trace is '' on rank 0, set on rank 1 (DDL_TRACE)")
     assert differences(0, [_values(trace="/t0"), _values(trace="/t1")]) == ""
+    # The job's secret: set on every rank or on none; its value is never exchanged, nor named in errors.
+    assert differences(1, [_values(job_secret="s" * 16), _values()]) == (
+        "rank 1: options differ across ranks: job_secret is set on rank 0, '' on rank 1 (DDL_JOB_SECRET)")
+    assert differences(0, [_values(job_secret="s" * 16), _values(job_secret="t" * 16)]) == ""
 
 
 def test_per_rank_fields_may_differ_and_every_shared_field_is_compared():
     per_rank = {f for f in Options.__dataclass_fields__} - set(MUST_AGREE)
     assert per_rank == {"timeout", "status_dir", "tuning_file", "tuning_dir", "trace", "flight_entries", "dump_dir",
-                        "debug", "mpi_cuda_aware"}
+                        "debug", "mpi_cuda_aware", "job_secret"}
     samples = {"chunk_bytes": 4096, "pipeline_depth": 3, "wire_chunk_bytes": 8192, "schedule": "ring",
                "topology": "1x2", "transport": "mpi", "check_calls": False, "kernels": "torch",
                "compression": "int8", "link_emulation": "mpi:bw=1GB/s", "link_probe": False}

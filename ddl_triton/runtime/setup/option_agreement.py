@@ -25,7 +25,9 @@ hang that does not name its cause:
 - ``link_probe``: measuring the link at init is collective (link_probe.py), and the planner's
   model comes from it.
 Whether ``trace`` is set must agree too (``SET_OR_NOT``), not its folder: a new tracer aligns
-its clock with rank 0's in a collective exchange that every rank must join.
+its clock with rank 0's in a collective exchange that every rank must join. Whether ``job_secret``
+is set must agree, never its value, which no exchange carries: a rank without it could not check a
+joiner's proof that the others accept.
 Fields that are this rank's own may differ: ``timeout`` (how long this rank waits),
 ``status_dir``, ``trace``'s folder, ``dump_dir``, ``flight_entries``, ``debug`` (what this rank
 records and where), ``tuning_file`` and ``tuning_dir`` (where this rank looks: the tables found
@@ -38,7 +40,7 @@ from ...options import Options
 
 MUST_AGREE = ("chunk_bytes", "pipeline_depth", "wire_chunk_bytes", "schedule", "topology", "transport",
               "check_calls", "kernels", "compression", "link_emulation", "link_probe")
-SET_OR_NOT = ("trace",)  # fields whose being set ("" or not) must agree, their values not
+SET_OR_NOT = ("trace", "job_secret")  # fields whose being set ("" or not) must agree, their values not
 _COMPARED = MUST_AGREE + SET_OR_NOT
 _KINDS = {"chunk_bytes": int, "pipeline_depth": int, "wire_chunk_bytes": int, "check_calls": bool,
           "link_probe": bool,

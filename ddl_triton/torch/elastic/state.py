@@ -10,7 +10,10 @@ Semantics (Horovod's ``hvd.elastic.TorchState``):
 - ``sync(comm)``: every rank takes the state of the rank with the *fewest* commits (the lowest
   rank among them), broadcast bit for bit: a step that did not commit everywhere is undone
   everywhere and redone, never applied twice, and a joiner gets the whole state. The counters come
-  with it, so the training loop resumes where that state was taken.
+  with it, so the training loop resumes where that state was taken. Only a member of the previous
+  world can be that source: the ranks that just joined are named by the agreed decision, not by
+  what they say, so a joiner that saved a state of its own before asking to join (or claims any
+  number of commits) is never a source.
 - Error-feedback residuals (ddl_triton.torch.hooks): each rank keeps its own, rolled back to the
   commit the world resumes from (its last, or the one before when the source had not committed
   the last step); they are not sent (they are this rank's own compression error); a joiner starts
@@ -118,13 +121,16 @@ class TorchState:
         for hooks, snapshot in zip(_hook_states(self.model), saved["residuals"]):
             hooks.load_residuals(snapshot)
 
-    def sync(self, comm, manifest_key: str, store) -> int:
-        """Make every rank of ``comm`` hold the state of the rank with the fewest commits (see the
-        module doc); returns that rank. Collective over ``comm``. ``store`` and ``manifest_key``
-        carry the source's JSON manifest (shapes and hyper-parameters a joiner cannot know)."""
+    def sync(self, comm, manifest_key: str, store, joined: frozenset[int] = frozenset()) -> int:
+        """Make every rank of ``comm`` hold the state of the rank with the fewest commits among the
+        ranks not in ``joined`` (see the module doc); returns that rank. Collective over ``comm``.
+        ``store`` and ``manifest_key`` carry the source's JSON manifest (shapes and hyper-parameters
+        a joiner cannot know). ``joined``: the ranks admitted by this change of the world."""
         commits = torch.zeros(comm.size, dtype=torch.int64)
-        comm.all_gather(commits, torch.tensor([self.commits if self._saved is not None else -1]))
-        known = [(int(c), r) for r, c in enumerate(commits.tolist()) if c >= 0]
+        mine = self.commits if self._saved is not None and comm.rank not in joined else -1
+        comm.all_gather(commits, torch.tensor([mine]))
+        # Every rank knows from the decision which ranks joined: what those send is not read.
+        known = [(int(c), r) for r, c in enumerate(commits.tolist()) if c >= 0 and r not in joined]
         if not known:
             raise DDLError(f"rank {comm.rank}: elastic: no rank of the new world holds a state (every one is a "
                            "joiner)")

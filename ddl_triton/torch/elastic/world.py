@@ -159,7 +159,8 @@ class ElasticWorld:
         self._build(decision)
         t_rebuilt = time.time()
         self._follow(state)
-        state.sync(self.comm, decision.prefix("state"), self.store)
+        joined = frozenset(decision.members.index(m) for m in decision.joined)  # never a source of the state
+        state.sync(self.comm, decision.prefix("state"), self.store, joined)
         state.reset()
         self._record(old, decision, reason, t_failed, t_agreed, t_rebuilt, time.time())
 
@@ -265,7 +266,7 @@ def init_process_group(backend: str = "ddl", *, grace: float = 1.0) -> None:
     joiner = os.environ.get(_JOIN_VARIABLE, "") not in ("", "0")
     if joiner:
         store = _joiner_store(options.timeout)
-        membership = Membership.as_joiner(store, host, options.timeout, grace)
+        membership = Membership.as_joiner(store, host, options.timeout, grace, options.job_secret)
         # A world of one until admitted: the application can build its model, optimizer and DDP.
         solo = Decision(-1, [membership.member], 0)
         _init_group(backend, store, solo, options.timeout, prefix=f"ddl_triton/elastic/solo/{membership.member}")
@@ -273,7 +274,7 @@ def init_process_group(backend: str = "ddl", *, grace: float = 1.0) -> None:
         store, rank, size = store_from_env(options.timeout)
         if os.environ.get("TORCHELASTIC_RUN_ID"):  # which torchrun agent started this rank (see finish)
             store.set(f"{_AGENT_KEY}/{rank}", f"{host}/{os.environ.get('GROUP_RANK', '')}")
-        membership = Membership(store, rank, host, options.timeout, grace)
+        membership = Membership(store, rank, host, options.timeout, grace, options.job_secret)
         decision = membership.start(rank, size)
         _init_group(backend, store, decision, options.timeout)
     membership.watch()
