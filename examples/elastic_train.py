@@ -136,7 +136,7 @@ def main(argv=None) -> int:
               f"change(s), test accuracy {acc:.4f}, replicas bitwise identical: {identical}", flush=True)
     if record is not None:
         record.write(json.dumps({"final": True, "rank": comm.rank, "accuracy": acc, "identical": identical,
-                                 "recoveries": elastic.recoveries(), "pid": os.getpid()}) + "\n")
+                                 "recoveries": elastic.recoveries(), "pid": os.getpid(), "t": time.time()}) + "\n")
         record.close()
     import torch.distributed as dist
     dist.destroy_process_group()

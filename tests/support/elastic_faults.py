@@ -15,6 +15,12 @@ system (a host's /tmp is its own). The faults, each struck once rank 0 has commi
     stop       SIGSTOP to the victim's process, SIGCONT ``stop_s`` later
     join       the host's process starts then, with DDL_ELASTIC_JOIN=1: the world grows
 
+``Case.launcher`` starts the hosts' processes: "env" (default) one process per host with env://;
+"torchrun-c10d" one torchrun agent per host (``--nnodes 2:N``, the c10d rendezvous at h1), each
+starting one worker. Under c10d the agent of group rank 0 serves the workers' store, and h1 the
+rendezvous's: the victim is then chosen at the strike among the other hosts (``Case.victims`` says
+"auto"), as a host that is not the job's coordinator.
+
 ``run_case`` returns a :class:`CaseRun`; every wait is bounded, every process left is killed, and
 the testbed goes down on every exit. ``run_cases`` runs several, each starting when the one before
 has struck (two at most at once: one importing torch while the other waits out its deadline). ``problems`` lists what a run falls short of (what "nothing
@@ -22,6 +28,7 @@ lost" means: see its doc); tests/multirank/test_elastic_faults.py asserts on it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -49,7 +56,6 @@ GLOBAL_BATCH = 120                           # divides evenly over 2, 3 and 4 ra
 PORT = 29500
 _SECRET = secrets.token_hex(32)  # every process of a drill, joiners included: DDL_JOB_SECRET
 _READY_S = 90.0     # for the processes to start (torch imports on 2 busy cores) and reach the trigger
-_ENDING_S = 12.0    # past the strike and the deadline, for every process to end: then it is killed
 _POLL_S = 0.02
 # What a process that cannot go on must end with: one of ddl_triton's errors, by name.
 CLEAR_ERROR = re.compile(r"ddl_triton\.errors\.(ExcludedFromWorld|CoordinatorLost|PeersLost|CollectiveTimeout)"
@@ -75,6 +81,8 @@ class Case:
     compression: str = "none"
     timeout_s: float = 4.0       # DDL_TIMEOUT: 3 s was seen too short for the first collective (the ranks' imports skew)
     joiner: str = ""            # a host started later with DDL_ELASTIC_JOIN=1
+    launcher: str = "env"       # "env" or "torchrun-c10d" (the module doc)
+    ending_s: float = 12.0      # past the strike and the deadline, for every process to end: then it is killed
 
     @property
     def launched(self) -> list[str]:
@@ -200,17 +208,20 @@ def run_case(case: Case, struck: threading.Event | None = None) -> CaseRun:
         with testbed.Testbed(hosts=hosts, rate="1gbit") as bed:
             try:
                 for rank, host in enumerate(case.launched):
-                    procs[host] = _start(bed, case, host, folder, RANK=str(rank), WORLD_SIZE=str(case.hosts))
+                    procs[host] = _start(bed, case, host, folder, RANK=str(rank), WORLD_SIZE=str(case.hosts)) \
+                        if case.launcher == "env" else _start_torchrun(bed, case, host, folder)
                 if _wait_step(folder / "h1.jsonl", 1 if case.fault == "join" else case.at_step, procs):
                     if case.delay_s:
                         time.sleep(case.delay_s)
+                    if case.victims == ("auto",):
+                        case = run.case = dataclasses.replace(case, victims=(_not_a_coordinator(case, folder),))
                     run.struck = time.time()
                     try:
                         _strike(bed, case, folder, procs)
                     finally:
                         if struck is not None:
                             struck.set()
-                _wait_all(procs, ended, run.struck or time.time(), case.timeout_s + _ENDING_S)
+                _wait_all(procs, ended, run.struck or time.time(), case.timeout_s + case.ending_s)
                 run.shm_left = shm_left(bed)
             finally:
                 for host, (proc, out) in procs.items():
@@ -252,6 +263,30 @@ def _start(bed, case: Case, host: str, folder: Path, **variables) -> tuple[subpr
     proc = bed.popen(host, worker_argv(case, folder / f"{host}.jsonl"), cwd=str(ROOT), env=env, stdout=out,
                      stderr=subprocess.STDOUT)
     return proc, out
+
+
+def _start_torchrun(bed, case: Case, host: str, folder: Path) -> tuple[subprocess.Popen, object]:
+    """``host``'s torchrun agent (c10d rendezvous at h1, ``--nnodes 2:hosts``), starting one worker."""
+    env = torch_launcher_env(GLOO_SOCKET_IFNAME="eth0", DDL_TUNING_FILE="off", DDL_TIMEOUT=f"{case.timeout_s:g}",
+                             PYTHONFAULTHANDLER="1", DDL_JOB_SECRET=_SECRET)
+    env.pop("DDL_TOPOLOGY", None)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"2:{case.hosts}", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.address['h1']}:{PORT}", "--rdzv-id", case.name,
+            "--max-restarts", "0", *worker_argv(case, folder / f"{host}.jsonl")[1:]]
+    out = tempfile.TemporaryFile("w+")
+    proc = bed.popen(host, argv, cwd=str(ROOT), env=env, stdout=out, stderr=subprocess.STDOUT)
+    return proc, out
+
+
+def _not_a_coordinator(case: Case, folder: Path) -> str:
+    """A launched host other than h1 (the rendezvous's store) whose worker is not rank 0 (its agent
+    serves the workers' store): losing it loses a rank, not the job."""
+    for host in reversed(case.launched[1:]):
+        ranks = [r["rank"] for r in _lines(folder / f"{host}.jsonl") if "rank" in r] if \
+            (folder / f"{host}.jsonl").exists() else []
+        if ranks and ranks[-1] != 0:
+            return host
+    raise RuntimeError(f"{case.name}: no host but h1 and the rank-0 worker's recorded a step")
 
 
 def _wait_step(record: Path, step: int, procs: dict) -> bool:

@@ -32,6 +32,7 @@ from ...runtime import world as ddl_world
 from ...runtime.membership import Decision, Membership
 from ...runtime.setup.bootstrap import BootstrapError, launched_by_mpi, store_from_env
 from ...transports import failure_notice
+from . import torchrun_exit
 
 _JOIN_VARIABLE = "DDL_ELASTIC_JOIN"
 _AGENT_KEY = "ddl_triton/elastic/torchrun_agent"
@@ -95,27 +96,20 @@ class ElasticWorld:
 
     def _release_torchrun_exit_barrier(self) -> None:
         """Under torchrun, check in at its agents' exit barrier for the agents of the hosts this job
-        lost: torchrun's agents wait there, at exit, for every agent of the launch (300 s, not settable
-        from its command line), and the agent of a lost host never comes. An agent is lost when none of
-        the ranks it started is in the world any more (each rank posted its agent at start); its
-        check-in is the store counter torchrun's own barrier increments (the static rendezvous's keys,
-        which the workers' store shares; verified with torch 2.13)."""
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-        if not run_id or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        lost (torchrun_exit.py): torchrun's agents wait there, at exit, for every agent of the
+        rendezvous (300 s), and the agent of a lost host never comes. An agent is lost when none of
+        the ranks it started is in the world any more (each rank posted its agent at start)."""
+        if not os.environ.get("TORCHELASTIC_RUN_ID"):
             return
         try:
-            from torch.distributed.elastic.utils.store import _barrier_nonblocking
-
             def agent(member: int) -> bytes:
                 key = f"{_AGENT_KEY}/{member}"
                 return self.store.get(key) if self.store.check([key]) else b""
             launched = {agent(m) for m in range(int(os.environ["WORLD_SIZE"]))} - {b""}
             lost = launched - {agent(m) for m in self.decision.members}
-            agents = dist.PrefixStore(run_id, self.store)  # the agents' keys: "<run id>/torchelastic/..."
-            for _ in range(len(lost)):
-                _barrier_nonblocking(agents, int(os.environ["GROUP_WORLD_SIZE"]), "torchelastic/agent/terminal_state")
-        except (ImportError, KeyError, ValueError, RuntimeError):
-            pass  # another torch: its agents then wait out their exit barrier, as without this
+        except (KeyError, ValueError, RuntimeError):
+            return
+        torchrun_exit.check_in_for(len(lost), self.store, self.options.timeout)
 
     def failed(self, error: BaseException) -> bool:
         """Whether ``error`` means that the world failed (so ``reform`` can go on), not the application."""
