@@ -39,7 +39,8 @@ CASES = {c.name: c for c in [
     Case("stop-short", "stop", ("h3",), (3,), stop_s=1.0, step_seconds=0.05),
     # long enough stopped to be left out, and resumed while the survivors still train (their steps sleep).
     Case("stop-long", "stop", ("h3",), (3, 2), stop_s=T + 2.5, step_seconds=0.15),
-    Case("join", "join", (), (3, 4), joiner="h4", step_seconds=0.15),
+    # The joiner imports torch (seconds, more on a loaded machine) while the members train: 30 slow steps.
+    Case("join", "join", (), (3, 4), joiner="h4", step_seconds=0.3, ending_s=30.0),
     # torchrun's elastic mode, one agent per host (c10d rendezvous at h1, --nnodes 2:3): a host that is
     # not a coordinator killed mid-training. The survivors' agents must exit 0 within 30 s of the last
     # rank's exit (torchrun's exit barrier would hold them 300 s for the lost agent): waited for 45 s.
