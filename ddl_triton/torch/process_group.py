@@ -437,9 +437,11 @@ def _premultiply(wire: torch.Tensor, factor: float | None, what: str) -> None:
 
 
 def _close_communicator(comm) -> None:
+    """Close the group's communicator; its peers hear that this rank destroyed its process group."""
     from ..runtime import world
+    from ..runtime.lanes.farewell import Leaving
 
     if comm is world.current():
-        world.finalize()
+        world.finalize(Leaving.DESTROYED_GROUP)
     else:
-        comm.close()
+        comm.close(Leaving.DESTROYED_GROUP)
