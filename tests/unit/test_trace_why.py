@@ -12,7 +12,7 @@ import time
 import torch
 
 from ddl_triton.observability import flight
-from ddl_triton.observability.diagnose import diagnose, load_job
+from ddl_triton.observability.diagnose import diagnose, load_dumps
 
 _ALLREDUCE = ("allreduce", "sum", 1000, torch.float32, None)
 
@@ -22,7 +22,8 @@ def _dump(folder, rank: int, calls: int, job: str, last: str = "done", left: dic
     """Rank ``rank``'s dump after ``calls`` allreduces on communicator 1, the last one ending ``last``
     (``left``: the peer that left without issuing it, as the issue path records a CollectiveSkipped)."""
     recorder = flight.FlightRecorder(capacity=100)
-    recorder.configure(rank=rank, size=size, capacity=100, dump_dir=str(folder), job=job)
+    recorder.configure(rank=rank, size=size, capacity=100, dump_dir=str(folder))
+    recorder.job = job  # as init's agreement sets it (ddl_triton/runtime/setup/job_id.py)
     for seq in range(1, calls + 1):
         record = recorder.issue(1, seq, _ALLREDUCE)
         record.state = "done" if seq < calls else last
@@ -37,7 +38,7 @@ def test_a_rank_that_left_without_a_dump_is_named_as_the_one_that_never_issued_t
     left = {"rank": 1, "did": "called finalize", "calls": 5, "failed": False}
     for rank in (0, 2):
         _dump(tmp_path, rank, 6, "job-a", last="failed", left=left)
-    lines = diagnose(load_job(str(tmp_path))[0])
+    lines = diagnose(load_dumps(str(tmp_path)))
     site = lines[0].split("issued it from ")[1].split(")")[0]
     assert lines[0] == (f"rank 1 never issued allreduce #6 (ranks 0, 2 issued it from {site}): it called finalize "
                         "after 5 collectives on this communicator, as ranks 0, 2 saw (it left no dump)"), lines
@@ -50,7 +51,7 @@ def test_a_rank_without_a_dump_is_not_counted_among_those_that_reached_the_call(
     """Nobody recorded why rank 1 is missing (killed, say): the diagnosis must not claim it reached #6."""
     for rank in (0, 2):
         _dump(tmp_path, rank, 6, "job-a", last="failed")
-    lines = diagnose(load_job(str(tmp_path))[0])
+    lines = diagnose(load_dumps(str(tmp_path)))
     assert lines[0].startswith("ranks 0, 2 reached step '(before its first step)' of allreduce #6; whether rank 1 "
                                "(no dump) issued it is unknown"), lines
 
@@ -63,6 +64,7 @@ def test_dumps_of_another_job_in_the_same_folder_are_set_aside_and_named(tmp_pat
     left = {"rank": 1, "did": "reached exit", "calls": 5, "failed": False}
     for rank in (0, 2):
         _dump(tmp_path, rank, 6, "job-new", last="failed", left=left)
+    from ddl_triton.observability.diagnose import load_job
     dumps, notes = load_job(str(tmp_path))
     assert sorted(dumps) == [0, 2] and {d["job"] for d in dumps.values()} == {"job-new"}
     assert notes == ["set aside 1 dump of another job (job-old) than the newest here (job-new): flight-rank1.json"]
