@@ -126,11 +126,20 @@ _DID = {"close_small": "closed its communicator", "close_large": "closed its com
 LEAVE_LAYOUTS = {"auto": {}, "1x3": {"DDL_TOPOLOGY": "1x3"}}
 
 
-def _check_leave_rows(rows, codes: dict[int, int], out: str) -> None:
+def _check_leave_rows(rows, codes: dict[int, int], out: str, tmpdir) -> None:
     """Every case: rank 1 reports no error; ranks 0 and 2 raise CollectiveSkipped within 2 s (the
     deadline is 30 s) naming rank 1 and what it did instead; the waiting ranks exit 1 (the error of the
-    last case, uncaught), rank 1 exits 0."""
+    last case, uncaught), rank 1 exits 0. Every dump (named in the errors) is in one folder per job
+    under the user's default folder in ``tmpdir`` ($TMPDIR): the ranks agreed on the job's id, and
+    kept it across the job's six world communicators."""
     from faults_worker import LEAVE_CASES
+
+    folders = {os.path.dirname(p) for p in re.findall(r"\[flight recorder: (\S+)\]", out)}
+    assert len(folders) == 1, folders
+    job = Path(folders.pop())
+    assert job.parent == tmpdir / f"ddl_triton-flight-{os.getuid()}", job
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}", job.name), job
+    assert sorted(p.name for p in job.iterdir()) == ["flight-rank0.json", "flight-rank2.json"]
 
     assert [c for c, r, *_ in rows if r == 1] == list(LEAVE_CASES), out[-6000:]
     for case in LEAVE_CASES:
@@ -146,21 +155,21 @@ def _check_leave_rows(rows, codes: dict[int, int], out: str) -> None:
 
 
 @pytest.mark.parametrize("layout", list(LEAVE_LAYOUTS))
-def test_a_rank_that_leaves_instead_of_calling_is_named_at_once_under_mpi(layout):
+def test_a_rank_that_leaves_instead_of_calling_is_named_at_once_under_mpi(tmp_path, layout):
     before = ddl_segments()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **LEAVE_LAYOUTS[layout])
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), **LEAVE_LAYOUTS[layout])
     proc = subprocess.run([str(DDLRUN), "-n", "3", "--timeout", "30", "--", sys.executable,
                            str(HERE / "faults_worker.py"), "leave"], env=env, capture_output=True, text=True,
                           timeout=180, stdin=subprocess.DEVNULL, cwd=str(HERE.parent))
     out = proc.stdout + proc.stderr
     status = re.search(r"ddlrun: exit status per rank: (.*)", proc.stderr)
     codes = {int(r): int(c) for r, c in re.findall(r"(\d+): (\d+)", status.group(1))} if status else {}
-    _check_leave_rows(_faults(proc.stdout), codes, out)
+    _check_leave_rows(_faults(proc.stdout), codes, out, tmp_path)
     assert not (ddl_segments() - before)
 
 
 @pytest.mark.parametrize("layout", list(LEAVE_LAYOUTS))
-def test_a_rank_that_leaves_instead_of_calling_is_named_at_once_over_a_store(layout):
+def test_a_rank_that_leaves_instead_of_calling_is_named_at_once_over_a_store(tmp_path, layout):
     """The same cases with ranks a store bootstrapped (env://, as torchrun's): shm within the host, the
     lane's own TCP connections across emulated hosts, and no exit rendezvous (rank 1's process ends)."""
     from support.launch import TESTS, torch_launcher_env
@@ -173,7 +182,7 @@ def test_a_rank_that_leaves_instead_of_calling_is_named_at_once_over_a_store(lay
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=torch_launcher_env(RANK=str(r), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
                                                      MASTER_PORT=str(port), DDL_TIMEOUT="30",
-                                                     **LEAVE_LAYOUTS[layout]))
+                                                     TMPDIR=str(tmp_path), **LEAVE_LAYOUTS[layout]))
              for r in range(3)]
     outs, codes = [], {}
     try:
@@ -185,5 +194,5 @@ def test_a_rank_that_leaves_instead_of_calling_is_named_at_once_over_a_store(lay
             if p.poll() is None:
                 p.kill()
     out = "\n".join(outs)
-    _check_leave_rows(_faults(out), codes, out)
+    _check_leave_rows(_faults(out), codes, out, tmp_path)
     assert not (ddl_segments() - before)
