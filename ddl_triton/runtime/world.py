@@ -11,7 +11,7 @@ import sys
 
 from ..options import Options
 from ..transports import failure_notice
-from .communicator import Communicator
+from .communicator import Communicator, farewell_at_exit
 from .lanes.farewell import Leaving
 
 _world: Communicator | None = None
@@ -37,7 +37,6 @@ def _install_exit_guard() -> None:
 
     def guard() -> None:
         from .calls.issue import peers_lost
-        from .communicator import farewell_at_exit
         farewell_at_exit()  # first: a peer waiting for this rank in a call it never issued raises now
         lost = peers_lost() or _init_timed_out or not _exit_rendezvous()
         # Decided: from here on the launcher's notice can change nothing, and the
