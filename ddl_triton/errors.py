@@ -2,7 +2,9 @@
 peer is told from a slow one, and the one wording of every timeout, lost peer and mismatch.
 
 Semantics: a collective that passes its deadline or loses a peer raises ``CollectiveTimeout``;
-ranks that call different collectives raise ``CollectiveMismatch``. An elastic job (ddl_triton/
+ranks that call different collectives raise ``CollectiveMismatch``, and a rank waiting in a
+collective that a peer left without issuing (finalize, close, a destroyed group, exit) raises its
+subclass ``CollectiveSkipped``. An elastic job (ddl_triton/
 runtime/membership.py) recovers from a ``CollectiveTimeout`` by re-forming its world; what ends it
 is ``PeersLost`` (too few survivors), ``ExcludedFromWorld`` (this rank came back too late) or
 ``CoordinatorLost`` (the store is gone). Every ``CollectiveTimeout``
@@ -66,6 +68,17 @@ class CoordinatorLost(DDLError):
 class CollectiveMismatch(DDLError):
     """Ranks called different collectives (or the same one with different arguments) as the
     same call in sequence. Raised on every rank, with what each rank called."""
+
+
+class CollectiveSkipped(CollectiveMismatch):
+    """A peer left the communicator (finalize, close, its process group destroyed, interpreter exit)
+    without issuing the collective this rank waits in: what it did instead of that call. ``peer``
+    is the rank that left, ``did`` what it did ("reached exit"), ``calls`` how many collectives it
+    had issued on the communicator, ``failed`` whether the last of them failed."""
+
+    def __init__(self, text: str, peer: int = -1, did: str = "", calls: int = 0, failed: bool = False):
+        super().__init__(text)
+        self.peer, self.did, self.calls, self.failed = peer, did, calls, failed
 
 
 # -- liveness ------------------------------------------------------------------------------
@@ -193,6 +206,18 @@ def calls_disagree(rank: int, seq: int, calls: dict[int, str], size: int) -> Col
     called, as far as known (a rank missing from it has not reached this call yet)."""
     listing = "; ".join(f"rank {r}: {calls.get(r, '(has not reached this call yet)')}" for r in range(size))
     return CollectiveMismatch(f"rank {rank}: ranks disagree on collective #{seq}: {listing}")
+
+
+def peer_left(rank: int, call: str, peer: int, did: str, calls: int, failed: bool = False,
+              name=None) -> CollectiveSkipped:
+    """``peer`` left the communicator (``did``: "reached exit", "called finalize", ...) after ``calls``
+    collectives (the last of which ``failed``) while this rank waits in ``call`` ("allreduce #6"),
+    which the peer will never run: the error every rank waiting in it raises, within its next
+    check, not at the deadline."""
+    last = ", the last of which failed" if failed else ""
+    return CollectiveSkipped(f"rank {rank}: {_named(peer, name)} {did} while rank {rank} waits in {call} (rank "
+                             f"{peer} had issued {calls} collective{'' if calls == 1 else 's'} on this communicator"
+                             f"{last})", peer, did, calls, failed)
 
 
 def queue_stuck(owner: str, running: str, queued: int, timeout: float) -> CollectiveTimeout:

@@ -44,7 +44,7 @@ class Options:
     trace (DDL_TRACE)                     folder for a Chrome-trace timeline per rank (ddl_triton/observability/tracer.py);
                                           "" (default): no timeline
     flight_entries (DDL_FLIGHT_ENTRIES)   collectives the flight recorder keeps (ddl_triton/observability/flight.py; 2000)
-    dump_dir (DDL_DUMP_DIR)               where flight-recorder dumps go ("": $TMPDIR/ddl_triton-flight-<uid>)
+    dump_dir (DDL_DUMP_DIR)               where flight-recorder dumps go ("": $TMPDIR/ddl_triton-flight-<uid>/<job id>)
     debug (DDL_DEBUG)                     print each call shape's plan and why, the transports per peer and the
                                           tuning table in use, on stderr (default 0)
     link_emulation (DDL_LINK_EMULATION)   a testing tool: "mpi:bw=1GB/s,lat=50us" makes MPI messages behave like

@@ -6,7 +6,8 @@ Every rank maps every node peer's segment. A segment is laid out as
     [64, 64 + 8*L)     consumed[q]: id of the newest message of local peer q this rank has read
     [HEADER, ...)      ``depth`` slots of ``slot_bytes``: message m lives in slot m % depth
     [..., + lane_bytes) the small-message lane's two buffers (ddl_triton/runtime/lanes/small_allreduce.py),
-                       whose flag word and buffer headers are words 3, 4 and 5 of the header
+                       whose flag word and buffer headers are words 3, 4 and 5 of the header;
+                       word 6 holds the rank's farewell once it left (``post_farewell``)
 
 Flags are sequence numbers that only grow, each written by one rank only, so
 no barrier or reset is ever needed: a receiver waits for ``published >= m`` in
@@ -43,6 +44,9 @@ _HEADER_BYTES = 4096
 _PID_OFFSET = 8           # int64: the owner's pid, so waiters can tell a dead peer from a slow one
 _LANE_FLAG_WORD = 3       # int64 words of the header owned by the small-message lane
 _LANE_HEAD_WORDS = (4, 5)
+# int64 word 6: this rank's farewell once it left the communicator (0 until then): how, after how many
+# calls (ddl_triton/runtime/lanes/farewell.py encodes it; peers read it in their long waits).
+_FAREWELL_WORD = 6
 _CONSUMED_OFFSET = 64
 _FINGERPRINT_OFFSET = 2048  # ring of call fingerprints: slot i = [seq, f1..f6, unused] (8 int64)
 _FINGERPRINT_SLOTS = 4
@@ -176,6 +180,7 @@ class ShmTransport:
         own_flags[0] = -1
         own_flags[_CONSUMED_OFFSET // 8:_CONSUMED_OFFSET // 8 + self.local_size] = -1
         own_flags[_PID_OFFSET // 8] = os.getpid()
+        own_flags[_FAREWELL_WORD] = 0  # still here
         fp = _FINGERPRINT_OFFSET // 8
         own_flags[fp:fp + 8 * _FINGERPRINT_SLOTS] = -1
         node.barrier()  # flags initialised before anyone reads them
@@ -285,6 +290,18 @@ class ShmTransport:
                        alive=self.liveness_check(local))
         values = tuple(int(v) for v in flags[base:base + 7])
         return values[1:] if values[0] == seq else None
+
+    # -- farewells ------------------------------------------------------------------------
+    def post_farewell(self, word: int) -> None:
+        """Say, in this rank's header, that it left the communicator (``word``: nonzero, encoded by
+        ddl_triton/runtime/lanes/farewell.py). Peers keep reading it after this rank unmaps its
+        segment, or exits: their own mappings stay."""
+        if self._own_flags is not None:
+            self._own_flags[_FAREWELL_WORD] = word
+
+    def peer_farewell(self, peer: int) -> int:
+        """``peer``'s farewell word: 0 while it has not left (one load; for long waits only)."""
+        return int(self._flags[self._local_of_world[peer]][_FAREWELL_WORD])
 
     def _consumed(self, reader_local: int, sender_local: int) -> int:
         return int(self._flags[reader_local][_CONSUMED_OFFSET // 8 + sender_local])

@@ -10,13 +10,18 @@ by every communicator of the process; the oldest records fall off). A record hol
     end; seconds since the epoch) and the Python call site (the first frame outside
     ddl_triton and torch, e.g. "train.py:88").
 
-``dump`` writes every communicator's records, and this rank's identity, to
+A record of a collective that failed because a peer left without issuing it (``CollectiveSkipped``)
+also keeps who left and how (``left``: rank, what it did, after how many calls).
+
+``dump`` writes every communicator's records, and this rank's identity and job id, to
 ``<dump_dir>/flight-rank<R>.json``: a new file of mode 0600 renamed onto that name, so a link
 planted there is replaced, never written through (ddl_triton/_private_files.py). ``dump_dir`` is
 ``Options.dump_dir`` (``DDL_DUMP_DIR``; created 0700 if missing, else used as the user made it)
-or by default ``$TMPDIR/ddl_triton-flight-<uid>``, which must be this user's own directory, not a
-link and writable by nobody else: otherwise a fresh ``mkdtemp`` folder is used, and named on stderr
-as well as in the path ``dump`` returns. The communicator dumps on ``CollectiveTimeout`` and
+or by default ``$TMPDIR/ddl_triton-flight-<uid>/<job id>``: a folder per job (the id every rank of
+the job agreed on at init: ddl_triton/runtime/setup/job_id.py), so dumps of different jobs never
+mix, inside a folder per user. Both must be this user's own directories, not links and writable by
+nobody else: otherwise a fresh ``mkdtemp`` folder is used, and named on stderr as well as in the
+path ``dump`` returns. The communicator dumps on ``CollectiveTimeout`` and
 ``CollectiveMismatch``; ``SIGUSR2`` dumps at once (``ddlrun`` sends it to every rank when a
 rank is lost, and passes on a SIGUSR2 it receives). ``python -m ddl_triton.trace why DIR``
 reads the dumps (ddl_triton/observability/diagnose.py).
@@ -55,7 +60,7 @@ class Record:
     (collective, op, input numel, dtype, root), formatted only when dumped."""
 
     __slots__ = ("comm", "seq", "call", "schedule", "state", "step", "t_issue", "t_start", "t_end", "site", "error",
-                 "waiting")
+                 "waiting", "left")
 
     def __init__(self, comm: int, seq: int, call: tuple, site):
         self.comm, self.seq, self.call, self.site = comm, seq, call, site
@@ -64,6 +69,7 @@ class Record:
         self.t_issue = time.time()
         self.t_start = self.t_end = 0.0
         self.waiting = None
+        self.left = None  # {"rank", "did", "calls", "failed"}: the peer that left without issuing this call
 
     @property
     def collective(self) -> str:
@@ -77,7 +83,7 @@ class Record:
                 "bytes": numel * dtype.itemsize if dtype is not None else 0,
                 "dtype": str(dtype).replace("torch.", "") if dtype is not None else "", "schedule": self.schedule,
                 "state": self.state, "step": self.step, "t_issue": self.t_issue, "t_start": self.t_start,
-                "t_end": self.t_end, "site": site, "error": self.error, "waiting": self.waiting}
+                "t_end": self.t_end, "site": site, "error": self.error, "waiting": self.waiting, "left": self.left}
 
 
 def site_of(site) -> tuple[str, int] | None:
@@ -119,15 +125,17 @@ class FlightRecorder:
         self.rank = -1
         self.size = 0
         self.dump_dir = ""  # the user's folder; "" for the default (see default_dump_dir)
+        self.job = ""  # the job's id, agreed by every rank at init ("" until a world communicator exists)
         self._lock = threading.RLock()  # SIGUSR2's dump may interrupt a dump on the same thread
         self._skip = _SKIP + (_torch_dir(),)
         self._ours: dict = {}  # id(code object) -> (the code object, whether it is ddl_triton's or torch's)
         self.dumped: list[str] = []
 
-    def configure(self, *, rank: int, size: int, capacity: int, dump_dir: str) -> None:
-        """Called by the world communicator's init: who this rank is and where dumps go."""
+    def configure(self, *, rank: int, size: int, capacity: int, dump_dir: str, job: str = "") -> None:
+        """Called by the world communicator's init: who this rank is, its job, and where dumps go."""
         self.rank, self.size = rank, size
         self.dump_dir = dump_dir
+        self.job = job or self.job
         if capacity != self.records.maxlen:
             self.records = deque(self.records, maxlen=max(1, capacity))
 
@@ -172,17 +180,23 @@ class FlightRecorder:
                 if r.state == "started" and waiting is not None:
                     row["waiting"] = waiting
             data = {"format": "ddl_triton-flight", "version": 1, "rank": self.rank, "size": self.size,
-                    "pid": os.getpid(), "host": os.uname().nodename, "time": time.time(), "reason": reason,
-                    "capacity": self.records.maxlen, "records": rows}
+                    "job": self.job, "pid": os.getpid(), "host": os.uname().nodename, "time": time.time(),
+                    "reason": reason, "capacity": self.records.maxlen, "records": rows}
             try:
-                folder = chosen_folder(self.dump_dir) if self.dump_dir else \
-                    private_folder(default_dump_dir(), what=f"rank {self.rank}: flight-recorder dumps")
+                folder = chosen_folder(self.dump_dir) if self.dump_dir else self._job_folder()
                 path = os.path.join(folder, f"flight-rank{self.rank}.json")
                 write_private_file(path, json.dumps(data, indent=1))
             except OSError:
                 return ""
             self.dumped.append(path)
             return path
+
+    def _job_folder(self) -> str:
+        """The default dump folder: this job's folder (``job_folder_name``) inside this user's
+        (``default_dump_dir``), each private (a refused one is replaced by a fresh private folder)."""
+        what = f"rank {self.rank}: flight-recorder dumps"
+        return private_folder(os.path.join(private_folder(default_dump_dir(), what=what), job_folder_name(self.job)),
+                              what=what)
 
     def install_sigusr2(self) -> bool:
         """Dump on SIGUSR2 when nobody else handles it (main thread only)."""
@@ -206,9 +220,15 @@ def stuck_wait():
 
 
 def default_dump_dir() -> str:
-    """``$DDL_DUMP_DIR`` is read into Options at init; without it dumps go here (when this folder
-    is private: see the module doc)."""
+    """``$DDL_DUMP_DIR`` is read into Options at init; without it dumps go to a folder per job in
+    this one, per user (when both are private: see the module doc)."""
     return os.path.join(tempfile.gettempdir(), f"ddl_triton-flight-{os.getuid()}")
+
+
+def job_folder_name(job: str) -> str:
+    """The name of a job's dump folder inside ``default_dump_dir``: its id; a process that dumps
+    before any communicator spanning its job agreed on one has a folder of its own."""
+    return job or f"no-job-id-{os.uname().nodename}-{os.getpid()}"
 
 
 RECORDER = FlightRecorder()

@@ -2,11 +2,12 @@
 
     python -m ddl_triton.trace merge DIR -o job.json      # one Chrome trace for every rank
     python -m ddl_triton.trace summary DIR                # per-collective totals
-    python -m ddl_triton.trace why DIR                    # diagnosis from flight-recorder dumps
+    python -m ddl_triton.trace why DIR                    # diagnosis from one job's flight-recorder dumps
     python -m ddl_triton.trace plot DIR -o timeline.png   # the timeline as a picture (matplotlib)
 
 ``DIR`` holds ``trace-rank<R>.json`` files (``DDL_TRACE=DIR``, ddl_triton/observability/tracer.py) or
-``flight-rank<R>.json`` dumps (``DDL_DUMP_DIR``, ddl_triton/observability/flight.py).
+``flight-rank<R>.json`` dumps (``DDL_DUMP_DIR``, ddl_triton/observability/flight.py; by default a
+folder per job in ``$TMPDIR/ddl_triton-flight-<uid>``, which ``why`` also takes: its newest job).
 
 merge: every rank's events on rank 0's clock (each file's measured offset added); the
 output's metadata, and the command, state the alignment error bound (the largest half
@@ -231,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             per_rank = ", ".join(f"rank {r} {w:.0f} us" for r, w in o["wait_per_burst_us"].items())
             print(f"# waiting inside the collectives per burst (median): {per_rank}")
     elif args.command == "why":
-        from .diagnose import diagnose, load_dumps
-        for line in diagnose(load_dumps(args.folder)):
+        from .diagnose import diagnose, load_job
+        dumps, notes = load_job(args.folder)
+        for line in diagnose(dumps) + notes:
             print(line)
     else:
         plot(args.folder, args.out, args.from_ms, args.span_ms)

@@ -23,12 +23,15 @@ queue for a shape the small path served before, with the same records and protoc
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import weakref
 
 import torch
 
 from .lanes.call_check import CallChecker
+from .lanes.farewell import Farewell, Leaving
 from .calls import gpu_path
 from .. import kernels, schedules
 from ..ops import check_op_dtype, normalize_op
@@ -53,6 +56,16 @@ from .arrays import IN_PLACE, READ, WRITTEN, as_tensor, handed_back
 from .setup.wiring import connect
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
+_OPEN: "weakref.WeakSet[Communicator]" = weakref.WeakSet()  # communicators not yet closed (for exit)
+
+
+def farewell_at_exit() -> None:
+    """Every communicator still open says that its rank reached exit (farewell.py), so that a peer
+    waiting for this rank in a collective it never issued raises now, naming it, instead of waiting
+    out the deadline while this rank waits at exit. Idempotent; run at interpreter exit (before any
+    exit rendezvous: world.py's exit guard calls it too)."""
+    for comm in list(_OPEN):
+        comm._leave(Leaving.EXIT, at_exit=True)
 
 
 class Communicator:
@@ -127,6 +140,13 @@ class Communicator:
         self._issuer = IssuePath(self.rank, comm_id, self._runner.attach, timeout=options.timeout)
         self.tracer = start_observing(self._bootstrap, self.placement, self.options, self._planner, self._comm,
                                       comm_id)
+        self._shm = shm if self.size > 1 else None  # where this rank's farewell goes on this host
+        self._left = False
+        _OPEN.add(self)
+        # Run before the exit hooks of anything this communicator made (the call lane's closes its
+        # MPI lanes without a word): atexit runs the last registered first, so register again.
+        atexit.unregister(farewell_at_exit)
+        atexit.register(farewell_at_exit)
 
     # -- public collectives -----------------------------------------------------------
     def allreduce(self, tensor, op="sum", async_op: bool = False):
@@ -214,21 +234,41 @@ class Communicator:
                         estimates=plan.estimates)
         return plan
 
-    def close(self) -> None:
-        """Finish queued work, then release the transports and the private MPI communicator."""
+    def close(self, how: Leaving = Leaving.CLOSED) -> None:
+        """Finish queued work, tell the peers that this rank left (``how``: farewell.py; a peer waiting
+        in a collective this rank never issued raises ``CollectiveSkipped`` naming it), then release
+        the transports and the private MPI communicator."""
         if self._issuer.closed:
             return
-        self._issuer.close()
+        try:
+            self._issuer.close()
+        finally:
+            self._leave(how)
         if self.tracer is not None:
             self.tracer.flush()
         self._gpu.close()
         self._runner.plans.forget()
         self._runner.small = None  # its views of the segments go before the segments
-        if self._lane is not None:
-            self._lane.close()  # the MPI lane's communicator goes before the bootstrap's
         for t in self._transports:
             t.close()
         self._bootstrap.close()  # the private MPI communicator, if any
+
+    def _leave(self, how: Leaving, at_exit: bool = False) -> None:
+        """Say this rank's farewell once (farewell.py): how it left, after how many collectives, and
+        whether the last failed; on shm in its segment's header, across hosts as its last call-lane
+        message (which closes the lane: it goes before the bootstrap's MPI communicator). At exit
+        the communicator refuses every later call."""
+        if self._left:
+            return
+        self._left = True
+        _OPEN.discard(self)
+        said = Farewell(how, self._runner.seq, self._issuer.poison is not None)
+        if self._shm is not None:
+            self._shm.post_farewell(said.shm_word())
+        if self._lane is not None:
+            self._lane.close(said)
+        if at_exit:
+            self._issuer.closed = True
 
     # -- seams for the tuner, the torch backend, benchmarks and the world -----------------
     @property

@@ -11,15 +11,17 @@ import sys
 
 from ..options import Options
 from ..transports import failure_notice
-from .communicator import Communicator
+from .communicator import Communicator, farewell_at_exit
+from .lanes.farewell import Leaving
 
 _world: Communicator | None = None
 _exit_guard_installed = False
 
 
 def _install_exit_guard() -> None:
-    """At exit, skip MPI_Finalize when a peer was lost or timed out (in init or later), or
-    is not at exit within the deadline (``_exit_rendezvous``).
+    """At exit, first tell the peers of every open communicator that this rank reached exit
+    (communicator.farewell_at_exit); then skip MPI_Finalize when a peer was lost or timed out (in
+    init or later), or is not at exit within the deadline (``_exit_rendezvous``).
 
     MPI_Finalize waits for every rank, so a survivor of a dead peer would hang there
     after its CollectiveTimeout. The guard flushes output and ends the process with
@@ -35,6 +37,7 @@ def _install_exit_guard() -> None:
 
     def guard() -> None:
         from .calls.issue import peers_lost
+        farewell_at_exit()  # first: a peer waiting for this rank in a call it never issued raises now
         lost = peers_lost() or _init_timed_out or not _exit_rendezvous()
         # Decided: from here on the launcher's notice can change nothing, and the
         # interpreter's teardown would put SIGUSR1 back to its default action (death)
@@ -211,9 +214,11 @@ def current() -> Communicator | None:
     return _world
 
 
-def finalize() -> None:
-    """Finish outstanding work and release the world communicator's resources."""
+def finalize(how: Leaving = Leaving.FINALIZED) -> None:
+    """Finish outstanding work and release the world communicator's resources; a peer still waiting
+    in a collective this rank never issued raises ``CollectiveSkipped`` saying that this rank called
+    finalize (``how``: the torch backend's group destruction says so instead)."""
     global _world
     if _world is not None:
-        _world.close()
+        _world.close(how)
         _world = None

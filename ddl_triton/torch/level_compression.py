@@ -180,9 +180,10 @@ class LevelCompression:
     def reset_residuals(self) -> None:
         self._residuals.clear()
 
-    def close(self) -> None:
+    def close(self, *how) -> None:
+        """Close the level communicators (``how``: how this rank leaves them, farewell.py's Leaving)."""
         if self._levels is not None:
-            self._levels.close()
+            self._levels.close(*how)
             self._levels = None
 
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch._C._distributed_c10d as _c10d
 from torch.distributed import ReduceOp
 
+from ..runtime.lanes.farewell import Leaving
 from .arguments import (async_opts, chain, check_device, check_same, one_list, one_tensor, pairs, plain_opts,
                         reduce_opts, root_rank, split_rows)
 from .compile_boundary import eager_methods
@@ -335,7 +336,7 @@ class DdlProcessGroup(dist.ProcessGroup):
         """Release the point-to-point communicator, and the Communicator if this group created it."""
         self._p2p.close()
         if self._compression is not None:
-            self._compression.close()
+            self._compression.close(Leaving.DESTROYED_GROUP)
         if self._owns_comm:
             _close_communicator(self._comm)
             self._owns_comm = False
@@ -437,9 +438,10 @@ def _premultiply(wire: torch.Tensor, factor: float | None, what: str) -> None:
 
 
 def _close_communicator(comm) -> None:
+    """Close the group's communicator; its peers hear that this rank destroyed its process group."""
     from ..runtime import world
 
     if comm is world.current():
-        world.finalize()
+        world.finalize(Leaving.DESTROYED_GROUP)
     else:
-        comm.close()
+        comm.close(Leaving.DESTROYED_GROUP)

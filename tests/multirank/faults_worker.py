@@ -1,9 +1,11 @@
 """Fault-injection worker, run under mpiexec: mismatched calls, a rank that never calls,
-a rank killed mid-collective. Every rank prints one machine-readable line per case:
+a rank killed mid-collective, a rank that leaves while the others wait. Every rank prints one
+machine-readable line per case:
 
     FAULT case=<name> rank=<r> error=<ExceptionType> seconds=<time to the error> msg=<first line>
 
-Usage: python tests/multirank/faults_worker.py mismatch | skip | kill <victim> [--stamp FILE]
+Usage: python tests/multirank/faults_worker.py mismatch | skip | kill <victim> [--stamp FILE] | leave
+(``leave`` also runs without MPI's launcher: ranks from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 """
 from __future__ import annotations
 
@@ -116,12 +118,70 @@ def run_kill(world, victim: int, stamp: str) -> int:
     return 0
 
 
+# The leave cases, in order: rank 1 leaves the communicator one way while the others wait in a
+# collective it never issues (small: the small-message path; large: the general path).
+LEAVE_CASES = ("close_small", "close_large", "close_barrier", "finalize", "destroy_group", "exit")
+
+
+def run_leave() -> int:
+    """Rank 1 leaves (closes, finalizes, destroys its torch group, or exits the script) where the
+    other ranks call a collective; each of them must raise CollectiveSkipped naming rank 1 and what
+    it did, within 2 s. Each case has a world communicator of its own (finalized between cases); the
+    last case ("exit") ends rank 1's script while the others wait: they raise, uncaught (exit 1)."""
+    import torch.distributed as dist
+
+    from ddl_triton.runtime.setup.bootstrap import launched_by_mpi
+    import ddl_triton.torch  # noqa: F401 - registers the "ddl" backend
+
+    store = None
+    if not launched_by_mpi():  # env://: one TCPStore for the job, a namespace per case
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size, rank == 0,
+                              wait_for_workers=False)
+    for case in LEAVE_CASES:
+        case_store = None if store is None else dist.PrefixStore(f"{case}/", store)
+        if case == "destroy_group":
+            if store is None:
+                dist.init_process_group("ddl")
+            else:
+                dist.init_process_group("ddl", store=case_store, rank=rank, world_size=size)
+        comm = ddl.init() if store is None else ddl.init(store=case_store, rank=rank, size=size)  # (torch's, if made)
+        rank = comm.rank
+        comm.allreduce(torch.ones(10))  # a good call first: the sequence numbers are in step
+        error, t0 = None, time.monotonic()
+        if rank == 1:
+            if case == "exit":
+                report(case, rank, None, 0.0)
+                return 0  # the script ends: at exit the communicator says so
+            {"finalize": ddl.finalize, "destroy_group": dist.destroy_process_group}.get(case, comm.close)()
+        else:
+            try:
+                if case == "close_barrier":
+                    comm.barrier()
+                elif case == "destroy_group":
+                    dist.all_reduce(torch.ones(100_000))
+                else:
+                    comm.allreduce(torch.ones(100_000 if case in ("close_large", "finalize") else 10))
+            except Exception as e:  # noqa: BLE001
+                error = e
+        report(case, rank, error, time.monotonic() - t0)
+        if case == "exit" and error is not None:
+            raise error  # uncaught, as in any script: exit 1
+        if case == "destroy_group":
+            if rank != 1:
+                dist.destroy_process_group()
+        ddl.finalize()
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["mismatch", "skip", "kill"])
+    p.add_argument("mode", choices=["mismatch", "skip", "kill", "leave"])
     p.add_argument("victim", nargs="?", type=int, default=0)
     p.add_argument("--stamp", default="")
     args = p.parse_args()
+    if args.mode == "leave":
+        return run_leave()
     world = MPI.COMM_WORLD
     if args.mode == "mismatch":
         return run_mismatch(world)

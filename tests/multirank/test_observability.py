@@ -27,19 +27,32 @@ def _ddlrun(ranks: int, mode: str, env: dict, timeout_s: int = 60) -> subprocess
 
 
 def test_a_rank_that_skips_a_collective_is_named_with_the_sequence_number_and_call_site(tmp_path):
-    proc = _ddlrun(3, "hang", {"DDL_DUMP_DIR": str(tmp_path)})
-    assert proc.returncode == 1, proc.stderr           # no hang: every rank ends by itself
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["flight-rank0.json", "flight-rank1.json",
-                                                          "flight-rank2.json"]
-    lines = diagnose(load_dumps(str(tmp_path)))
+    """Rank 1 calls finalize after 5 allreduces; ranks 0 and 2 wait in #6. They raise at once (rank 1
+    is at exit, not slow), and dump to the default folder: one folder per job, named by the job's id,
+    the same on every rank. Run twice, the two jobs' dumps stay apart, and `why` on the user's folder
+    reads the newest job's."""
+    user_folder = tmp_path / f"ddl_triton-flight-{os.getuid()}"
     site = f"observability_worker.py:{_line_of('ALLREDUCE-LINE')}"
-    assert lines[0] == (f"rank 1 never entered allreduce #6 (ranks 0, 2 issued it from {site}); its last was "
-                        f"allreduce #5, issued from {site}, done"), lines
-    for rank in (0, 2):
-        assert f"rank {rank} was waiting in allreduce #6 for rank 1 (shm lane call 6)" in lines, lines
-    why = subprocess.run([sys.executable, "-m", "ddl_triton.trace", "why", str(tmp_path)], capture_output=True,
+    jobs = []
+    for run in (1, 2):
+        proc = _ddlrun(3, "hang", {"TMPDIR": str(tmp_path)})
+        assert proc.returncode == 1, proc.stderr           # no hang: every rank ends by itself
+        assert "ddlrun: exit status per rank: 0: 1, 1: 0, 2: 1" in proc.stderr, proc.stderr
+        new = sorted(set(os.listdir(user_folder)) - set(jobs))
+        assert len(new) == 1, (run, new)                   # one folder for the job's ranks
+        jobs += new
+        folder = user_folder / new[0]
+        assert sorted(p.name for p in folder.iterdir()) == ["flight-rank0.json", "flight-rank2.json"]
+        assert {json.loads((folder / f"flight-rank{r}.json").read_text())["job"] for r in (0, 2)} == {new[0]}
+        lines = diagnose(load_dumps(str(folder)))
+        assert lines[0] == (f"rank 1 never issued allreduce #6 (ranks 0, 2 issued it from {site}): it called "
+                            "finalize after 5 collectives on this communicator, as ranks 0, 2 saw (it left no dump)"), lines
+        for rank in (0, 2):
+            assert f"rank {rank} was waiting in allreduce #6 when rank 1 called finalize" in lines, lines
+    why = subprocess.run([sys.executable, "-m", "ddl_triton.trace", "why", str(user_folder)], capture_output=True,
                          text=True, timeout=60)
-    assert why.returncode == 0 and why.stdout.splitlines()[0] == lines[0]
+    assert why.returncode == 0 and why.stdout.splitlines()[0] == lines[0], why.stdout + why.stderr
+    assert f"this is the newest, {jobs[1]}" in why.stdout, why.stdout
 
 
 def test_ranks_that_disagree_are_named_with_both_calls(tmp_path):

@@ -11,7 +11,8 @@ Semantics:
   (``dead=True``, naming the dead rank, once any rank was marked dead with ``world.kill``, as shm's
   liveness check does). It also carries the call
   fingerprints the call check posts and reads (``post_fingerprint``, ``peers_posted_same``,
-  ``peer_fingerprint``) and runs ``wait_hook`` while it waits, as shm does.
+  ``peer_fingerprint``) and each rank's farewell word (``post_farewell``, ``peer_farewell``), and
+  runs ``wait_hook`` while it waits, as shm does.
 - A buffer handed out by ``acquire`` is poisoned (NaN, or the dtype's lowest integer), so an
   element a schedule never writes cannot pass by luck. ``world.unreleased()`` lists the messages
   some reader never released: after a finished collective it must be empty.
@@ -45,6 +46,7 @@ class ThreadWorld:
         self._cond = threading.Condition()
         self._messages: dict[tuple[int, int], tuple[torch.Tensor, set[int]]] = {}  # (sender, msg) -> (data, readers left)
         self._fingerprints: list[dict[int, tuple[int, ...]]] = [{} for _ in range(size)]
+        self._farewells = [0] * size  # each rank's farewell word, as shm's header holds it (0: still here)
         self._dead: set[int] = set()
         self._transports = [LoopbackTransport(self, r) for r in range(size)]
 
@@ -190,6 +192,16 @@ class LoopbackTransport:
             with self.world._cond:
                 return self.world._fingerprints[peer].get(seq, False)
         return self._wait(lambda: self.world._fingerprints[peer].get(seq), timeout, peer, f"its call #{seq}")
+
+    # -- farewells (a rank that left the communicator, as shm's header word carries it) -------
+    def post_farewell(self, word: int) -> None:
+        with self.world._cond:
+            self.world._farewells[self.rank] = word
+            self.world._cond.notify_all()
+
+    def peer_farewell(self, peer: int) -> int:
+        with self.world._cond:
+            return self.world._farewells[peer]
 
     # -- waiting ----------------------------------------------------------------------------
     def _wait(self, get, timeout: float, peer: int, what: str):

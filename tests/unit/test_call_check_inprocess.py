@@ -10,6 +10,8 @@ world of one checks nothing.
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -147,3 +149,83 @@ def test_a_world_of_one_checks_nothing_and_runs_the_call():
     checker = CallChecker(None, 0, 1, None, TIMEOUT_S)
     _checked(checker, 1, "allreduce", "sum", torch.float32, 3, 0, lambda: ran.append(1))
     assert ran == [1]
+
+
+# -- a peer that left the communicator (ddl_triton/runtime/lanes/farewell.py) --------------------------------------
+
+def _leave(world: ThreadWorld, rank: int, how, calls: int, failed: bool = False) -> None:
+    """Rank ``rank`` leaves as the communicator's close (or exit) does over shm: its farewell word."""
+    from ddl_triton.runtime.lanes.farewell import Farewell
+    world.transport(rank).post_farewell(Farewell(how, calls, failed).shm_word())
+
+
+@pytest.mark.parametrize("how,words", [("EXIT", "reached exit"), ("FINALIZED", "called finalize"),
+                                       ("DESTROYED_GROUP", "destroyed its process group"),
+                                       ("CLOSED", "closed its communicator")])
+def test_a_rank_that_leaves_instead_of_calling_is_named_by_every_waiting_rank_at_once(how, words):
+    """Ranks 0 and 2 run allreduce #3 (one_shot: each waits for every peer's message); rank 1 ran two
+    calls and left: both raise CollectiveSkipped naming rank 1 and what it did, long before the
+    deadline (30 s here), from inside the executor's wait."""
+    from ddl_triton.errors import CollectiveSkipped
+    from ddl_triton.runtime.lanes.farewell import Leaving
+
+    n = 3
+    world = ThreadWorld(n)
+    checkers = _checkers(world, timeout=30.0)
+    executors = [Executor(r, n, world.route(r), timeout=30.0, depth=2) for r in range(n)]
+    reduce = schedules.build("one_shot", "allreduce", n, 5, chunk_elems=8)
+
+    def rank_body(rank: int):
+        if rank == 1:
+            _leave(world, 1, Leaving[how], calls=2)
+            return None
+        buf = torch.ones(5, dtype=torch.int32)
+        t0 = time.monotonic()
+        try:
+            _checked(checkers[rank], 3, "allreduce", "sum", torch.int32, 5, 0,
+                     lambda: executors[rank].run(reduce, buf, buf, CallContext("allreduce"), 3))
+        except CollectiveSkipped as e:
+            return e, time.monotonic() - t0
+        return None
+
+    results = world.run(rank_body, timeout=10.0)
+    for rank in (0, 2):
+        error, seconds = results[rank]
+        assert str(error).startswith(f"rank {rank}: rank 1 (host unknown) {words} while rank {rank} waits in "
+                                     "allreduce #3 (rank 1 had issued 2 collectives on this communicator)"), error
+        assert (error.peer, error.did, error.calls, error.failed) == (1, words, 2, False)
+        assert seconds < 2.0, f"rank {rank}: {seconds:.2f} s"
+
+
+def test_a_rank_that_left_after_the_call_dooms_nobody_and_one_that_failed_in_it_does():
+    """A farewell after call #3 (its last call was #3, done) leaves a rank in #3 waiting for the
+    others as before (it may be slow, not doomed); a farewell after #3 *failed* dooms #3."""
+    from ddl_triton.errors import CollectiveSkipped
+    from ddl_triton.runtime.lanes.farewell import Leaving
+
+    world = ThreadWorld(3)
+    checker = _checkers(world, timeout=0.3)[0]
+    world.transport(1).post_fingerprint(3, encode("barrier", None, None, 0, 0))  # rank 1 ran #3, then left
+    _leave(world, 1, Leaving.FINALIZED, calls=3)
+    with pytest.raises(CollectiveTimeout, match=r"^rank 0: barrier #3 .*rank 2"):
+        _checked(checker, 3, "barrier", None, None, 0, 0, lambda: None)
+    world = ThreadWorld(3)
+    checker = _checkers(world, timeout=30.0)[0]
+    _leave(world, 1, Leaving.EXIT, calls=3, failed=True)
+    with pytest.raises(CollectiveSkipped, match=r"^rank 0: rank 1 \(host unknown\) reached exit while rank 0 "
+                                                r"waits in barrier #3 .*the last of which failed"):
+        _checked(checker, 3, "barrier", None, None, 0, 0, lambda: None)
+
+
+def test_the_rank_that_skipped_is_named_before_one_that_left_after_failing():
+    """Rank 2 reached exit after its call #4 failed (a consequence); rank 1 left after #3 (the cause):
+    a rank waiting in #4 names rank 1."""
+    from ddl_triton.errors import CollectiveSkipped
+    from ddl_triton.runtime.lanes.farewell import Leaving
+
+    world = ThreadWorld(3)
+    checker = _checkers(world, timeout=30.0)[0]
+    _leave(world, 2, Leaving.EXIT, calls=4, failed=True)
+    _leave(world, 1, Leaving.DESTROYED_GROUP, calls=3)
+    with pytest.raises(CollectiveSkipped, match=r"^rank 0: rank 1 \(host unknown\) destroyed its process group "):
+        _checked(checker, 4, "allreduce", "sum", torch.float32, 8, 0, lambda: None)

@@ -94,6 +94,16 @@ def test_a_mismatch_lists_every_rank_s_call_and_says_who_has_not_arrived():
                       "rank 1: broadcast(root 0); rank 2: (has not reached this call yet)")
 
 
+def test_a_peer_that_left_is_named_with_its_host_what_it_did_and_the_call_waited_in():
+    e = errors.peer_left(0, "allreduce #6", 1, "reached exit", 5, name=_two_hosts().describe)
+    assert isinstance(e, errors.CollectiveSkipped) and isinstance(e, CollectiveMismatch)
+    assert str(e) == ("rank 0: rank 1 on h2 reached exit while rank 0 waits in allreduce #6 (rank 1 had issued 5 "
+                      "collectives on this communicator)")
+    assert (e.peer, e.did, e.calls, e.failed) == (1, "reached exit", 5, False)
+    failed = errors.peer_left(2, "barrier #1", 0, "called finalize", 1, failed=True)
+    assert str(failed).endswith("(rank 0 had issued 1 collective on this communicator, the last of which failed)")
+
+
 def test_one_liveness_check():
     from ddl_triton.transports import shm
 
@@ -231,7 +241,7 @@ def test_only_errors_py_constructs_a_collective_timeout_or_mismatch_or_reads_a_p
                 if isinstance(node, ast.Call):
                     f = node.func
                     called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-                    if called in ("CollectiveTimeout", "CollectiveMismatch"):
+                    if called in ("CollectiveTimeout", "CollectiveMismatch", "CollectiveSkipped"):
                         constructs.append(f"{rel}:{node.lineno}")
             # A liveness check: signal 0 to a pid, or a pid's /proc state read for a zombie ("Z").
             signals_zero = re.search(r"os\.kill\([^)]*,\s*0\)", text)

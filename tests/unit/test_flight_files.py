@@ -1,6 +1,7 @@
 """Where the flight recorder and the tracer write (issue 41, row 3): a link another local user
 planted at the default dump folder, or at a dump's or a trace's file name, is never followed; the
-dump lands in a private place, and the message names it."""
+dump lands in a private place, and the message names it. The default folder holds a folder per job
+(issue 51, item 4), so that `trace why` never reads dumps of two jobs as one."""
 from __future__ import annotations
 
 import atexit
@@ -29,9 +30,13 @@ def tmpdir_(tmp_path, monkeypatch):
     os.umask(old)
 
 
-def _recorder(dump_dir: str = "") -> flight.FlightRecorder:
+JOB = "20260314-101502-9f3c2a7e"
+
+
+def _recorder(dump_dir: str = "", job: str = JOB, rank: int = 3) -> flight.FlightRecorder:
     recorder = flight.FlightRecorder(capacity=10)
-    recorder.configure(rank=3, size=4, capacity=10, dump_dir=dump_dir)
+    recorder.configure(rank=rank, size=4, capacity=10, dump_dir=dump_dir)
+    recorder.job = job  # as init's agreement sets it (ddl_triton/runtime/setup/job_id.py)
     return recorder
 
 
@@ -48,10 +53,24 @@ def _victim_intact(victim) -> bool:
         and _mode(victim) == 0o755
 
 
-def test_the_default_dump_folder_is_made_0700_and_the_dump_0600(tmpdir_):
+def test_the_default_dump_folder_is_a_folder_per_job_made_0700_and_the_dump_0600(tmpdir_):
     path = _recorder().dump("test")
-    assert path == os.path.join(flight.default_dump_dir(), "flight-rank3.json")
-    assert os.path.dirname(path) == str(tmpdir_ / f"ddl_triton-flight-{os.getuid()}")
+    assert path == os.path.join(flight.default_dump_dir(), JOB, "flight-rank3.json")
+    assert os.path.dirname(path) == str(tmpdir_ / f"ddl_triton-flight-{os.getuid()}" / JOB)
+    assert _mode(os.path.dirname(path)) == 0o700 and _mode(os.path.dirname(os.path.dirname(path))) == 0o700
+    assert _mode(path) == 0o600
+    other = _recorder(job="20260314-101503-00aa11bb").dump("test")  # another job's rank 3: beside, not over it
+    assert os.path.dirname(other) != os.path.dirname(path) and os.path.exists(path)
+
+
+def test_a_symlink_planted_at_a_job_folder_is_not_followed(tmp_path, tmpdir_, capsys):
+    victim = _victim(tmp_path)
+    user_folder = tmpdir_ / f"ddl_triton-flight-{os.getuid()}"
+    user_folder.mkdir(mode=0o700)
+    (user_folder / JOB).symlink_to(victim)
+    path = _recorder().dump("test")
+    assert path and _victim_intact(victim)
+    assert f"not using {user_folder / JOB}: it is a symbolic link" in capsys.readouterr().err
     assert _mode(os.path.dirname(path)) == 0o700 and _mode(path) == 0o600
 
 
@@ -62,7 +81,7 @@ def test_a_symlink_planted_at_the_default_dump_folder_is_not_followed(tmp_path, 
     path = _recorder().dump("test")
     err = capsys.readouterr().err
     assert path and _victim_intact(victim), (path, os.listdir(victim))
-    folder = os.path.dirname(path)
+    folder = os.path.dirname(os.path.dirname(path))  # the job's folder is made in the fallback
     assert folder != str(planted) and os.path.dirname(folder) == str(tmpdir_)
     assert _mode(folder) == 0o700 and os.lstat(folder).st_uid == os.geteuid() and _mode(path) == 0o600
     assert f"not using {planted}: it is a symbolic link; using {folder} instead" in err, err

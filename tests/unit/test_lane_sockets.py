@@ -1,6 +1,7 @@
 """The call lane over its own TCP connections (ddl_triton/runtime/lanes/lane_sockets.py), ranks as threads
 of one process meeting in a torch HashStore: messages with and without data, in order; a
-mismatch raising on every rank; a closed peer and a silent peer as PeerTimeout."""
+mismatch raising on every rank; a closed peer and a silent peer as PeerTimeout; a peer that left
+(its farewell) named by the others at once."""
 from __future__ import annotations
 
 import socket
@@ -196,3 +197,39 @@ def test_closed_peers_tells_a_closed_connection_from_an_idle_one_without_waiting
     assert a1.gettimeout() == 5.0  # the socket is left as it was
     for s in (a1, a2, b1):
         s.close()
+
+
+def test_a_peer_that_leaves_instead_of_calling_is_named_at_once_and_a_clean_close_raises_nothing():
+    """Rank 1 closes its lane with a farewell (it finalized after call 1); ranks 0 and 2 exchange call 2:
+    both raise CollectiveSkipped naming rank 1 and what it did, long before the 10 s deadline. Then
+    every rank closing after the same calls (each a farewell to the others) raises nothing."""
+    from ddl_triton.errors import CollectiveSkipped
+    from ddl_triton.runtime.lanes.farewell import Farewell, Leaving
+
+    def body(rank, lane):
+        lane.exchange(1, _head(4))
+        if rank == 1:
+            lane.close(Farewell(Leaving.FINALIZED, 1))
+            return "left"
+        t0 = time.monotonic()
+        try:
+            lane.exchange(2, _head(4))
+        except CollectiveSkipped as e:
+            return e, time.monotonic() - t0
+        return "nothing raised"
+
+    out = _on_threads(3, body)
+    assert out[1] == "left"
+    for rank in (0, 2):
+        error, seconds = out[rank]
+        assert str(error).startswith(f"rank {rank}: rank 1 (host unknown) called finalize while rank {rank} waits in "
+                                     "allreduce #2 (rank 1 had issued 1 collective on this communicator)"), error
+        assert seconds < 2.0, seconds
+
+    def clean(rank, lane):
+        for call in (1, 2):
+            lane.exchange(call, _head(4))
+        lane.close(Farewell(Leaving.EXIT, 2))
+        return "closed"
+
+    assert _on_threads(3, clean) == {0: "closed", 1: "closed", 2: "closed"}

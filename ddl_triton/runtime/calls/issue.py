@@ -21,7 +21,7 @@ import time
 import torch
 from mpi4py import MPI
 
-from ...errors import CollectiveMismatch, CollectiveTimeout, CommunicatorPoisoned, DDLError
+from ...errors import CollectiveMismatch, CollectiveSkipped, CollectiveTimeout, CommunicatorPoisoned, DDLError
 from ... import status_files
 from ...observability import flight
 from ...transports import failure_notice
@@ -147,6 +147,8 @@ class IssuePath:
             if isinstance(e, CollectiveTimeout):
                 record.waiting = flight.stuck_wait()
                 _LOST_PEERS.append(self.rank)  # MPI_Finalize would wait for the lost rank: skip it at exit
+            elif isinstance(e, CollectiveSkipped):  # `trace why` names the rank that never issued the call
+                record.left = {"rank": e.peer, "did": e.did, "calls": e.calls, "failed": e.failed}
             path = flight.RECORDER.dump(f"{type(e).__name__}: {e}")
             if path:
                 e.args = (f"{e.args[0]} [flight recorder: {path}]",) + e.args[1:]

@@ -2,7 +2,9 @@
 
 Semantics of ``start_observing``:
 - the flight recorder (always on) is configured for this process's world rank the first
-  time, or again by a communicator spanning the world, and SIGUSR2 dumps it;
+  time, or again by a communicator spanning the world, and SIGUSR2 dumps it; a communicator
+  spanning the world agrees on the job's id first (setup/job_id.py: the recorder's default dump
+  folder is named after it), collectively, before any call;
 - with ``Options.trace`` set, the named timeline's tracer is returned: the one this process
   already has under that name, else a new one, whose clock every rank aligns here (a
   collective step over the control channel);
@@ -17,6 +19,7 @@ from ...observability import flight
 from ...observability import tracer as tracer_mod
 from ...options import Options
 from ...planning.planner import Planner
+from ..setup.job_id import agree_on_job_id, fresh_job_id
 from ..setup.placement import Placement
 
 
@@ -25,9 +28,12 @@ def start_observing(bootstrap, placement: Placement, options: Options, planner: 
     """Configure observation for communicator ``comm_id`` (see the module doc); the tracer or None."""
     world_rank, world_size = bootstrap.world_rank, bootstrap.world_size
     rank, size = placement.rank, placement.size
-    if flight.RECORDER.rank < 0 or size == world_size:
+    spans_the_job = size == world_size  # the same on every rank: the agreement below is collective
+    if flight.RECORDER.rank < 0 or spans_the_job:
+        known = flight.RECORDER.job
+        job = "" if not spans_the_job else agree_on_job_id(bootstrap, known) if size > 1 else known or fresh_job_id()
         flight.RECORDER.configure(rank=world_rank, size=world_size, capacity=options.flight_entries,
-                                  dump_dir=options.dump_dir)
+                                  dump_dir=options.dump_dir, job=job)
         flight.RECORDER.install_sigusr2()
     tracer = None
     if options.trace:

@@ -127,9 +127,10 @@ class Levels:
         when they are ``comm`` itself): their ``transport_bytes`` count the per-level calls' bytes."""
         return tuple(self._owned)
 
-    def close(self) -> None:
+    def close(self, *how) -> None:
+        """Close the level communicators made here (``how``: how this rank leaves them, farewell.py)."""
         for c in self._owned:
-            c.close()
+            c.close(*how)
         self._owned.clear()
 
     def __repr__(self) -> str:

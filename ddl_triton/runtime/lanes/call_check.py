@@ -12,12 +12,17 @@ Measured cost (2 ranks, 2 cores): about 1.5 us per call over shm (see README,
 "Reliability"); ``Options.check_calls`` (``DDL_CHECK_CALLS=0``) turns the check off.
 Small allreduces on the shm lane check their calls in the flag word that publishes
 their data instead, and post here only when they wait long (small_allreduce.py).
+
+A peer that left the communicator (finalize, close, a destroyed group, exit: farewell.py) without
+issuing the call a rank waits in is found the same way: over shm its farewell word is read in the
+long waits with the fingerprints, and raises ``CollectiveSkipped`` naming it and what it did; across
+two-sided links its farewell is its last call-lane message (call_lane.py).
 """
 from __future__ import annotations
 
-from . import call_lane
-from .fingerprint import describe_posted, encode
-from ...errors import call_name, calls_disagree, wait_failed
+from . import call_lane, farewell
+from .fingerprint import CALLS, describe_posted, encode
+from ...errors import call_name, calls_disagree, peer_left, wait_failed
 from ...transports.waits import PeerTimeout
 
 class CallChecker:
@@ -41,6 +46,7 @@ class CallChecker:
         self.shm = shm  # set when every peer is reached over shm
         self.timeout = timeout
         self._current: tuple[int, tuple[int, ...]] | None = None
+        self._farewells_only = False  # end()'s wait: look for peers that left, compare fingerprints later
         self._peers = [p for p in range(size) if p != rank]
         self._fingerprints: dict[tuple, tuple] = {}  # call shape -> (its fingerprint, lane header) (bounded)
 
@@ -83,10 +89,16 @@ class CallChecker:
         """After the collective (shm): every peer must have posted the same call."""
         if self.shm is None or self.size == 1:
             return
-        self._current = None
         if self.shm.peers_posted_same(self._peers, seq, fp):
+            self._current = None
             return  # the common case, in one load per peer; otherwise wait and list every call
-        theirs = {p: self.shm.peer_fingerprint(p, seq, self.timeout) for p in range(self.size) if p != self.rank}
+        # While we wait for every peer's fingerprint, look for peers that left (they never post it);
+        # the fingerprints themselves are compared once all are in, so the error lists every call.
+        self._farewells_only = True
+        try:
+            theirs = {p: self.shm.peer_fingerprint(p, seq, self.timeout) for p in range(self.size) if p != self.rank}
+        finally:
+            self._current, self._farewells_only = None, False
         theirs[self.rank] = fp
         self._compare(seq, fp, theirs)
 
@@ -98,16 +110,25 @@ class CallChecker:
 
     def look_for_mismatch(self) -> None:
         """Raise now, not at the deadline, when a peer posted a different call for this sequence
-        number: it will never send what we wait for. The shm transport's wait hook
+        number (``CollectiveMismatch``), or left the communicator without issuing it
+        (``CollectiveSkipped``): it will never send what we wait for. The shm transport's wait hook
         (``ShmTransport.wait_hook``, set to this when the communicator wires the transports)."""
         if self._current is None:
             return
         seq, fp = self._current
-        theirs = {p: self.shm.peer_fingerprint(p, seq, None) for p in range(self.size) if p != self.rank}
+        shm = self.shm
+        theirs = {} if self._farewells_only else {p: shm.peer_fingerprint(p, seq, None) for p in self._peers}
         if any(v is not False and v != fp for v in theirs.values()):
             theirs[self.rank] = fp
             self._current = None
             self._compare(seq, fp, theirs)
+        left = {p: f for p in self._peers if (f := farewell.from_shm_word(shm.peer_farewell(p))) is not None}
+        cause = farewell.most_telling(left, seq) if left else None
+        if cause is not None:
+            self._current = None
+            peer, said = cause
+            raise peer_left(self.rank, call_name(CALLS[fp[0]], seq), peer, said.how.words, said.calls, said.failed,
+                            self.describe)
 
     def _compare(self, seq: int, fp: tuple[int, ...], theirs: dict) -> None:
         if all(v == fp for v in theirs.values()):

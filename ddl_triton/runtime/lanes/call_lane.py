@@ -25,6 +25,18 @@ received every peer's message of call k + 1, which each peer sent only after it 
 our message of call k (it finished call k first). The old send is complete by then; the lane
 completes its request anyway, as MPI requires, which returns at once.
 
+**Farewells.** A rank that leaves the communicator (farewell.py: finalize, close, a destroyed
+group, exit) sends each peer one last lane message, a header that is its farewell (collective code
+15: how it left and after how many calls), where its next call's header would be. A peer waiting
+for that message raises ``CollectiveSkipped`` naming the leaver, at once; one waiting for another
+peer's message looks at the others' every quarter second (MPI). No farewell may end up in an
+unexpected queue of a freed communicator, whose context id MPI could hand to a later one and match
+there: a rank says farewell only to a peer whose message of its last call it has read, and never
+after the peer's own farewell; and its close leaves a receive posted for every message a peer may
+still send (one past its last call; MPI frees a communicator only once its pending operations
+complete), cancelled at interpreter exit. Over TCP a stream's unread bytes die with it, so there it
+says farewell to every peer that has not left.
+
 Cost: n - 1 sends and receives per call at n ranks (the ``Iallgather`` took about log n
 rounds): this lane is for the few ranks a host-crossing communicator of this stack has, not for
 thousands.
@@ -37,10 +49,11 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from ...errors import calls_disagree
-from ...transports.mpi_retired import retire
+from ...errors import call_name, calls_disagree, peer_left
+from ...transports.mpi_retired import retire, sweep
 from ...transports.waits import wait_until
-from .fingerprint import describe as describe_call
+from .farewell import Farewell, decoded, most_telling
+from .fingerprint import CALLS, describe as describe_call
 from .lane_sockets import LaneSockets, SocketWire
 
 HEADER_BYTES = 16  # two int64 words: see header()
@@ -58,6 +71,24 @@ def header(fingerprint: tuple[int, ...], nbytes: int) -> bytes:
         raise ValueError(f"call lane: root {root} or {nbytes} data bytes out of the header's range")
     word = coll | (op + 1) << 4 | (dtype + 1) << 8 | on_gpu << 13 | root << 14 | nbytes << _DATA_SHIFT
     return np.array([word, numel], dtype=np.int64).tobytes()
+
+
+_FAREWELL_CODE = 15  # word 0's collective field of a farewell (fingerprint.CALLS has 6 collectives)
+
+
+def farewell_header(said: Farewell) -> bytes:
+    """The 16 header bytes of a farewell: code 15, how the rank left (bits 4-7), whether its last call
+    failed (bit 8), and in word 1 how many calls it had issued. No data follows."""
+    word = _FAREWELL_CODE | int(said.how) << 4 | int(said.failed) << 8
+    return np.array([word, said.calls], dtype=np.int64).tobytes()
+
+
+def _farewell_of(raw) -> Farewell | None:
+    """The farewell a header (bytes or a buffer of 16) states, or None for a call's header."""
+    word, calls = (int(v) for v in np.frombuffer(raw, dtype=np.int64, count=2))
+    if word & 15 != _FAREWELL_CODE or word >> 9:
+        return None
+    return decoded(word >> 4 & 15, calls, bool(word >> 8 & 1))
 
 
 def _data_bytes(head) -> int:
@@ -78,11 +109,23 @@ def _decode(raw: bytes) -> tuple[tuple[int, ...], int]:
 # MPI_Finalize makes UCX warn about every one, for a communicator its program never closed.
 _OPEN_MPI_WIRES: "weakref.WeakSet[_MpiWire]" = weakref.WeakSet()
 _exit_hook_installed = False
+# Receives a lane left posted when it closed with a farewell, for the messages peers may still send
+# (module doc); those still active at exit are cancelled, as an open lane's are.
+_LEFT_POSTED: list = []
 
 
 def _close_at_exit() -> None:
     for wire in list(_OPEN_MPI_WIRES):
         wire.close()
+    if not MPI.Is_finalized():
+        for req in _LEFT_POSTED:
+            try:
+                if req and not req.Test():
+                    req.Cancel()
+            except MPI.Exception:
+                pass
+        sweep()  # completes the cancelled receives and frees them
+    _LEFT_POSTED.clear()
 
 
 class _MpiWire:
@@ -90,11 +133,15 @@ class _MpiWire:
     through persistent requests: a call restarts requests built once, which saves mpi4py's
     per-call argument handling (microseconds, on a path whose whole budget is a few tens)."""
 
+    drops_unread = False  # a message no receive takes waits in MPI's unexpected queue (module doc)
+
     def __init__(self, comm, recv_bufs: dict, send_bufs: tuple):
         self.comm = comm.Dup()
         self._recvs = {p: self.comm.Recv_init([buf, MPI.BYTE], source=p, tag=0) for p, buf in recv_bufs.items()}
         self._recv_bufs, self._send_bufs = recv_bufs, send_bufs
         self._sends: dict[tuple[int, int], list] = {}  # (parity, message bytes) -> a request per peer
+        self._farewells = None  # (requests, buffer) of the farewell sent, if any
+        self.meanwhile = None   # (peer, seq) -> None, run in long waits; may raise (CallLane sets it)
         global _exit_hook_installed
         _OPEN_MPI_WIRES.add(self)
         if not _exit_hook_installed:
@@ -105,9 +152,17 @@ class _MpiWire:
         self._recvs[peer].Start()
 
     def wait_recv(self, peer: int, timeout: float, seq: int, spin: float) -> None:
+        """Until ``peer``'s posted message is in; ``meanwhile(peer, seq)``, when set, runs every
+        quarter second of a long wait (the lane looks for other peers' farewells there) and may raise."""
         req = self._recvs[peer]
         if not req.Test():
-            wait_until(req.Test, timeout, peer, _waiting_for(seq), spin=spin, prompt=True)
+            meanwhile = self.meanwhile
+            alive = None if meanwhile is None else (lambda: meanwhile(peer, seq) or True)
+            wait_until(req.Test, timeout, peer, _waiting_for(seq), spin=spin, prompt=True, alive=alive)
+
+    def arrived(self, peer: int) -> bool:
+        """Whether ``peer``'s posted receive holds its message (without waiting)."""
+        return bool(self._recvs[peer].Test())
 
     def start_sends(self, parity: int, nbytes: int, peers: tuple[int, ...]):
         reqs = self._sends.get((parity, nbytes))
@@ -133,20 +188,41 @@ class _MpiWire:
         retire([r for reqs in self._sends.values() for r in reqs], self._send_bufs)
         self._sends.clear()
 
-    def close(self) -> None:
-        """Cancel the posted receives and let the last sends go, without waiting on any peer: the
-        requests still active keep this lane's buffers alive until MPI is done with them
-        (transports/mpi_retired.py: a slower peer may still be pulling the last message)."""
+    def send_farewell(self, peers, head: bytes) -> None:
+        """Send ``head`` (a farewell) to each of ``peers``; its requests are retired at ``close``."""
+        buf = np.frombuffer(head, dtype=np.uint8).copy()
+        self._farewells = [self.comm.Isend([buf, MPI.BYTE], dest=p, tag=0) for p in peers], buf
+
+    def close(self, expect: dict[int, int] | None = None) -> None:
+        """Let the last sends go and end the lane without waiting on any peer: the requests still
+        active keep this lane's buffers alive until MPI is done with them (transports/mpi_retired.py:
+        a slower peer may still be pulling the last message). Without ``expect`` the posted receives
+        are cancelled; with it (peer -> how many more messages it may send, after the one its posted
+        receive awaits, if any: a farewell's close) they stay posted, more are posted as counted, and
+        all complete as those messages arrive (cancelled at exit if they never do)."""
         _OPEN_MPI_WIRES.discard(self)
         if self.comm is None or MPI.Is_finalized():
             return
-        for req in self._recvs.values():
-            try:
-                req.Cancel()
-            except MPI.Exception:
-                pass  # inactive: its message arrived and was not re-posted (a failed call)
+        recvs, buffers = list(self._recvs.values()), [self._recv_bufs, self._send_bufs]
+        if expect is None:
+            for req in recvs:
+                try:
+                    req.Cancel()
+                except MPI.Exception:
+                    pass  # inactive: its message arrived and was not re-posted (a failed call)
+        else:
+            size = len(next(iter(self._recv_bufs.values())))
+            for peer, more in expect.items():
+                for _ in range(more):
+                    buf = np.empty(size, dtype=np.uint8)
+                    recvs.append(self.comm.Irecv([buf, MPI.BYTE], source=peer, tag=0))
+                    buffers.append(buf)
+            _LEFT_POSTED[:] = [r for r in _LEFT_POSTED if r] + recvs  # freed ones (null) go
         sends = [r for reqs in self._sends.values() for r in reqs]
-        retire(list(self._recvs.values()) + sends, self._recv_bufs, self._send_bufs)
+        if self._farewells is not None:
+            sends += self._farewells[0]
+            buffers.append(self._farewells[1])
+        retire(recvs + sends, *buffers)
         self._recvs = {}
         self._sends.clear()
         self.comm.Free()  # local in MPICH; the retired requests complete on their own
@@ -158,7 +234,8 @@ class CallLane:
     ``control``: an mpi4py communicator (duplicated: collective) or, for ranks a store
     bootstrapped, the lane's own TCP connections (lane_sockets.py)."""
 
-    def __init__(self, control, rank: int, size: int, limit: int, timeout: float, spin: float, counter):
+    def __init__(self, control, rank: int, size: int, limit: int, timeout: float, spin: float, counter,
+                 describe=None):
         self.rank = rank
         self.size = size
         self.limit = limit  # the most data bytes one message carries
@@ -176,9 +253,18 @@ class CallLane:
             self.wire = _MpiWire(control, self._recv_bufs, self._send_bufs)
         for p in self.peers:
             self.wire.start_recv(p)
+        self.wire.meanwhile = self._farewell_elsewhere
+        self.describe = describe  # peer -> how an error names it, with its host (Placement.describe), or None
         self._sends: list = [None, None]  # per buffer parity, the sends still to complete
         self._heads_in: list = [None, None]  # per buffer parity, the header bytes object written there
         self._calls = 0
+        # Kept only once an exchange failed part-way (the lane is then out of step; see close): peers
+        # whose message of call ``_calls`` is unread, and peers read but whose next receive is not posted.
+        self._broken = False
+        self._unread: set[int] = set()
+        self._unposted: set[int] = set()
+        self._ended: dict[int, Farewell] = {}  # peers whose farewell was read: they send nothing more
+        self._closed = False
 
     def data_view(self, peer: int | None, parity: int, nbytes: int) -> np.ndarray:
         """Where a message's data lies: ``peer``'s receive buffer, or (None) this rank's send
@@ -213,10 +299,18 @@ class CallLane:
             self._heads_in[parity] = head
         self._sends[parity] = wire.start_sends(parity, HEADER_BYTES + nbytes, peers)
         matched = True
-        for peer in peers:
-            wire.wait_recv(peer, self.timeout, seq, self.spin)
-            if self._recv_heads[peer] != head:
-                matched = False
+        try:
+            for peer in peers:
+                wire.wait_recv(peer, self.timeout, seq, self.spin)
+                if self._recv_heads[peer] != head:
+                    matched = False
+                    said = _farewell_of(self._recv_heads[peer])
+                    if said is not None:  # it left instead: say so now, not after the slower peers
+                        self._ended[peer] = said
+                        self._left(seq)
+        except BaseException:
+            self._broke_at(peer)
+            raise
         if not matched:
             self._mismatch(seq, head)
         counter = self.counter
@@ -227,8 +321,13 @@ class CallLane:
 
     def done_reading(self) -> None:
         """Post the next receive from every peer (the last message's data may be overwritten)."""
-        for peer in self.peers:
+        if not self._broken:
+            for peer in self.peers:
+                self.wire.start_recv(peer)
+            return
+        for peer in sorted(self._unposted):  # after a failed exchange: only where a message was read
             self.wire.start_recv(peer)
+        self._unposted = set()
 
     def _mismatch(self, seq: int, header: bytes) -> None:
         calls = {self.rank: _describe(header)}
@@ -237,13 +336,73 @@ class CallLane:
         self.done_reading()  # the lane stays in step: every peer's message of this call was read
         raise calls_disagree(self.rank, seq, calls, self.size)
 
+    def _broke_at(self, peer: int) -> None:
+        """An exchange ended with an error while reading ``peer``'s message: note which peers' messages
+        were read (those before it, and any farewell read meanwhile) for ``done_reading`` and ``close``."""
+        at = self.peers.index(peer)
+        read = set(self.peers[:at])
+        self._broken = True
+        self._unread = {p for p in self.peers[at:] if p not in self._ended}
+        self._unposted = read - set(self._ended)
+
+    def _farewell_elsewhere(self, waiting_for: int, seq: int) -> None:
+        """In a long wait for ``waiting_for``'s message: raise ``CollectiveSkipped`` if a peer still to
+        be read in this exchange already sent its farewell (it left; waiting_for may be merely slow)."""
+        peers = self.peers
+        for peer in peers[peers.index(waiting_for) + 1:]:
+            if peer not in self._ended and self.wire.arrived(peer):
+                said = _farewell_of(self._recv_heads[peer])
+                if said is not None:
+                    self._ended[peer] = said
+        if self._ended:
+            self._left(seq)
+
+    def _left(self, seq: int) -> None:
+        """Raise ``CollectiveSkipped`` for call ``seq``, naming the peer that left before issuing it
+        (farewell.most_telling of the farewells read)."""
+        cause = most_telling(self._ended, seq)
+        if cause is None:  # farewells of peers that ran this call, then left (cannot be: they sent its header)
+            cause = min(self._ended.items())
+        peer, said = cause
+        own = _decode(self._send_heads[self._calls & 1].tobytes())[0][0]
+        call = call_name(CALLS[own] if own < len(CALLS) else "a collective", seq)
+        raise peer_left(self.rank, call, peer, said.how.words, said.calls, said.failed, self.describe)
+
     def closed_peers(self) -> list[int]:
         """Peers whose lane connection is known closed (TCP lanes only; an MPI lane cannot tell)."""
         sockets = getattr(self.wire, "sockets", None)
         return sockets.closed_peers() if sockets is not None else []
 
-    def close(self) -> None:
-        self.wire.close()
+    def close(self, said: Farewell | None = None) -> None:
+        """End the lane. With ``said`` (this rank's farewell: farewell.py), send it first, as the last
+        message to every peer that may still read it (the module doc: over MPI, a peer whose message
+        of our last call we read, and that has not left), and leave a receive posted for whatever each
+        peer may still send, until it arrives. Without, cancel the posted receives."""
+        if self._closed:
+            return
+        self._closed = True
+        wire = self.wire
+        if said is None:
+            wire.close()
+            return
+        unread, unposted = (set(self._unread), set(self._unposted)) if self._broken else (set(), set())
+        for peer in self.peers:  # what has arrived unread counts as read (a farewell: the peer left)
+            if peer not in self._ended and peer not in unposted and wire.arrived(peer):
+                arrived = _farewell_of(self._recv_heads[peer])
+                if arrived is not None:
+                    self._ended[peer] = arrived
+                elif peer in unread:  # its message of our last call: now read
+                    unread.discard(peer)
+                    unposted.add(peer)
+        to = [p for p in self.peers if p not in self._ended and (p not in unread or wire.drops_unread)]
+        if to:
+            try:
+                wire.send_farewell(to, farewell_header(said))
+            except Exception:  # noqa: BLE001 - a peer already gone: nothing more to tell it
+                pass
+        # A peer may send up to one message past our last call's: receives for those not yet read.
+        expect = {p: (2 if p in unread else 1) - (0 if p in unposted else 1) for p in self.peers if p not in self._ended}
+        wire.close(expect)
 
 
 def _waiting_for(seq: int) -> str:

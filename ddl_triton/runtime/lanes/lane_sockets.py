@@ -364,5 +364,20 @@ class SocketWire:
     def complete_sends(self, works, timeout: float, peers: tuple[int, ...]) -> None:
         """Nothing to complete: ``start_sends`` returned once the kernel had every byte."""
 
-    def close(self) -> None:
+    drops_unread = True  # a stream's unread bytes go with it: a last message can never be misread later
+
+    def arrived(self, peer: int) -> bool:
+        """Not known without reading the stream: the lane reads each peer's messages in order."""
+        return False
+
+    def send_farewell(self, peers, head: bytes) -> None:
+        """Write ``head`` (a farewell, call_lane.py) to each of ``peers``; one that closed its end is skipped."""
+        for p in peers:
+            try:
+                self.sockets.socks[p].sendall(head)
+            except OSError:  # (socket.timeout included) it is gone, or its buffer is full of unread calls
+                pass
+
+    def close(self, expect=None) -> None:
+        """Close every connection (``expect``, the messages peers may still send, concerns MPI only)."""
         self.sockets.close()

@@ -87,5 +87,6 @@ def connect(placement: Placement, bootstrap, options: Options) -> Wiring:
             bootstrap.barrier()  # the lane duplicates the control communicator: a Dup has no deadline
         wire = control if bootstrap.kind == "mpi" else LaneSockets(bootstrap.store_for("lane"), rank, size,
                                                                    options.timeout, placement.describe)
-        lane = CallLane(wire, rank, size, TWO_SIDED_SMALL_BYTES, options.timeout, between.spin, between)
+        lane = CallLane(wire, rank, size, TWO_SIDED_SMALL_BYTES, options.timeout, between.spin, between,
+                        describe=placement.describe)
     return Wiring(transports, route, shm, control, lane)
