@@ -18,6 +18,7 @@ import glob
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -47,7 +48,8 @@ def _segments() -> set[str]:
 def kill_one(ranks: int, victim: int, timeout: float, transport: str) -> tuple[list[tuple[int, str, float]], str]:
     """One job under ddlrun in which rank ``victim`` SIGKILLs itself; returns the survivors'
     (rank, error, seconds from the kill to the error) and ddlrun's line naming the killed rank."""
-    stamp = tempfile.mktemp(prefix="ddl-kill-")
+    folder = tempfile.mkdtemp(prefix="ddl-kill-")  # a private folder (0700, a fresh name) for the ranks' stamps
+    stamp = os.path.join(folder, "stamp")
     env = dict(os.environ, DDL_TRANSPORT=transport, PYTHONUNBUFFERED="1", **_WORKER_PATH)
     proc = subprocess.run([_ddlrun(), "-n", str(ranks), "--timeout", str(timeout), "--", sys.executable, str(WORKER),
                            "kill", str(victim), "--stamp", stamp], env=env, stdin=subprocess.DEVNULL,
@@ -57,8 +59,7 @@ def kill_one(ranks: int, victim: int, timeout: float, transport: str) -> tuple[l
         line = Path(path).read_text()
         fields = dict(p.split("=", 1) for p in line.split(" msg=")[0].split()[1:])
         out.append((int(fields["rank"]), fields["error"], float(fields["seconds"])))
-    for path in glob.glob(stamp + "*"):
-        os.unlink(path)
+    shutil.rmtree(folder, ignore_errors=True)
     named = next((ln.removeprefix("ddlrun: ") for ln in proc.stderr.splitlines() if "was killed by" in ln), "-")
     return sorted(out), named
 
@@ -66,9 +67,10 @@ def kill_one(ranks: int, victim: int, timeout: float, transport: str) -> tuple[l
 def kill_all(ranks: int, rng: random.Random) -> int:
     """SIGKILL every rank at a random moment; return the ddl_triton segments left behind."""
     before = _segments()
+    scratch = tempfile.mkdtemp(prefix="ddl-killall-")  # private; the ranks' stamps are never read here
     env = dict(os.environ, DDL_TIMEOUT="30", **_WORKER_PATH)
     proc = subprocess.Popen([_mpiexec(), "-n", str(ranks), sys.executable, str(WORKER), "kill", str(ranks),
-                             "--stamp", tempfile.mktemp(prefix="ddl-killall-")], env=env, stdin=subprocess.DEVNULL,
+                             "--stamp", os.path.join(scratch, "stamp")], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(rng.uniform(0.5, 6.0))  # anywhere from start-up (imports, init) to the collectives
     pids = subprocess.run(["pgrep", "-f", str(WORKER)], capture_output=True, text=True).stdout.split()
@@ -79,6 +81,7 @@ def kill_all(ranks: int, rng: random.Random) -> int:
             pass
     proc.wait(timeout=60)
     time.sleep(0.2)
+    shutil.rmtree(scratch, ignore_errors=True)
     return len(_segments() - before)
 
 

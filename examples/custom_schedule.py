@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 
@@ -68,7 +69,9 @@ def main() -> int:
     forced.close()
 
     # -- 4. tune it: ddl-tune's sweep knows every registered schedule ---------------------------
-    path = args.table or world.bcast(tempfile.mktemp(prefix="ddl_star_", suffix=".json"), root=0)
+    # A table in a private folder of rank 0's making (mkdtemp: 0700, a fresh name), its path sent as bytes.
+    folder = tempfile.mkdtemp(prefix="ddl_star_") if world.rank == 0 and not args.table else ""
+    path = args.table or _bcast_text(world, os.path.join(folder, "star.json") if folder else "")
     tune.main(["--quick", "--collectives", "allreduce", "--max-bytes", args.max_bytes, "--out", path,
                "--no-cache", "--no-validate", "--quiet"])
 
@@ -81,9 +84,19 @@ def main() -> int:
         say(f"5. {nbytes:>8} B: {plan.schedule:<9} {plan.reason}")
     say(f"# star chosen at {picked} size(s); table {path}")
     comm.close()
-    if world.rank == 0 and not args.table:
-        os.remove(path)
+    if folder:
+        shutil.rmtree(folder)
     return 0
+
+
+def _bcast_text(world, text: str) -> str:
+    """Rank 0's ``text`` on every rank, as bytes over MPI's buffer ``Bcast`` (nothing pickled)."""
+    raw = torch.zeros(1024, dtype=torch.uint8)
+    if world.rank == 0:
+        data = text.encode()[:1024]
+        raw[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    world.Bcast(raw.numpy(), root=0)
+    return bytes(raw.numpy()).rstrip(b"\0").decode()
 
 
 if __name__ == "__main__":

@@ -68,11 +68,42 @@ def load_data(seed: int = 0, test_size: float = 0.25, mpi_comm=None):
         arrays = train_test_split(digits.data, digits.target, test_size=test_size, random_state=seed,
                                   stratify=digits.target)
     if mpi_comm is not None:
-        arrays = mpi_comm.bcast(arrays, root=0)
+        arrays = _bcast_split(mpi_comm, arrays)
     x_train, x_test, y_train, y_test = (torch.tensor(a) for a in arrays)
     x_train, x_test = x_train.to(torch.float32).reshape(-1, 1, 8, 8), x_test.to(torch.float32).reshape(-1, 1, 8, 8)
     mean, std = x_train.mean(), x_train.std()
     return (x_train - mean) / std, y_train.to(torch.int64), (x_test - mean) / std, y_test.to(torch.int64)
+
+
+def _bcast_split(mpi_comm, arrays):
+    """Rank 0's (x_train, x_test, y_train, y_test) on every rank, as raw buffers (MPI's ``Bcast``:
+    nothing is pickled): first the row counts and the row width, then each array."""
+    import numpy as np
+
+    head = np.zeros(3, dtype=np.int64)
+    if mpi_comm.Get_rank() == 0:
+        arrays = [np.ascontiguousarray(a, dtype=np.float64 if i < 2 else np.int64) for i, a in enumerate(arrays)]
+        head[:] = (arrays[0].shape[0], arrays[1].shape[0], arrays[0].shape[1])
+    mpi_comm.Bcast(head, root=0)
+    n_train, n_test, width = (int(v) for v in head)
+    if mpi_comm.Get_rank() != 0:
+        arrays = [np.empty((n_train, width)), np.empty((n_test, width)), np.empty(n_train, dtype=np.int64),
+                  np.empty(n_test, dtype=np.int64)]
+    for a in arrays:
+        mpi_comm.Bcast(a, root=0)
+    return arrays
+
+
+def _bcast_text(mpi_comm, text: str | None) -> str:
+    """Rank 0's short ``text`` on every rank, as bytes (nothing pickled)."""
+    import numpy as np
+
+    buf = np.zeros(256, dtype=np.uint8)
+    if mpi_comm.Get_rank() == 0:
+        raw = text.encode()[:256]
+        buf[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    mpi_comm.Bcast(buf, root=0)
+    return bytes(buf).rstrip(b"\0").decode()
 
 
 def build_model(seed: int = 0) -> nn.Module:
@@ -122,14 +153,17 @@ def init_process_group(backend: str = "auto") -> str:
     if backend == "ddl":
         dist.init_process_group("ddl")
         return backend
+    import numpy as np
+
     host = socket.gethostname()
-    same_host = all(h == host for h in world.allgather(host))
+    elsewhere = np.array([int(_bcast_text(world, host) != host)], dtype=np.int64)  # not on rank 0's host
+    world.Allreduce(MPI.IN_PLACE, elsewhere, op=MPI.MAX)
     addr_port = None
     if world.rank == 0:
         with socket.socket() as s:
             s.bind(("", 0))
-            addr_port = ("127.0.0.1" if same_host else host, s.getsockname()[1])
-    addr, port = world.bcast(addr_port, root=0)
+            addr_port = f"{host if elsewhere[0] else '127.0.0.1'} {s.getsockname()[1]}"
+    addr, port = _bcast_text(world, addr_port).split()
     os.environ["MASTER_ADDR"] = os.environ.get("MASTER_ADDR") or addr
     os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(port)
     dist.init_process_group(backend, rank=world.rank, world_size=world.size)
@@ -267,8 +301,14 @@ def main(argv=None) -> int:
     acc = accuracy(model.module, data[2], data[3])
 
     flat = torch.cat([q.detach().reshape(-1) for q in model.module.parameters()])
-    same = all(torch.equal(flat, other) for other in MPI.COMM_WORLD.allgather(flat))
-    mean = lambda xs: sum(MPI.COMM_WORLD.allgather(sum(xs) / max(1, len(xs)))) / size  # noqa: E731 - over steps, ranks
+    every = torch.empty(size, flat.numel(), dtype=flat.dtype)
+    MPI.COMM_WORLD.Allgather(flat.numpy(), every.numpy())  # raw buffers: nothing pickled
+    same = all(torch.equal(flat, other) for other in every)
+
+    def mean(xs) -> float:  # over steps, then over ranks
+        total = torch.tensor([sum(xs) / max(1, len(xs))], dtype=torch.float64)
+        MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, total.numpy(), op=MPI.SUM)
+        return total.item() / size
     mean_sent, mean_received = mean(step_sent), mean(step_received)
     rate = sorted(step_rates)[len(step_rates) // 2] if step_rates else 0.0
     per_level = ""

@@ -28,7 +28,9 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..planning import topology
+from ..options import Options
 from ..runtime.setup.bootstrap import StoreBootstrap, host_id, launched_by_mpi
+from ..runtime.setup.bootstrap_values import mpi_dup
 from . import rendezvous
 from .point_to_point import GlooPointToPoint, MpiPointToPoint
 from .process_group import BACKEND_NAME, DdlProcessGroup
@@ -55,10 +57,11 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
     rank, size = common_opts.group_rank, common_opts.group_size
     members = list(common_opts.global_ranks_in_group)
     if not members:  # the default group
-        rendezvous.check_matches_mpi(rank, size, world)
+        rendezvous.check_matches_mpi(rank, size, world, Options.from_env().timeout)
         owns = current_world() is None
         comm = ddl.init()
-        p2p = MpiPointToPoint(world.Dup(), comm.options.timeout, comm.rank, comm.placement.describe)
+        p2p = MpiPointToPoint(mpi_dup(world, comm.options.timeout, "the default group's point-to-point"),
+                              comm.options.timeout, comm.rank, comm.placement.describe)
         return DdlProcessGroup(comm, p2p, owns_comm=owns)
     if dist.get_rank() != world.Get_rank():
         raise ValueError(f"ddl backend: the default process group's rank {dist.get_rank()} differs from the "
@@ -70,7 +73,8 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
     sub_group.Free()
     try:
         comm = ddl.init(sub)
-        p2p = MpiPointToPoint(sub.Dup(), comm.options.timeout, comm.rank, comm.placement.describe)
+        p2p = MpiPointToPoint(mpi_dup(sub, comm.options.timeout, f"subgroup {members}'s point-to-point"),
+                              comm.options.timeout, comm.rank, comm.placement.describe)
     finally:
         sub.Free()
     if comm.rank != rank or comm.size != size:
@@ -85,7 +89,6 @@ def _over_store(common_opts) -> DdlProcessGroup:
     import ddl_triton as ddl
     from ddl_triton.runtime.communicator import Communicator
     from ..runtime.world import current as current_world
-    from ddl_triton.options import Options
 
     store, rank, size = common_opts.store, common_opts.group_rank, common_opts.group_size
     if not list(common_opts.global_ranks_in_group):  # the default group: the world communicator

@@ -4,9 +4,10 @@ torch's default group needs a key/value store, which torch builds from ``init_me
 Under an MPI launcher (``mpiexec``/``ddlrun``/``srun`` with PMI) with no ``MASTER_ADDR``
 set, there is no address to build it from; MPI already connects the ranks, so:
 
-- ``ddl://`` (``mpi_rendezvous``): rank 0 starts a TCPStore on a free port and broadcasts
-  its address over MPI; ranks on rank 0's host connect to 127.0.0.1. The rank and size
-  are MPI's; explicit ``rank``/``world_size`` (torch puts them in the URL) or RANK and
+- ``ddl://`` (``mpi_rendezvous``): rank 0 starts a TCPStore on a free port of the job's
+  interface only (127.0.0.1 when every rank is on its host; transports/job_network.py)
+  and broadcasts its address over MPI. Every step is bounded by DDL_TIMEOUT (a rank that never
+  calls makes the others raise BootstrapTimeout). The rank and size are MPI's; explicit ``rank``/``world_size`` (torch puts them in the URL) or RANK and
   WORLD_SIZE must agree with MPI's, or every rank raises ValueError.
 - ``env://`` (torch's default) is wrapped: unchanged when MASTER_ADDR is set or MPI did not
   launch this process (torchrun, mp.spawn, SLURM with env://), otherwise ``ddl://``.
@@ -26,19 +27,27 @@ from urllib.parse import urlparse
 import torch.distributed as dist
 
 from ..runtime.setup.bootstrap import launched_by_mpi
-from ..runtime.setup.bootstrap_values import BootstrapError, mpi_bcast, shaped
+from ..options import Options
+from ..runtime.setup.bootstrap_values import BootstrapError, mpi_allgather, mpi_bcast, mpi_dup, mpi_wait, shaped
+from ..transports.job_network import job_address, serve_store
 
 RENDEZVOUS_SCHEME = "ddl"
 
 
-def check_matches_mpi(rank: int, size: int, comm) -> None:
+def check_matches_mpi(rank: int, size: int, comm, timeout: float) -> None:
     """Raise ValueError on every rank of ``comm`` if any rank's torch (rank, size) is not its MPI one.
 
     Collective: a rank that raised alone would leave the others waiting in the next collective."""
+    import numpy as np
     from mpi4py import MPI
 
     mine = (rank, size) != (comm.Get_rank(), comm.Get_size())
-    if not comm.allreduce(int(mine), op=MPI.MAX):  # control path: one int
+    anyone = np.zeros(1, dtype=np.int64)
+    # One int, as a raw buffer (nothing pickled), within the deadline: a rank that never calls makes
+    # the others raise BootstrapTimeout instead of waiting for ever.
+    mpi_wait(comm.Iallreduce(np.array([int(mine)], dtype=np.int64), anyone, op=MPI.MAX), timeout,
+             "checking the ranks against MPI's", comm.Get_rank(), comm.Get_size())
+    if not anyone[0]:
         return
     what = (f"torch.distributed was given rank {rank} of world size {size}, but MPI launched this process "
             f"as rank {comm.Get_rank()} of {comm.Get_size()}") if mine else \
@@ -52,7 +61,8 @@ def mpi_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwarg
     """Rendezvous handler for ``ddl://``: yields (TCPStore, MPI rank, MPI size)."""
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD.Dup()
+    limit = min(timeout.total_seconds(), Options.from_env().timeout)  # DDL_TIMEOUT bounds each step
+    comm = mpi_dup(MPI.COMM_WORLD, limit, "the ddl:// rendezvous")
     try:
         rank, size = comm.Get_rank(), comm.Get_size()
         query = dict(p.split("=", 1) for p in urlparse(url).query.split("&") if "=" in p)
@@ -62,22 +72,25 @@ def mpi_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwarg
             given_size = size
         if given_rank == -1:
             given_rank = rank
-        check_matches_mpi(given_rank, given_size, comm)
-        host = socket.gethostname()
+        check_matches_mpi(given_rank, given_size, comm, limit)
+        # Control path: small values, once, as JSON, each within the deadline.
+        hosts = mpi_allgather(comm, socket.gethostname(), limit, "the ddl:// rendezvous's hosts")
         store = None
-        if rank == 0:
-            store = dist.TCPStore(host, 0, size, True, timeout, wait_for_workers=False)
-            address = [host, store.port]
+        if rank == 0:  # served on the job's interface only (loopback for a job on one host)
+            where = job_address(all(h == hosts[0] for h in hosts))
+            try:
+                store, bound, port = serve_store(where, 0, size, limit)
+            except OSError as e:
+                raise BootstrapError(f"rank 0: ddl:// rendezvous: cannot serve the store on {where} ({e})") from None
+            address = [bound, port]
         else:
             address = None
-        # Control path: one small value, once, as JSON, within the rendezvous's timeout.
-        address = shaped(mpi_bcast(comm, address, 0, timeout.total_seconds(), "the ddl:// store's address"),
+        address = shaped(mpi_bcast(comm, address, 0, limit, "the ddl:// store's address"),
                          (str, int), "rank 0's store address", rank)
         if not 0 < address[1] < 65536:
             raise BootstrapError(f"rank {rank}: ddl:// rendezvous: rank 0 sent port {address[1]}")
         if rank != 0:
-            peer_host = "127.0.0.1" if address[0] == host else address[0]
-            store = dist.TCPStore(peer_host, address[1], size, False, timeout)
+            store = dist.TCPStore(address[0], address[1], size, False, timeout)
     finally:
         comm.Free()
     yield store, rank, size

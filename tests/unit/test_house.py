@@ -261,3 +261,47 @@ def test_the_room_check_sees_a_wrong_way_import():
     assert _room_violations(sample) == [
         "ddl_triton/errors.py (a core module) imports ddl_triton.runtime.setup.bootstrap (runtime)",
         "ddl_triton/planning/costmodel.py (planning) imports ddl_triton.runtime.communicator (runtime)"]
+
+
+# mpi4py's lowercase methods pickle their arguments, and unpickle what arrives: on any path that a
+# peer, a launcher or an attacker on the network could feed, that is code execution. The library and
+# the examples use the buffer methods (Bcast, Allreduce, ...), or JSON over them.
+_PICKLING_MPI = {"allgather", "allreduce", "alltoall", "bcast", "bsend", "exscan", "gather", "ibsend", "irecv",
+                 "isend", "issend", "mrecv", "recv", "reduce", "scan", "scatter", "send", "sendrecv", "ssend"}
+_MPI_RECEIVER = r"(MPI\.COMM_\w+|\bworld\b|mpi_comm|_mpi\b|Dup\(\)|Idup\(\))"
+
+
+def _pickling_mpi_calls(tree: ast.AST) -> list[int]:
+    """Lines calling one of mpi4py's pickling methods on what is evidently an MPI communicator: a
+    receiver named like one (MPI.COMM_WORLD, world, mpi_comm, a Dup), or any call passing op=MPI.X."""
+    import re
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _PICKLING_MPI:
+            receiver = ast.unparse(node.func.value)
+            mpi_op = any(k.arg == "op" and ast.unparse(k.value).startswith("MPI.") for k in node.keywords)
+            if re.search(_MPI_RECEIVER, receiver) or mpi_op:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_pickling_check_finds_mpi4pys_lowercase_calls():
+    sample = ("from mpi4py import MPI\nw = MPI.COMM_WORLD\nMPI.COMM_WORLD.bcast(x, root=0)\nworld.allgather(h)\n"
+              "comm.allreduce(1, op=MPI.MAX)\nmpi_comm.recv(source=0)\ncomm.allreduce(t, op='avg')\n"
+              "world.Bcast(buf, root=0)\nself._mpi.send(x, 1)\n")
+    assert _pickling_mpi_calls(ast.parse(sample)) == [3, 4, 5, 6, 9]
+
+
+def test_no_pickling_mpi_call_in_the_library_or_the_examples_and_no_mktemp_anywhere():
+    # The benchmarks are ours to run on our own hosts: their timing control values may still pickle.
+    library = [*_sources(), *sorted((ROOT / "examples").glob("*.py"))]
+    found = {}
+    for path in [*library, *sorted((ROOT / "bench").glob("*.py"))]:
+        tree = ast.parse(path.read_text(), str(path))
+        lines = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "mktemp"]
+        if path in library:
+            lines += _pickling_mpi_calls(tree)
+        if lines:
+            found[str(path.relative_to(ROOT))] = sorted(lines)
+    assert not found, f"pickling MPI calls or tempfile.mktemp (racy: use mkdtemp/NamedTemporaryFile): {found}"

@@ -175,6 +175,27 @@ def test_a_flood_of_silent_strangers_does_not_keep_the_real_peer_out(capfd):
         _assert_dropped(err, name, f"{lane_sockets._MAX_HANDSHAKES} connections were handshaking at once")
 
 
+def test_a_flood_of_garbage_is_logged_at_a_bounded_rate_with_a_count(capfd):
+    # 300 strangers, each dropped at once for its garbage: ten lines one by one, then counts, which
+    # add up to every connection dropped (a flood once printed 2,246 lines in 6 s).
+    def rogue(store):
+        flood = []
+        for _ in range(300):
+            s = socket.create_connection(_rank0_address(store))
+            s.sendall(b"\x00" * 64)
+            flood.append(s)
+        time.sleep(0.5)
+        return flood
+
+    out, _ = _two_ranks(rogue, timeout=10.0)
+    _assert_exact(out, within=8.0)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if "rank 0: call lane: dropped" in ln]
+    one_by_one = [ln for ln in lines if "dropped a connection from" in ln]
+    counts = [int(m) for ln in lines for m in re.findall(r"dropped (\d+) more connection", ln)]
+    assert len(one_by_one) == lane_handshake.DropLog.FIRST and len(lines) <= lane_handshake.DropLog.FIRST + 3, lines
+    assert len(one_by_one) + sum(counts) == 300, (len(one_by_one), counts)
+
+
 class _OtherSecret:
     """The store as a rank of another job sees it: its own lane secret, everything else shared."""
 
@@ -298,3 +319,78 @@ def test_the_lane_listens_on_its_published_addresses_only():
         LaneSockets(store, 1, 2, 10.0).close()
         t.join(10)
     assert seen and all(found == [entry.rsplit(":", 1)[0]] for entry, found in seen.items()), seen
+
+
+# ---- the handshake's proofs cannot be replayed, and each lane's secret is its own -----------------------
+def _recorded_handshake(secret: bytes) -> tuple[bytes, bytes, bytes]:
+    """A real handshake between rank 1 (connector) and rank 0 of a 2-rank lane, over a socketpair, as
+    an eavesdropper on the wire records it: (the acceptor's greeting, the connector's proof message,
+    the acceptor's answer)."""
+    acceptor_end, connector_end = socket.socketpair()
+    sent: list[bytes] = []
+
+    class _Recording:  # the connector's socket, keeping what it sends
+        def sendall(self, data):
+            sent.append(bytes(data))
+            return connector_end.sendall(data)
+
+        def __getattr__(self, name):
+            return getattr(connector_end, name)
+
+    try:
+        greeting = lane_handshake.Greeting(acceptor_end, "pair", secret, 0, 2, time.monotonic() + 5)
+        seen_greeting = connector_end.recv(64, socket.MSG_PEEK)
+        connector = threading.Thread(target=lambda: lane_handshake.prove(_Recording(), secret, 1, 0, 2,
+                                                                         time.monotonic() + 5))
+        connector.start()
+        end = time.monotonic() + 5
+        while greeting.feed() is None and time.monotonic() < end:
+            time.sleep(0.005)
+        connector.join(5)
+    finally:
+        acceptor_end.close()
+        connector_end.close()
+    nonce_a, nonce_c = seen_greeting[len(lane_handshake.MAGIC):], sent[0][16:32]
+    # The acceptor's answer as it crossed the wire (what Greeting.feed sent back).
+    return seen_greeting, sent[0], lane_handshake._mac(secret, b"accept", 2, 0, 1, nonce_c, nonce_a)
+
+
+def test_a_connectors_proof_seen_on_the_wire_is_refused_on_another_connection():
+    secret = secrets.token_bytes(lane_handshake.SECRET_BYTES)
+    _, proof_message, _ = _recorded_handshake(secret)
+    a, b = socket.socketpair()
+    try:
+        greeting = lane_handshake.Greeting(a, "replayer", secret, 0, 2, time.monotonic() + 5)
+        b.recv(64)
+        b.sendall(proof_message)  # the recorded proof, for the old connection's nonce
+        with pytest.raises(lane_handshake.Refused, match="its proof is wrong"):
+            end = time.monotonic() + 5
+            while greeting.feed() is None and time.monotonic() < end:
+                time.sleep(0.005)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_acceptors_answer_seen_on_the_wire_is_refused_on_another_connection():
+    secret = secrets.token_bytes(lane_handshake.SECRET_BYTES)
+    old_greeting, _, old_answer = _recorded_handshake(secret)
+    squatter, connector = socket.socketpair()
+    try:
+        squatter.sendall(old_greeting)  # the old greeting, its nonce included, then the old answer
+        replay = threading.Thread(target=lambda: (squatter.recv(64), squatter.sendall(old_answer)))
+        replay.start()
+        with pytest.raises(lane_handshake.Refused, match="wrong proof"):
+            lane_handshake.prove(connector, secret, 1, 0, 2, time.monotonic() + 5)
+        replay.join(5)
+    finally:
+        squatter.close()
+        connector.close()
+
+
+def test_every_lane_draws_its_own_secret():
+    # Two lanes (two jobs, or two communicators of one) never share a secret: a constant secret would
+    # let a rank of any job prove itself on every other job's lane.
+    drawn = [lane_handshake.lane_secret(dist.HashStore(), 0, time.monotonic() + 5, 5.0) for _ in range(3)]
+    assert len(set(drawn)) == 3 and all(len(s) == lane_handshake.SECRET_BYTES for s in drawn)
+    assert all(s != bytes(lane_handshake.SECRET_BYTES) for s in drawn)

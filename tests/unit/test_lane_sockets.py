@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from ddl_triton.errors import CollectiveMismatch, CollectiveTimeout, DDLError
 from ddl_triton.runtime.lanes import call_lane
-from ddl_triton.runtime.lanes.lane_sockets import LaneSockets, _addresses
+from ddl_triton.transports.job_network import host_addresses as _addresses
+from ddl_triton.runtime.lanes.lane_sockets import LaneSockets
 from ddl_triton.transports.waits import PeerTimeout
 
 

@@ -100,3 +100,21 @@ def test_a_peer_that_sends_something_else_is_refused_by_name():
                         ({**_values(), "check_calls": 1}, r"rank 1's options \(check_calls\) holds 1")):
         with pytest.raises(BootstrapError, match=r"^rank 0: ddl_triton.* " + why):
             agree_on_options(_Peer(theirs), Options())
+
+
+@pytest.mark.parametrize("name", MUST_AGREE + SET_OR_NOT)
+def test_every_field_that_must_agree_is_sent_as_the_rank_holds_it(name):
+    """End to end over a real bootstrap, one field at a time: rank 1 holds another value, and every
+    rank names that field. A rank that sent one field as anything but its own value (a constant, the
+    default) would pass the others' checks here and fail later, as something else."""
+    pytest.importorskip("torch.distributed")
+    other = {"chunk_bytes": 4096, "pipeline_depth": 3, "wire_chunk_bytes": 8192, "schedule": "ring",
+             "topology": "1x2", "transport": "mpi", "check_calls": False, "kernels": "torch", "compression": "int8",
+             "link_emulation": "mpi:bw=1GB/s", "link_probe": False, "trace": "/t", "job_secret": "s" * 16}[name]
+    outcome = _agree_in_threads([Options(), Options(**{name: other})])
+    for r, e in enumerate(outcome):
+        assert isinstance(e, OptionsDiffer), (name, e)
+        assert f"options differ across ranks: {name} is " in str(e) and f"(DDL_{name.upper()})" in str(e), e
+    # And the other way round: the default on rank 1 (a rank sending the default would agree with it).
+    outcome = _agree_in_threads([Options(**{name: other}), Options()])
+    assert all(isinstance(e, OptionsDiffer) for e in outcome), (name, outcome)

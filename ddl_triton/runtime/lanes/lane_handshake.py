@@ -27,7 +27,8 @@ lane's deadline is nearer) and handles every connection at once (``Greeting`` is
 state machine for lane_sockets.py's selector loop), so a silent, slow or garbled stranger is dropped
 on its own and never delays a real peer. The connector gives each address it tries the same
 ``HANDSHAKE_SECONDS``, then tries the next one. Every dropped connection is one line on stderr,
-rank-prefixed, naming the remote address and why (``log_drop``).
+rank-prefixed, naming the remote address and why, the first ten one by one, then one line per ten
+seconds at most with a count (``DropLog``).
 """
 from __future__ import annotations
 
@@ -166,7 +167,39 @@ class Greeting:
         return peer
 
 
-def log_drop(rank: int, remote: str, why: str) -> None:
-    """One line on stderr for a connection the lane dropped (why: a ``Refused``'s text, or a deadline)."""
-    print(f"ddl_triton: rank {rank}: call lane: dropped a connection from {remote}: {why}",
-          file=sys.stderr, flush=True)
+class DropLog:
+    """What the lane says on stderr about the connections it dropped, at a bounded rate: one line each
+    (naming the remote address and why: a ``Refused``'s text, or a deadline) for the first ``FIRST``,
+    then one line per ``WINDOW`` seconds at most, with how many were dropped meanwhile and the latest;
+    ``flush`` says the count not yet said (the lane calls it when it stops accepting). A flood of
+    strangers once printed 2,246 lines in 6 s."""
+
+    FIRST = 10
+    WINDOW = 10.0
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.printed = 0
+        self._held, self._since, self._latest = 0, 0.0, ""
+
+    def drop(self, remote: str, why: str) -> None:
+        if self.printed < self.FIRST:
+            self.printed += 1
+            self._say(f"dropped a connection from {remote}: {why}")
+            return
+        now = time.monotonic()
+        if not self._held:
+            self._since = now
+        self._held += 1
+        self._latest = f"{remote}: {why}"
+        if now - self._since >= self.WINDOW:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held:
+            self._say(f"dropped {self._held} more connection(s) in {time.monotonic() - self._since:.1f} s (the "
+                      f"latest from {self._latest})")
+            self._held = 0
+
+    def _say(self, what: str) -> None:
+        print(f"ddl_triton: rank {self.rank}: call lane: {what}", file=sys.stderr, flush=True)

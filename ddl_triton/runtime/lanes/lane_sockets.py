@@ -15,7 +15,7 @@ torchrun a DDP bucket paid that before gloo's own allreduce could start.
 
 Connecting (collective over the store's ranks, at ``connect``): rank 0 draws the lane's secret and
 publishes it in the store (lane_handshake.py). Every rank listens on an ephemeral port of each
-address it publishes, and only there (``_addresses``: those of ``GLOO_SOCKET_IFNAME``'s interfaces
+address it publishes, and only there (transports/job_network.py: those of ``GLOO_SOCKET_IFNAME``'s interfaces
 when set, as gloo's, else every non-loopback IPv4 address, else 127.0.0.1), never on 0.0.0.0: one
 listener per published address, because a store does not say which of a host's interfaces its
 peers reach it by (a HashStore, a FileStore have no host), and a connector tries the addresses in
@@ -34,11 +34,8 @@ itself, a ``DDLError`` listing them, each with why.
 """
 from __future__ import annotations
 
-import fcntl
-import os
 import selectors
 import socket
-import struct
 import threading
 import time
 from datetime import timedelta
@@ -47,37 +44,18 @@ from ...errors import DDLError, did_not_arrive, did_not_finish
 from ...transports import failure_notice
 from ...transports.waits import PeerTimeout
 from . import lane_handshake
-from .lane_handshake import Greeting, Refused, log_drop
+from ...transports.job_network import host_addresses
+from .lane_handshake import DropLog, Greeting, Refused
 
-_SIOCGIFADDR = 0x8915
 _SOCKET_BUFFER = 1 << 20  # two messages of the lane's largest fit in flight: a send never waits for a read
 _CONNECT_SECONDS = 5.0    # per address tried
 _MAX_HANDSHAKES = 64      # connections proving themselves at once; a flood drops its oldest, not the fds
 
 
-def _interface_address(name: str) -> str | None:
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        packed = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        return None  # no IPv4 address (or no such interface)
-    finally:
-        probe.close()
-
-
-def _addresses() -> list[str]:
-    """This host's IPv4 addresses to publish, in the order peers should try them."""
-    named = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
-    names = named or [n for _, n in socket.if_nameindex()]
-    found = [a for a in (_interface_address(n) for n in names) if a and (named or not a.startswith("127."))]
-    return list(dict.fromkeys(found)) or ["127.0.0.1"]
-
-
 def _listen(rank: int, size: int) -> tuple[list[socket.socket], list[str]]:
     """A listener on an ephemeral port of each published address, and the "address:port" entries."""
     listeners, entries, failed = [], [], []
-    for address in _addresses():
+    for address in host_addresses():
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         _size_buffers(listener)  # accepted connections inherit them
         try:
@@ -193,6 +171,7 @@ class _Acceptor:
         self._rank, self._size, self._deadline, self._timeout = rank, size, deadline, timeout
         self._accepted: dict[int, socket.socket] = {}
         self._error: BaseException | None = None
+        self._drops = DropLog(rank)
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(target=self._run, name=f"ddl-lane-accept-{rank}", daemon=True)
         self._thread.start()
@@ -229,8 +208,9 @@ class _Acceptor:
             self._error = e
         finally:
             for sock, greeting in pending.items():
-                log_drop(self._rank, greeting.remote, "had not proven itself when the lane stopped accepting")
+                self._drops.drop(greeting.remote, "had not proven itself when the lane stopped accepting")
                 sock.close()
+            self._drops.flush()
             sel.close()
             for s in (*self._listeners, self._wake_r, self._wake_w):
                 s.close()
@@ -282,7 +262,7 @@ class _Acceptor:
         try:
             greeting = Greeting(sock, remote, self._secret, self._rank, self._size, deadline)
         except Refused as e:
-            log_drop(self._rank, remote, str(e))
+            self._drops.drop(remote, str(e))
             sock.close()
             return
         if len(pending) >= _MAX_HANDSHAKES:  # dicts keep insertion order: the first is the oldest
@@ -295,7 +275,7 @@ class _Acceptor:
         greeting = pending.pop(sock)
         sel.unregister(sock)
         sock.close()
-        log_drop(self._rank, greeting.remote, why)
+        self._drops.drop(greeting.remote, why)
 
 
 def _size_buffers(sock: socket.socket) -> None:

@@ -53,6 +53,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ...errors import DDLError
+from ...transports.job_network import serve_store
 from .bootstrap_values import (BootstrapError, BootstrapTimeout, checked, decode, encode, mpi_allgather,
                                mpi_barrier, mpi_bcast, mpi_wait, shaped)
 from .roll_call import RollCall
@@ -378,8 +379,9 @@ def host_id() -> str:
 # -- the standard variables ----------------------------------------------------------------------------
 def store_from_env(timeout: float, environ=None):
     """(store, rank, size) from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, as torch's
-    ``env://`` reads them. Rank 0 serves a TCPStore on MASTER_PORT (unless torchrun's agent
-    already serves one there: TORCHELASTIC_USE_AGENT_STORE), the others connect to it.
+    ``env://`` reads them. Rank 0 serves a TCPStore on MASTER_PORT of MASTER_ADDR's interface only
+    (transports/job_network.py; unless torchrun's agent already serves one there: TORCHELASTIC_USE_AGENT_STORE),
+    the others connect to it.
     Nobody waits for the others here: the bootstrap's first step does, bounded by ``timeout``,
     and names what is wrong. ValueError names a missing or malformed variable; BootstrapError
     a store this rank can neither serve (the port is taken) nor reach (within ``timeout``)."""
@@ -400,13 +402,16 @@ def store_from_env(timeout: float, environ=None):
         raise ValueError(f"rank {rank}: ddl_triton.init: RANK={rank} is not a rank of WORLD_SIZE={size}")
     serve = rank == 0 and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
     address = f"{env['MASTER_ADDR']}:{port}"
+    if serve:  # on the address the others reach it by, never every interface (transports/job_network.py)
+        try:
+            return serve_store(env["MASTER_ADDR"], port, size, timeout)[0], rank, size
+        except OSError as e:
+            raise BootstrapError(f"rank {rank}: ddl_triton.init: cannot serve the store on {address} ({e}); "
+                                 "choose a free MASTER_PORT, and run rank 0 on the host MASTER_ADDR names") from None
     try:
-        store = dist.TCPStore(env["MASTER_ADDR"], port, size, serve, timedelta(seconds=timeout),
+        store = dist.TCPStore(env["MASTER_ADDR"], port, size, False, timedelta(seconds=timeout),
                               wait_for_workers=False)
     except RuntimeError as e:  # torch's DistNetworkError: its text says what the socket met, not who we are
-        if serve:
-            raise BootstrapError(f"rank {rank}: ddl_triton.init: cannot serve the store on {address} "
-                                 f"({str(e).splitlines()[0]}); choose a free MASTER_PORT") from None
         raise BootstrapError(f"rank {rank}: ddl_triton.init: could not reach the store at {address} "
                              f"({str(e).splitlines()[0]}); is rank 0 running, with the same MASTER_ADDR and "
                              "MASTER_PORT?") from None

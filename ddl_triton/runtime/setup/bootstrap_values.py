@@ -164,6 +164,15 @@ def mpi_bcast(comm, obj, root: int, timeout: float, what: str, roll=None):
     return decode(buf, f"rank {root}'s value in {what}", rank)
 
 
+def mpi_dup(comm, timeout: float, what: str):
+    """A duplicate of the mpi4py communicator ``comm`` (MPI's nonblocking ``Idup``), made within
+    ``timeout`` seconds: a rank that never joins makes the others raise BootstrapTimeout, where
+    the blocking ``Dup`` would wait for ever."""
+    dup, request = comm.Idup()
+    mpi_wait(request, timeout, what, comm.Get_rank(), comm.Get_size())
+    return dup
+
+
 def mpi_barrier(comm, timeout: float, what: str, roll=None) -> None:
     """Return once every rank of ``comm`` has entered; BootstrapTimeout past ``timeout``."""
     mpi_wait(comm.Ibarrier(), timeout, what, comm.Get_rank(), comm.Get_size(), roll)
