@@ -4,7 +4,7 @@ machine-readable line per case:
 
     FAULT case=<name> rank=<r> error=<ExceptionType> seconds=<time to the error> msg=<first line>
 
-Usage: python tests/multirank/faults_worker.py mismatch | skip | kill <victim> [--stamp FILE] | leave
+Usage: python tests/multirank/faults_worker.py mismatch | skip | kill <victim> [--stamp FILE] | leave | absent_init
 (``leave`` also runs without MPI's launcher: ranks from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 """
 from __future__ import annotations
@@ -83,6 +83,27 @@ def run_skip(world) -> int:
     report("skip", rank, error, time.monotonic() - t0)
     world.Barrier()
     return 0
+
+
+def run_absent_init(world) -> int:
+    """The last rank never calls ``dist.init_process_group("ddl")`` (it sleeps, then leaves): the
+    others must raise within DDL_TIMEOUT, not block in MPI's communicator duplication for ever."""
+    import torch.distributed as dist
+
+    import ddl_triton.torch  # noqa: F401 - registers the "ddl" backend
+
+    rank, size = world.Get_rank(), world.Get_size()
+    if rank == size - 1:
+        time.sleep(float(os.environ["DDL_TIMEOUT"]) * 2)
+        report("absent_init", rank, None, 0.0)
+        return 0
+    t0, error = time.monotonic(), None
+    try:
+        dist.init_process_group("ddl")
+    except Exception as e:  # noqa: BLE001
+        error = e
+    report("absent_init", rank, error, time.monotonic() - t0)
+    return 1 if error is not None else 0
 
 
 def run_kill(world, victim: int, stamp: str) -> int:
@@ -176,7 +197,7 @@ def run_leave() -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["mismatch", "skip", "kill", "leave"])
+    p.add_argument("mode", choices=["mismatch", "skip", "kill", "leave", "absent_init"])
     p.add_argument("victim", nargs="?", type=int, default=0)
     p.add_argument("--stamp", default="")
     args = p.parse_args()
@@ -187,6 +208,8 @@ def main() -> int:
         return run_mismatch(world)
     if args.mode == "skip":
         return run_skip(world)
+    if args.mode == "absent_init":
+        return run_absent_init(world)
     return run_kill(world, args.victim, args.stamp)
 
 

@@ -59,6 +59,17 @@ def test_a_rank_that_never_calls_times_out_the_others_naming_it():
     assert not (ddl_segments() - before)
 
 
+def test_init_under_mpi_with_a_rank_that_never_calls_it_ends_within_the_deadline():
+    # dist.init_process_group("ddl") under mpiexec once blocked in MPI's blocking Dup() for ever
+    # (15-20 s at DDL_TIMEOUT=3 before the launcher gave up): each step is now bounded by DDL_TIMEOUT.
+    proc = run_ranks(2, "multirank/faults_worker.py", "absent_init", env={"DDL_TIMEOUT": "3"}, timeout=60)
+    rows = [row for row in _faults(proc.stdout) if row[1] == 0]
+    assert len(rows) == 1, proc.stdout + proc.stderr
+    _, _, error, seconds, msg = rows[0]
+    assert error == "BootstrapTimeout" and "did not complete within 3 s" in msg, msg
+    assert seconds < 3 + 3, f"rank 0: error after {seconds} s for a 3 s deadline"
+
+
 @pytest.mark.parametrize("victim,transport", [(0, "auto"), (1, "auto"), (2, "auto"), (1, "mpi"), (1, "native")])
 def test_a_killed_rank_makes_every_survivor_raise_and_exit_nonzero(tmp_path, victim, transport):
     """Under ddlrun (mpiexec -disable-auto-cleanup, each rank below its guard) nobody kills the
