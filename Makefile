@@ -7,6 +7,10 @@ TORCH  := $(VENV)/.torch-installed
 DEMO_SETUP := $(VENV)/.ddl_triton-demo-installed
 TEST_SETUP := $(VENV)/.ddl_triton-test-installed
 RANKS  ?= 4
+# Every editable install of a package-dir layout makes setuptools print a 10-line notice ("Editable
+# installation ... be careful with folders in your working directory with the same name as your
+# package"): here that folder is the package itself, so there is nothing to act on, and it is filtered.
+PIP_E  := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 
 .PHONY: setup demo test bench clean
 
@@ -22,12 +26,12 @@ $(TORCH):
 
 # make demo's set-up: the project and the demo extra (MPICH, scikit-learn), nothing else.
 $(DEMO_SETUP): pyproject.toml $(TORCH)
-	$(PY) -m pip install --quiet -e ".[demo]"
+	$(PIP_E) ".[demo]"
 	touch $@
 
 # make test's set-up: the test extra, which holds the demo's, so it serves make demo too.
 $(TEST_SETUP): pyproject.toml $(TORCH)
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PIP_E) ".[test]"
 	touch $@ $(DEMO_SETUP)
 
 # tests/multirank/test_demo.py runs these two commands at a reduced size, so a broken demo cannot land.
