@@ -1,16 +1,17 @@
 """Elastic data-parallel training: lose a host, keep training; start one again, and it joins.
 
     export DDL_JOB_SECRET=...   # the same for every process of the job: only its holders may join later
+    torchrun --nproc-per-node 3 examples/elastic_train.py                       # one host, three ranks
     torchrun --nnodes 2 --nproc-per-node 2 ... examples/elastic_train.py        # one per host (c10d or static)
     RANK=0 WORLD_SIZE=3 MASTER_ADDR=h1 MASTER_PORT=29500 python examples/elastic_train.py   # env://, per process
     DDL_ELASTIC_JOIN=1 MASTER_ADDR=h1 MASTER_PORT=29500 python examples/elastic_train.py    # a host joining later
 
 The digits CNN of examples/train_cnn.py, trained for ``--steps`` steps of one global batch
 (``--global-batch`` rows, split evenly over however many ranks are alive, so every world computes
-the same mean gradient), a commit after every step. Kill a host (or a rank) mid-run: the
-survivors roll back the step in flight, re-form the world and go on; the last line says how many
-world changes there were, the test accuracy, and whether every rank ends bitwise identical
-(exit status 0 only then). ``--record FILE`` appends one JSON line per step and rank (the
+the same mean gradient), a commit after every step; rank 0 prints a progress line every
+``--log-every`` steps (20). Kill a host (or a rank) mid-run: the survivors roll back the step in
+flight, re-form the world and go on; the last line says how many world changes there were, the
+test accuracy, and whether every rank ends bitwise identical (exit status 0 only then). ``--record FILE`` appends one JSON line per step and rank (the
 parameters' hash, the loss, the world) for fault drills to compare.
 """
 from __future__ import annotations
@@ -84,6 +85,8 @@ def main(argv=None) -> int:
     parser.add_argument("--record", default="", help="append a JSON line per step and rank to this file")
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="sleep this long in each step's backward (lets a drill strike mid-step)")
+    parser.add_argument("--log-every", type=int, default=20, help="rank 0 prints a progress line every this "
+                        "many steps (0: none)")
     args = parser.parse_args(argv)
 
     elastic.init_process_group("ddl")
@@ -117,6 +120,9 @@ def main(argv=None) -> int:
             opt.step()
             state.step += 1
             state.commit()
+            if rank == 0 and args.log_every and (state.step % args.log_every == 0 or state.step == args.steps):
+                print(f"step {state.step}/{args.steps}: loss {loss.item():.4f}, world {size}, "
+                      f"{len(elastic.recoveries())} world change(s)", flush=True)
             if record is not None:
                 record.write(json.dumps({"step": state.step, "rank": rank, "size": size, "generation":
                                          elastic.generation(), "hash": params_hash(net), "loss": loss.item(),

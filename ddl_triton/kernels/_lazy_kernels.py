@@ -32,6 +32,7 @@ add @triton.jit ?". Compiled kernels launch as they are.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import threading
 from collections.abc import Iterable
@@ -41,7 +42,7 @@ from ._dispatch import interpreting
 _INTERPRETER_LOCK = threading.Lock()  # one interpreted kernel at a time (module doc)
 
 
-def load_triton() -> None:
+def load_triton(if_installed: bool = False) -> None:
     """Import triton now, as every first kernel load does; refuse where the process would abort.
 
     Triton and TensorFlow each bundle an LLVM that registers the same command-line options; whichever
@@ -49,9 +50,20 @@ def load_triton() -> None:
     inconsistency in registered CommandLine options", SIGABRT), while triton first, TensorFlow second
     works. So once TensorFlow is loaded and triton is not, this raises ImportError naming the fix
     instead of letting a collective kill the rank; ``ddl_triton.tensorflow`` calls it before it imports
-    TensorFlow, so its users never meet the error."""
-    if "triton" in sys.modules:
+    TensorFlow, so its users never meet the error.
+
+    Triton is not a dependency of the default install: a CPU rank never needs it, and CUDA builds
+    of torch bring it. Where it is missing, this raises ImportError naming what asked for a kernel
+    and the package to install; with ``if_installed`` it returns instead (there is then nothing to
+    load before TensorFlow, and no kernel to clash with it)."""
+    if sys.modules.get("triton") is not None:
         return
+    if importlib.util.find_spec("triton") is None:  # looked up, not imported
+        if if_installed:
+            return
+        raise ImportError("ddl_triton needs a Triton kernel (a collective on a CUDA tensor, or DDL_KERNELS=triton), "
+                          "but triton is not installed: pip install triton (CUDA builds of torch bring it), "
+                          "or pip install 'ddl_triton[triton]'")
     if "tensorflow" in sys.modules:
         raise ImportError("ddl_triton needs a Triton kernel, but TensorFlow was imported before Triton, and "
                           "Triton loaded after TensorFlow aborts the process (their LLVMs clash): import "

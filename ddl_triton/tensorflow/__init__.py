@@ -32,8 +32,9 @@ import sys as _sys
 if "tensorflow" not in _sys.modules:
     # Triton first: loaded after TensorFlow it aborts the process (their LLVMs clash), and a GPU
     # collective or DDL_KERNELS=triton loads it later (ddl_triton/kernels/_lazy_kernels.py: load_triton).
+    # Where triton is not installed (the default install), there is nothing to load.
     from ..kernels import load_triton as _load_triton
-    _load_triton()
+    _load_triton(if_installed=True)
 
 try:
     import tensorflow as _tf  # noqa: F401 - fail here, with the extra to install, not deep in a call

@@ -95,6 +95,8 @@ def test_only_a_process_with_the_jobs_secret_joins_and_it_never_brings_its_own_s
     assert "refused to admit this process: its proof of the job's secret does not hold" in out["wrong"], everything
     assert "DDL_JOB_SECRET is not set" in out["none"], everything
     assert "refused joiner" in out["rank0"], everything
+    assert f"step {STEPS}/{STEPS}: loss " in out["rank0"] and ", world 3, 1 world change(s)" in out["rank0"], \
+        everything  # the example's progress line (rank 0 stays rank 0: ranks keep their order)
 
     lines = _lines(record)
     steps = [x for x in lines if "step" in x and "reset" not in x]

@@ -5,7 +5,9 @@
 - every relative link in README.md, docs/*.md and bench/results/*.md names a file that exists, and
   a heading that exists where it names one;
 - every source path they name in code (`ddl_triton/launch/rank_guard.py`) exists;
-- the README stays a front page: short, with the two set-up commands that CI and new users run.
+- the README stays a front page: short, no line wider than 100 characters, with the two set-up
+  commands that CI and new users run and the venv's activation, and every command it shows names a
+  program the set-up installs and files that exist.
 
 Each checker is also run on a broken sample, so that a check which could never fail fails here.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import sys
 from pathlib import Path
 
 from ddl_triton.options import Options
@@ -21,6 +24,7 @@ from ddl_triton.options import Options
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS_DOC = ROOT / "docs" / "options.md"
 README_MAX_LINES = 170
+README_MAX_WIDTH = 100  # a newcomer reads it in a terminal or an editor, not only on a web page
 # [text](target) and ![alt](target); the target ends at the first space or closing parenthesis
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
@@ -184,3 +188,43 @@ def test_the_readme_is_a_front_page_with_the_two_setup_commands():
     assert len(readme.splitlines()) <= README_MAX_LINES
     assert "make demo" in readme and "make test" in readme  # CI's .ci/run and new users run them
     assert "docs/options.md" in readme  # the options table lives there, not repeated here
+    wide = [f"{n}: {len(line)}" for n, line in enumerate(readme.splitlines(), 1) if len(line) > README_MAX_WIDTH]
+    assert not wide, f"README.md lines wider than {README_MAX_WIDTH} characters (line: width): {wide}"
+
+
+def readme_commands(readme: str) -> list[str]:
+    """The lines of the README's ``sh`` blocks, comments and blank lines aside."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", readme, re.S | re.M)
+    return [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def unrunnable(readme: str, bin_dir: Path) -> list[str]:
+    """The README's commands a newcomer could not run as written after the set-up and the venv's
+    activation: one whose program (after ``VAR=value`` words) is neither ``make``, the activation,
+    nor in the venv's ``bin_dir``, or that names a ``.py`` file which neither exists nor is one the
+    README says to save ("Save this as `x.py`")."""
+    saved = set(re.findall(r"[Ss]ave (?:this|it)\s+as\s+`([\w.]+)`", readme))
+    bad = []
+    for line in readme_commands(readme):
+        words = line.split()
+        program = next((w for w in words if not re.match(r"^[A-Z_][A-Z0-9_]*=", w)), "")
+        if program not in ("make", ".", "source") and not (bin_dir / program).exists():
+            bad.append(f"{line}  (no {program} after the set-up)")
+        bad += [f"{line}  (no {w})" for w in words if w.endswith(".py") and w not in saved and not (ROOT / w).exists()]
+    return bad
+
+
+def test_every_readme_command_runs_after_the_setup_and_activation():
+    readme = (ROOT / "README.md").read_text()
+    assert ". .venv/bin/activate" in readme, "the README must say to activate the venv"
+    assert len(readme_commands(readme)) >= 10
+    assert unrunnable(readme, Path(sys.executable).parent) == []
+
+
+def test_the_command_check_finds_a_missing_program_and_file(tmp_path):
+    (tmp_path / "tool").touch()
+    readme = ("Save this as `mine.py`:\n```sh\nmake demo\n. .venv/bin/activate\ntool -n 2 -- python mine.py\n"
+              "X=1 nosuch examples/demo.py   # a comment\ntool examples/gone.py\n```\n")
+    assert unrunnable(readme, tmp_path) == ["X=1 nosuch examples/demo.py  (no nosuch after the set-up)",
+                                            "tool examples/gone.py  (no examples/gone.py)"]

@@ -78,3 +78,29 @@ K.reduce(out, [a, a])
 print("after load_triton:", out.tolist() == [2.0 * i for i in range(7)])
 """, DDL_KERNELS="triton", TRITON_INTERPRET="1")
     assert out.split("\n")[:2] == ["refused: False True", "after load_triton: True"], out
+
+
+def test_without_triton_a_kernel_is_refused_naming_the_package_and_the_cpu_path_runs():
+    """Triton is not in the default install (a CPU rank never needs it; CUDA builds of torch bring
+    it). Where it is missing (``sys.modules["triton"] = None`` makes ``import triton`` fail, as an
+    absent package does), the torch path runs, a Triton kernel asked for raises ImportError naming
+    the package to install, and ddl_triton.tensorflow's early load (``if_installed``) is a no-op."""
+    out = _run("""
+import sys
+sys.modules["triton"] = None
+import torch
+import ddl_triton.kernels as K
+a = torch.arange(7, dtype=torch.float32)
+out = torch.empty(7)
+K.set_backend("torch")
+K.reduce(out, [a, a])
+print("torch path:", out.tolist() == [2.0 * i for i in range(7)])
+K.load_triton(if_installed=True)
+K.set_backend("triton")
+try:
+    K.reduce(out, [a, a])
+    print("no error")
+except ImportError as e:
+    print("refused:", "triton is not installed: pip install triton" in str(e))
+""", TRITON_INTERPRET="1")
+    assert out.split("\n")[:2] == ["torch path: True", "refused: True"], out
