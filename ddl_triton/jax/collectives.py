@@ -40,6 +40,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from . import host, world
+from ..errors import say_first
 
 __all__ = ["allgather", "allreduce", "broadcast"]
 
@@ -130,8 +131,16 @@ def concrete(leaves) -> bool:
 
 
 def ordered(fn, args, shapes):
-    """``fn(*args)`` on the host as an ordered effect: once per execution, in program order."""
-    return tuple(io_callback(fn, list(shapes), *args, ordered=True))
+    """``fn(*args)`` on the host as an ordered effect: once per execution, in program order. An error
+    of ``fn`` reaches the user as JAX's own runtime error, after JAX has logged its trace, the cause its
+    last line: so its one-line cause is said on stderr first (errors.say_first)."""
+    def said_first(*values):
+        try:
+            return fn(*values)
+        except Exception as e:
+            say_first(e, "inside jax.jit: JAX's report of it follows")
+            raise
+    return tuple(io_callback(said_first, list(shapes), *args, ordered=True))
 
 
 def like(xs):

@@ -153,6 +153,35 @@ def test_bad_input_is_refused_at_trace_time_naming_the_rank():
         jax.vmap(lambda v: ddj.allreduce(v, comm=comm))(jnp.ones((2, 3)))
 
 
+class Disagreeing(Mirror):
+    """A communicator whose peer called something else: the call check's CollectiveMismatch."""
+
+    def allreduce(self, buf, op="sum"):
+        from ddl_triton.errors import calls_disagree
+        raise calls_disagree(self.rank, 3, {0: "allreduce(sum, 3 x float32)", 1: "allreduce(sum, 4 x float32)"},
+                             self.size)
+
+
+def test_a_mismatch_inside_jit_is_said_first_before_jaxs_own_report(capsys):
+    """JAX reports a callback's error as its own runtime error, the cause the last of ~15 lines (and
+    logs that trace before it): the mismatch line must come first on stderr."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)  # JAX's log of the failed callback, where a user sees it
+    logging.getLogger("jax").addHandler(handler)
+    try:
+        with pytest.raises(Exception, match="ranks disagree on collective #3") as raised:
+            jax.block_until_ready(jax.jit(lambda x: ddj.allreduce(x, "sum", comm=Disagreeing()))(jnp.ones(3)))
+    finally:
+        logging.getLogger("jax").removeHandler(handler)
+    err = capsys.readouterr().err
+    first = err.splitlines()[0] if err else ""
+    assert first.startswith("ddl_triton.errors.CollectiveMismatch: rank 0: ranks disagree on collective #3: "
+                            "rank 0: allreduce(sum, 3 x float32); rank 1: allreduce(sum, 4 x float32)"), err
+    assert "inside jax.jit" in first and "CollectiveMismatch" in str(raised.value)  # JAX's report still carries it
+    assert "jax.io_callback failed" in err  # JAX's logged trace came, after it
+
+
 def test_distributed_averages_before_the_wrapped_transformation_in_jit():
     comm = Mirror()
     tx = ddj.distributed(optax.sgd(0.5), op="sum", comm=comm)
