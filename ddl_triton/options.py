@@ -159,8 +159,9 @@ def _warn_unknown(environ) -> None:
     for name in sorted(n for n in environ if n.startswith("DDL_") and n not in known):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else "the variables it reads are listed in docs/options.md"
+        # stacklevel 4: past from_env and init, at the line of the application that called ddl_triton.init
         warnings.warn(f"{name} is set, but ddl_triton reads no such variable (ignored): {hint}", UserWarning,
-                      stacklevel=3)
+                      stacklevel=4)
 
 
 def _parse(name: str, type_name, raw: str):
