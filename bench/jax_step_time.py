@@ -175,7 +175,7 @@ def _allreduce_fns(comm, mesh, nbytes: int):
     buf = np.full(count, comm.rank + 1.0, np.float32)
     gx = jax.make_array_from_process_local_data(NamedSharding(mesh, P("i")), np.asarray(x))
     psum = jax.jit(shard_map(lambda v: jax.lax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))
-    calls = {"ddl": (jax.jit(lambda v: ddj.allreduce(v)), x), "jax gloo": (psum, gx),
+    calls = {"ddl": (jax.jit(lambda v: ddj.allreduce(v, "sum")), x), "jax gloo": (psum, gx),
              "mpi4jax": (jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=MPI.COMM_WORLD)), x)}
     fns = {}
     for name, (fn, arg) in calls.items():
@@ -208,7 +208,7 @@ def _call_fns(comm, mesh):
     plain = jax.jit(lambda v: v + 1)
     cb = jax.jit(lambda v: io_callback(lambda a: np.array(a), jax.ShapeDtypeStruct(v.shape, v.dtype), v, ordered=True))
     import ddl_triton.jax as ddj
-    for name, fn in (("plain jit", plain), ("ordered io_callback", cb), ("ddl eager", lambda v: ddj.allreduce(v))):
+    for name, fn in (("plain jit", plain), ("ordered io_callback", cb), ("ddl eager", lambda v: ddj.allreduce(v, "sum"))):
         jax.block_until_ready(fn(x))
 
         def run(k, fn=fn):

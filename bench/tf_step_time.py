@@ -20,7 +20,7 @@ both set-ups, so the rounds interleave in the same processes (the order swaps ev
 
 A block is ``--steps`` steps timed after a barrier, its time the slowest rank's; a figure is the
 median over rounds of the block's time per step. Then the gradient allreduce alone, fp32 of 1-16
-MiB, interleaved the same way: ``ddl`` is ``ddl_triton.tensorflow.allreduce(x, "avg")`` inside a
+MiB, interleaved the same way: ``ddl`` is ``ddl_triton.tensorflow.allreduce(x)`` (Average, the default) inside a
 ``tf.function``; ``mwms`` is ``replica_context.all_reduce(SUM)`` in ``strategy.run`` inside a
 ``tf.function``; algbw = bytes / time, busbw = algbw * 2(n-1)/n (nccl-tests). And the cost of one
 call: a 4-byte allreduce eagerly, inside a ``tf.function``, and the core's own
@@ -117,7 +117,7 @@ def _worker(args) -> None:
 
     @tf.function
     def ddl_allreduce(v):
-        return dtf.allreduce(v, "avg")
+        return dtf.allreduce(v, op=dtf.Average)
 
     @tf.function
     def mw_allreduce(v):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 
@@ -225,3 +226,23 @@ def queue_stuck(owner: str, running: str, queued: int, timeout: float) -> Collec
     bounded by the same deadline, so such a queue is stuck, not slow)."""
     return CollectiveTimeout(f"{owner}: {running} still running, {queued} more queued, and no call finished "
                              f"for {timeout:g} s (the communicator's timeout) while waiting for them to finish")
+
+
+# -- said first ----------------------------------------------------------------------------
+
+def say_first(error: BaseException, where: str) -> None:
+    """Write ``error``'s one-line cause on stderr now (once per error object), because where it goes
+    next puts it last: a collective's error inside ``jax.jit`` or ``tf.function`` reaches the user as
+    the framework's own error, the cause the last of ~15-50 lines of its trace (and JAX logs that
+    trace first); an elastic job's end comes under torch's C++ warnings. ``where``: what follows it,
+    e.g. "inside jax.jit: JAX's report of it follows"."""
+    if getattr(error, "_ddl_said_first", False):
+        return
+    try:
+        error._ddl_said_first = True  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type with __slots__: said each time it passes
+        pass
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    first = next(iter(str(error).splitlines()), "")
+    print(f"{name}: {first} [{where}]", file=sys.stderr, flush=True)

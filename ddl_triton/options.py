@@ -1,13 +1,27 @@
-"""One typed options object; each field has a ``DDL_*`` environment twin read once at ``init``."""
+"""One typed options object; each field has a ``DDL_*`` environment twin read once at ``init``.
+
+Every ``DDL_*`` variable anything of ddl_triton reads is known here: the twins of the fields, and
+``OTHER_VARIABLES`` (each with its one reader). A ``DDL_*`` variable that is neither (the timeout's
+twin misspelt, say) would be silently ignored: ``from_env`` warns about it instead, naming the
+closest known one.
+"""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import warnings
 from dataclasses import dataclass, fields
 
 from . import compression_methods
 
 _KIB = 1024
+# The DDL_* variables read elsewhere than by this object, and who reads each (none else may exist:
+# tests/unit/test_options.py checks every DDL_ name the repository reads against known_variables()).
+OTHER_VARIABLES = {
+    "DDL_ELASTIC_JOIN": "ddl_triton/torch/elastic/world.py: 1 starts this process as a joiner of a running "
+                        "elastic job (docs/elastic.md)",
+}
 
 
 @dataclass(frozen=True)
@@ -113,8 +127,10 @@ class Options:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> "Options":
-        """Defaults, then ``DDL_<FIELD>`` variables, then explicit ``overrides``."""
+        """Defaults, then ``DDL_<FIELD>`` variables, then explicit ``overrides``; a ``DDL_*``
+        variable ddl_triton does not read gets a warning naming the closest known one."""
         environ = os.environ if environ is None else environ
+        _warn_unknown(environ)
         names = {f.name: f for f in fields(cls)}
         unknown = set(overrides) - set(names)
         if unknown:
@@ -129,6 +145,23 @@ class Options:
 
     def replace(self, **changes) -> "Options":
         return dataclasses.replace(self, **changes)
+
+
+def known_variables() -> list[str]:
+    """Every DDL_* variable ddl_triton reads: the options' twins, then ``OTHER_VARIABLES``."""
+    return ["DDL_" + f.name.upper() for f in fields(Options)] + list(OTHER_VARIABLES)
+
+
+def _warn_unknown(environ) -> None:
+    """A UserWarning for each DDL_* variable of ``environ`` that nothing reads (Python's warnings
+    show each message once per process: init, the tuner and the kernels all read the options)."""
+    known = known_variables()
+    for name in sorted(n for n in environ if n.startswith("DDL_") and n not in known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "the variables it reads are listed in docs/options.md"
+        # stacklevel 4: past from_env and init, at the line of the application that called ddl_triton.init
+        warnings.warn(f"{name} is set, but ddl_triton reads no such variable (ignored): {hint}", UserWarning,
+                      stacklevel=4)
 
 
 def _parse(name: str, type_name, raw: str):

@@ -88,8 +88,8 @@ def replicas_identical(variables) -> bool:
     same = True
     for v in variables:
         bits = tf.bitcast(tf.convert_to_tensor(v), tf.int32)
-        same &= bool(tf.reduce_all(ddl_tf.allreduce(bits, "min") == bits) & tf.reduce_all(
-            ddl_tf.allreduce(bits, "max") == bits))
+        same &= bool(tf.reduce_all(ddl_tf.allreduce(bits, op=ddl_tf.Min) == bits) & tf.reduce_all(
+            ddl_tf.allreduce(bits, op=ddl_tf.Max) == bits))
     return same
 
 
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         model.fit(x_tr[rows], y_tr[rows], batch_size=args.batch_size, epochs=1, shuffle=False,
                   verbose=2 if rank == 0 else 0, callbacks=[ddl_tf.BroadcastGlobalVariablesCallback(0)])
     else:
-        ddl_tf.broadcast_variables(model.variables, root=0)
+        ddl_tf.broadcast_variables(model.variables, 0)
         optimizer.build(model.trainable_variables)
         reducer = ddl_tf.GradientReducer(args.compression)  # error feedback lives as long as the loop
 

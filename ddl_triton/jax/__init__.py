@@ -1,4 +1,7 @@
-"""JAX on ddl_triton: Horovod's names for collectives, gradients and optax, over a ddl Communicator.
+"""JAX on ddl_triton: Horovod's and mpi4jax's names for collectives, gradients and optax, over a ddl
+Communicator. A borrowed name brings its anchor's defaults: ``allreduce``'s ``op`` and ``broadcast``'s
+``root`` have none (mpi4jax has none; Horovod's default op, Average, is not mpi4jax's), and
+``allgather`` concatenates as Horovod's does; docs/jax.md has the table of each name against both.
 
 What lives here (one concept per file):
 

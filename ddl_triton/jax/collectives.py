@@ -13,10 +13,17 @@ Semantics (n ranks, x_r rank r's array; the same shape and dtype on every rank, 
 check raises on every rank, naming it; eager allgather excepted):
 
     allreduce(x, op)      every rank: sum_r x_r (op "sum"), its mean ("avg": the sum times fp32(1/n),
-                          floats only), elementwise min or max; bitwise identical on every rank
-    allgather(x)          concat(x_0, ..., x_{n-1}) along axis 0 (a 0-d x: the vector of the n values;
-                          eagerly the first dimensions may differ)
-    broadcast(tree, root) the pytree as rank ``root`` holds it, every leaf bit for bit (any dtype)
+                          floats only), elementwise min or max; bitwise identical on every rank.
+                          ``op`` has no default, as in mpi4jax (whose spelling, mpi4py's MPI.SUM, MPI.MIN,
+                          MPI.MAX, it takes too): Horovod averages by default, mpi4jax has none, and a
+                          default of either would silently give the other's users wrong numbers
+    allgather(x)          concat(x_0, ..., x_{n-1}) along axis 0, Horovod's (mpi4jax's allgather stacks
+                          on a new axis: pass x[None] for that); a 0-d x: the vector of the n values;
+                          eagerly the first dimensions may differ
+    broadcast(tree, root) the pytree as rank ``root`` holds it, every leaf bit for bit (any dtype);
+                          ``root`` has no default, as in Horovod (root_rank) and mpi4jax (bcast's root)
+
+docs/jax.md has the table of each name against Horovod's and mpi4jax's.
 
 Gradients (the data-parallel convention, Horovod's: the loss is the sum of the ranks' losses):
 
@@ -33,6 +40,7 @@ rank to batch alike; loop instead, or stack the batch into one array. docs/jax.m
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +48,7 @@ import numpy as np
 from jax.experimental import io_callback
 
 from . import host, world
+from ..errors import say_first
 
 __all__ = ["allgather", "allreduce", "broadcast"]
 
@@ -53,12 +62,14 @@ OPS = ("sum", "avg", "min", "max")
 _LINEAR = ("sum", "avg")
 
 
-def allreduce(x, op: str = "sum", *, comm=None):
-    """The reduction of ``x`` over the ranks (module doc); a new JAX array on every rank.
+def allreduce(x, op, *, comm=None):
+    """The reduction of ``x`` over the ranks with ``op`` (required: "sum", "avg", "min", "max", or
+    mpi4py's MPI.SUM, MPI.MIN, MPI.MAX; module doc); a new JAX array on every rank.
     ``x``: a JAX or NumPy array (or scalar) of float32, float16, bfloat16, float64, int32 or int64.
-    Example (2 ranks): rank r passes jnp.full(3, r + 1.0) -> both [3., 3., 3.]; op "avg" -> [1.5, 1.5, 1.5]."""
+    Example (2 ranks): rank r passes jnp.full(3, r + 1.0) -> op "sum": both [3., 3., 3.]; "avg": [1.5, 1.5, 1.5]."""
     comm = world.resolve(comm)
     x = jnp.asarray(x)
+    op = op_name(comm, "allreduce", op)
     check_reduced(comm, "allreduce", [x], op)
     if concrete([x]):
         return jnp.asarray(host.allreduce(comm, op, [np.asarray(x)])[0])
@@ -77,7 +88,7 @@ def allgather(x, *, comm=None):
     return _allgather_fn(comm)(x)
 
 
-def broadcast(tree, root: int = 0, *, comm=None):
+def broadcast(tree, root: int, *, comm=None):
     """The pytree ``tree`` as rank ``root`` holds it, on every rank (module doc); leaves fused into
     buckets of bytes (host.py), so a model's parameters take a few collectives, not one per leaf.
     Example: broadcast({"w": w, "step": jnp.int32(k)}, root=0) -> rank 0's w and k everywhere."""
@@ -95,6 +106,23 @@ def broadcast(tree, root: int = 0, *, comm=None):
 
 
 # -- shared with gradients.py ----------------------------------------------------------------
+_MPI_OPS = ("SUM", "MIN", "MAX", "PROD", "LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC", "MINLOC",
+            "REPLACE", "NO_OP")
+
+
+def op_name(comm, what: str, op) -> str:
+    """``op`` as the core names it: "sum", "avg", "min", "max" pass; mpi4py's MPI.SUM, MPI.MIN and
+    MPI.MAX (mpi4jax's spelling) become "sum", "min", "max"; any other MPI op is refused by name."""
+    if type(op).__module__ != "mpi4py.MPI":
+        return op
+    mpi = sys.modules["mpi4py.MPI"]
+    name = next((n for n in _MPI_OPS if getattr(mpi, n, None) is not None and op == getattr(mpi, n)), repr(op))
+    if name not in ("SUM", "MIN", "MAX"):
+        raise ValueError(f"rank {comm.rank}: ddl_triton.jax.{what}: MPI.{name} is not a reduction ddl_triton "
+                         "implements; use MPI.SUM, MPI.MIN, MPI.MAX or 'sum', 'avg', 'min', 'max'")
+    return name.lower()
+
+
 def check_reduced(comm, what: str, leaves, op: str) -> None:
     """Refuse, at trace time (so on every rank alike, before anything is sent), an op the core
     does not know, a dtype it does not reduce, or "avg" of integers (a truncating mean)."""
@@ -130,8 +158,16 @@ def concrete(leaves) -> bool:
 
 
 def ordered(fn, args, shapes):
-    """``fn(*args)`` on the host as an ordered effect: once per execution, in program order."""
-    return tuple(io_callback(fn, list(shapes), *args, ordered=True))
+    """``fn(*args)`` on the host as an ordered effect: once per execution, in program order. An error
+    of ``fn`` reaches the user as JAX's own runtime error, after JAX has logged its trace, the cause its
+    last line: so its one-line cause is said on stderr first (errors.say_first)."""
+    def said_first(*values):
+        try:
+            return fn(*values)
+        except Exception as e:
+            say_first(e, "inside jax.jit: JAX's report of it follows")
+            raise
+    return tuple(io_callback(said_first, list(shapes), *args, ordered=True))
 
 
 def like(xs):

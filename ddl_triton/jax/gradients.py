@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from . import host, world
-from .collectives import _allreduce_fn, check_reduced, concrete, like, ordered
+from .collectives import _allreduce_fn, check_reduced, concrete, like, op_name, ordered
 from .. import compression_methods
 from ..runtime.arrays import torch_view
 from ..runtime.compression import compressed, per_level
@@ -61,6 +61,7 @@ def allreduce_gradients(grads, op: str = "avg", compression="none", *, comm=None
     state = compression if isinstance(compression, GradientCompression) else None
     comm = state.comm if state is not None else world.resolve(comm)
     leaves = tuple(jnp.asarray(v) for v in leaves)
+    op = op_name(comm, "allreduce_gradients", op)
     check_reduced(comm, "allreduce_gradients", leaves, op)
     if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"rank {comm.rank}: ddl_triton.jax.allreduce_gradients: bucket_bytes must be a positive "

@@ -14,8 +14,9 @@ checkpoints stay optax's. With compression, a :class:`GradientCompression` made 
 error feedback on the host (``tx.compression`` is it; gradients.py says why it is not in the
 optax state).
 
-``broadcast_params(params, root=0)`` is every rank's copy of rank ``root``'s parameters, bit for bit:
+``broadcast_params(params, root)`` is every rank's copy of rank ``root``'s parameters, bit for bit:
 call it once before training so that the replicas start equal (or after restoring on one rank).
+``root`` has no default, as Horovod's ``broadcast_parameters(params, root_rank)`` has none.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def distributed(tx, *, op: str = "avg", compression="none", comm=None, bucket_by
     return wrapped
 
 
-def broadcast_params(params, root: int = 0, *, comm=None):
+def broadcast_params(params, root: int, *, comm=None):
     """Rank ``root``'s ``params`` (any pytree of arrays) on every rank, bit for bit (module doc)."""
     return broadcast(params, root, comm=comm)
 

@@ -27,6 +27,8 @@ class Job:
     env_vars: dict[str, str]       # the variables ddlrun sets for the ranks
     env: dict[str, str]            # the whole environment mpiexec runs in
     across_hosts: bool = False     # -H or --hostfile: ranks on other hosts too
+    hosts: tuple = ()              # those hosts, (name, slots) in order
+    guarded: bool = False          # each rank runs below a rank guard (MPICH), which records its start
 
 
 def ddl_env_vars(args: argparse.Namespace) -> dict[str, str]:

@@ -16,7 +16,8 @@ slots. Under MPICH the remote ranks start through hydra's ssh launcher (``-launc
 ``ddl-testbed-ssh``) is honoured, since mpiexec inherits ddlrun's environment. Every host must see
 the same paths (the interpreter, the script and the working directory), as on a cluster with a shared
 file system: ddlrun keeps the ranks' status files in the working directory then, so that ranks on
-every host can write them, and its report names the host of each rank that is not on this one.
+every host can write them, and its report names the host of each rank that is not on this one, and
+each host where no rank ever started ("could not reach host h2", and whether its name resolves).
 
 ``ddlrun`` runs ``mpiexec -n N COMMAND ARGS...`` and exits with its status. The ``--``
 is optional: the first word that is not one of ddlrun's own options starts COMMAND, and
@@ -87,7 +88,7 @@ from .. import status_files
 from .checks import (CheckFailed, check_ranks, check_same_mpi, check_script, check_timeout, check_topology,
                      find_mpiexec, find_program, probe_interpreter)
 from .command import Job, child_env, command_line, ddl_env_vars, mpiexec_command
-from .host_list import as_spec, check_slots, parse_hosts, read_hostfile
+from .host_list import as_spec, check_slots, parse_hosts, read_hostfile, unreached, why_unreachable
 from .report import PROG, every_rank_exited_zero, job_status, report, report_ranks, say
 from .supervision import run, survivor_grace
 
@@ -125,7 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "reach a host's proxy that had already finished): the job succeeded")
                 return 0
             report_ranks(ranks, failed_pids, status_files.silent_ranks(folder, ranks))
-            return report(returncode, job_status(ranks))
+            lost = unreached(list(job.hosts), args.ranks, ranks) if job.guarded else {}
+            for host, on_it in lost.items():
+                say(f"could not reach host {host}: none of its ranks ({', '.join(map(str, on_it))}) started there; "
+                    f"{why_unreachable(host)}")
+            cause = f"could not reach host {', '.join(lost)}" if lost else ""
+            return report(returncode, job_status(ranks), cause)
     return report(returncode)
 
 
@@ -172,7 +178,8 @@ def _prepare(args: argparse.Namespace) -> Job:
     family = check_same_mpi(mpiexec, probe_interpreter(args.command[0], program), env)
     command = mpiexec_command(mpiexec, family, args.ranks, env_vars, args.command,
                               hosts=as_spec(hosts) if hosts else None, launcher_chosen="HYDRA_LAUNCHER" in env)
-    return Job(command, env_vars, env, across_hosts=hosts is not None)
+    return Job(command, env_vars, env, across_hosts=hosts is not None, hosts=tuple(hosts or ()),
+               guarded=family == "MPICH")
 
 
 if __name__ == "__main__":

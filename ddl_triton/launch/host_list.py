@@ -6,11 +6,17 @@ Horovod's spellings); ``#`` starts a comment. Either becomes one normalised list
 mpiexec as ``-hosts h1:2,h2:2`` (MPICH) or ``--host h1:2,h2:2`` (Open MPI), which places ranks in
 host order, SLOTS at a time.
 
+After a failed job, ``unreached`` names the hosts none of whose ranks ever started (no rank guard
+there wrote a record), and ``why_unreachable`` adds what can be said from here: whether the name
+resolves at all. ssh's own words ("Could not resolve hostname") never say which job host it was.
+
 Example: parse_hosts("h1:2,h2") -> [("h1", 2), ("h2", 1)]; as_spec(...) -> "h1:2,h2:1".
 """
 from __future__ import annotations
 
 import re
+import socket
+import threading
 from pathlib import Path
 
 from .checks import CheckFailed
@@ -53,6 +59,44 @@ def check_slots(hosts: list[tuple[str, int]], ranks: int, where: str) -> None:
     if ranks > slots:
         raise CheckFailed(f"-n {ranks} needs {ranks} slots, but {where} gives {slots} "
                           f"({as_spec(hosts)})")
+
+
+def ranks_on(hosts: list[tuple[str, int]], ranks: int) -> dict[str, list[int]]:
+    """Where the launcher places ``ranks`` ranks: in host order, SLOTS at a time; hosts past the last
+    rank get none. Example: ranks_on([("h1", 2), ("h2", 2)], 3) -> {"h1": [0, 1], "h2": [2]}."""
+    placed, first = {}, 0
+    for name, slots in hosts:
+        placed[name] = list(range(first, min(first + slots, ranks)))
+        first += slots
+    return {name: rs for name, rs in placed.items() if rs}
+
+
+def unreached(hosts: list[tuple[str, int]], ranks: int, records: dict[int, dict[str, str]]) -> dict[str, list[int]]:
+    """The hosts of a failed job where none of their ranks left a record (``records``: status_files.read):
+    the launcher never started a rank guard there, so the host was not reached."""
+    return {name: rs for name, rs in ranks_on(hosts, ranks).items() if not any(records.get(r) for r in rs)}
+
+
+_RESOLVE_WAIT_S = 3.0  # a resolver that does not answer by then says nothing either way
+
+
+def why_unreachable(name: str) -> str:
+    """What this host can tell about reaching ``name``: that its name does not resolve, else that the
+    launcher could not start the ranks there (its own message says how)."""
+    answer: list = []
+
+    def resolve() -> None:
+        try:
+            socket.getaddrinfo(name, None)
+            answer.append("")
+        except OSError as e:
+            answer.append(f"its name does not resolve ({e.strerror or e})")
+
+    probe = threading.Thread(target=resolve, name="ddlrun-resolve", daemon=True)
+    probe.start()
+    probe.join(_RESOLVE_WAIT_S)
+    return (answer[0] if answer else "") or "the launcher could not start them there (its own message is above: ssh's, " \
+        "or HYDRA_LAUNCHER's)"
 
 
 def as_spec(hosts: list[tuple[str, int]]) -> str:

@@ -93,12 +93,13 @@ def job_status(ranks: dict[int, dict[str, str]]) -> tuple[int, str] | None:
     return codes[rank], f"rank {rank} {how}"
 
 
-def report(returncode: int, ranks_status: tuple[int, str] | None = None) -> int:
+def report(returncode: int, ranks_status: tuple[int, str] | None = None, cause: str = "") -> int:
     """Say how a failed job ended; returns ddlrun's exit status.
 
     ``returncode`` is mpiexec's (negative: killed by that signal); ``ranks_status`` (from
     ``job_status``) is the status the ranks' own records give, with its reason, and wins when
-    there is one."""
+    there is one; ``cause``, what ddlrun found itself ("could not reach host h2"), is said with
+    mpiexec's status otherwise."""
     if returncode == 0:
         return 0
     if ranks_status is not None:
@@ -111,10 +112,11 @@ def report(returncode: int, ranks_status: tuple[int, str] | None = None) -> int:
             note = "" if status == returncode else f"; mpiexec's {returncode} is the bitwise OR of the ranks' statuses"
         say(f"job failed with exit code {status} ({reason}{note})")
         return status
+    why = f"{cause}; " if cause else ""
     if returncode < 0:
-        say(f"job failed with exit code {128 - returncode} (mpiexec was killed by {_signal_name(-returncode)})")
+        say(f"job failed with exit code {128 - returncode} ({why}mpiexec was killed by {_signal_name(-returncode)})")
         return 128 - returncode
-    say(f"job failed with exit code {returncode}")
+    say(f"job failed with exit code {returncode}" + (f" ({cause})" if cause else ""))
     return returncode
 
 

@@ -73,6 +73,43 @@ def as_tensor(rank: int, x, name: str, role: str) -> Given:
                     f"(JAX, CuPy, ...), got {type(x).__module__}.{type(x).__name__}")
 
 
+def torch_dtype(rank: int, dtype) -> torch.dtype:
+    """``dtype`` in any spelling a collective's array may carry, as the torch dtype the call runs on:
+    a torch dtype; a name ("float32", "torch.float32", "bfloat16", and the aliases torch and NumPy
+    agree on: "half", "double", "f4", ...; "float" and "int", which they read differently, are
+    refused as ambiguous); a NumPy dtype or scalar type (np.float32, np.dtype("int64"),
+    ml_dtypes.bfloat16), JAX's (jnp.float32) and TensorFlow's (tf.float32). Anything else, or a dtype
+    the collectives do not take, is a TypeError naming the rank and the supported ones."""
+    if isinstance(dtype, torch.dtype):
+        found = dtype
+    elif isinstance(dtype, str):
+        name = dtype.removeprefix("torch.")
+        by_torch = getattr(torch, name, None) if name.isidentifier() else None  # torch's names and aliases
+        by_torch = by_torch if isinstance(by_torch, torch.dtype) else None
+        by_numpy = None if dtype.startswith("torch.") else _from_numpy(dtype)
+        if by_torch is not None and by_numpy is not None and by_torch != by_numpy:
+            raise TypeError(f"rank {rank}: dtype {dtype!r} is ambiguous: {str(by_torch).removeprefix('torch.')} to torch, "
+                            f"{str(by_numpy).removeprefix('torch.')} to NumPy; name the one meant (e.g. 'float32')")
+        found = by_torch or by_numpy
+    else:
+        as_numpy = getattr(dtype, "as_numpy_dtype", None)  # a TensorFlow DType
+        found = _from_numpy(as_numpy if as_numpy is not None and not isinstance(dtype, np.dtype) else dtype)
+    if found not in DTYPES:
+        raise TypeError(f"rank {rank}: dtype {dtype!r} is not one the collectives take; supported: {_SUPPORTED} "
+                        "(in torch's, NumPy's, JAX's or TensorFlow's spelling, or by name)")
+    return found
+
+
+def _from_numpy(dtype) -> torch.dtype | None:
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:  # not a NumPy spelling (a name NumPy does not know, an object)
+        return None
+    if dt.name == "bfloat16" and dt.itemsize == 2:  # ml_dtypes' (JAX's, TensorFlow's NumPy type)
+        return torch.bfloat16
+    return _NUMPY.get(dt)
+
+
 def torch_view(rank: int, array: np.ndarray) -> torch.Tensor:
     """A torch tensor over the memory of ``array`` (a writable C-contiguous NumPy array; bfloat16
     through its bits), no copy: how the framework rooms hand their NumPy buckets to the torch-only

@@ -52,7 +52,7 @@ from .lanes.small_allreduce_two_sided import SmallAllreduceTwoSided
 from .setup import link_probe
 from .setup.table_agreement import agree_on_planner
 from .calls.arguments import check_output_input, check_root, check_tensor
-from .arrays import IN_PLACE, READ, WRITTEN, as_tensor, handed_back
+from .arrays import IN_PLACE, READ, WRITTEN, as_tensor, handed_back, torch_dtype
 from .setup.wiring import connect
 
 _PROFILER = torch.autograd  # .profiler._is_profiler_enabled: torch's own fast "is it recording" flag
@@ -221,9 +221,12 @@ class Communicator:
         return self._issue(Call("barrier", None), async_op)
 
     def explain(self, collective: str, nbytes: int, dtype=torch.float32) -> Plan:
-        """The schedule this communicator would run for ``collective`` on ``nbytes`` of ``dtype``, and why."""
+        """The schedule this communicator would run for ``collective`` on ``nbytes`` of ``dtype``, and why.
+        ``dtype``: any spelling the collectives' arrays carry (torch.float32, "float32", np.float32,
+        jnp.bfloat16, tf.float16, ...: arrays.torch_dtype)."""
         if collective not in schedules.COLLECTIVES:
             raise ValueError(f"unknown collective {collective!r}; valid: {', '.join(schedules.COLLECTIVES)}")
+        dtype = torch_dtype(self.rank, dtype)
         plan = self._planner.plan(collective, nbytes, dtype)
         small = self._runner.small
         if collective == "allreduce" and self._runner.plans.takes_small_path(small, nbytes // dtype.itemsize, dtype):

@@ -58,6 +58,9 @@ JOINER_BASE = 1_000_000   # member ids of processes that joined after the launch
 _PREFIX = "ddl_triton/elastic"
 _POLL_S = 0.05            # the watcher's and the agreement's store polls
 _MAX_MEMBERS = 1 << 16
+# After one, torch's TCPStore client fails every call (it never reconnects), each printing ~15 lines of
+# C++ frames: no store call is tried again (``_call``, ``_watch``).
+_BREAKS_CLIENT = "DistNetworkError"
 
 
 @dataclass
@@ -98,6 +101,7 @@ class Membership:
         self._said_here: set[int] = set()
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
+        self._broken = ""  # why the store client broke for good (_BREAKS_CLIENT)
 
     # -- the first world and joiners ---------------------------------------------------------------
     def start(self, rank: int, size: int) -> Decision:
@@ -271,8 +275,11 @@ class Membership:
             try:
                 raw = self.store.check([f"{_PREFIX}/g{current.generation}/revoked"]) and \
                     self.store.get(f"{_PREFIX}/g{current.generation}/revoked")
-            except RuntimeError:
-                continue  # the store is gone: the main thread's next store call says so
+            except RuntimeError as e:  # the store is gone: the main thread's next store call says so
+                if type(e).__name__ == _BREAKS_CLIENT:  # for good: each poll would print torch's C++ frames
+                    self._broken = self._broken or str(e).splitlines()[0][:200]
+                    return
+                continue
             if raw and self.current is current:
                 failure_notice.revoke(f"generation {current.generation} revoked: {_reason(raw)}")
                 self.say_here()
@@ -378,14 +385,14 @@ class Membership:
 
     def _call(self, call, what: str):
         """A store call, bounded by the deadline; a store that went away or cannot be reached is the
-        coordinator lost.
-
-        Bounded on a thread of its own because torch's TCPStore client does not bound every call by
-        its timeout: on a link cut both ways, ``check``, ``get`` and ``compare_set`` were seen still
-        blocked 15 s past a 2 s timeout (only ``set`` returned). A call left behind stays blocked on
-        its daemon thread; this process ends with the error."""
-        box: dict = {}
-        done = threading.Event()
+        coordinator lost (once the client broke, _BREAKS_CLIENT, no call is tried again). Bounded on a
+        thread of its own because torch's TCPStore client does not bound every call by its timeout: on
+        a link cut both ways, ``check``, ``get`` and ``compare_set`` were seen still blocked 15 s past
+        a 2 s timeout (only ``set`` returned). A call left behind stays blocked on its daemon thread;
+        this process ends with the error."""
+        if self._broken:
+            raise self._lost(what, self._broken)
+        box, done = {}, threading.Event()
 
         def run() -> None:
             try:
@@ -403,14 +410,17 @@ class Membership:
                 "either way this rank cannot take part in the job any more, and ends")
         error = box.get("error")
         if isinstance(error, RuntimeError) and not isinstance(error, CoordinatorLost):
-            raise CoordinatorLost(
-                f"member {self.member} on {self.host}: elastic job: lost the store ({what}: "
-                f"{str(error).splitlines()[0][:200]}); the store's host is the job's coordinator (rank 0's "
-                "process under env://, torchrun's agent on the first host): without it the world cannot "
-                "be re-formed, so the job ends") from None
+            reason = str(error).splitlines()[0][:200]  # the first line: torch's C++ frames stay out of it
+            self._broken = self._broken or (reason if type(error).__name__ == _BREAKS_CLIENT else "")
+            raise self._lost(what, reason) from None
         if error is not None:
             raise error
         return box.get("value")
+
+    def _lost(self, what: str, reason: str) -> CoordinatorLost:
+        return CoordinatorLost(f"member {self.member} on {self.host}: elastic job: lost the store ({what}: {reason}); "
+                               "the store's host is the job's coordinator (rank 0's process under env://, torchrun's "
+                               "agent on the first host): without it the world cannot be re-formed, so the job ends")
 
 
 def _member_list(raw: bytes, what: str) -> list[int]:

@@ -51,7 +51,7 @@ def with_rate(cluster: Cluster, rate: str) -> Cluster:
     return replace(cluster, links={**cluster.links, "inter": {**inter, "shaped": link}})
 
 
-def hosts_model(cluster: Cluster, per_host: int, hosts: int, *, probe: bool = True,
+def hosts_model(cluster: Cluster, per_host: int, hosts: int, *, probe: bool = False,
                 refresh: bool = False, fitted: tuple[CostModel, str] | None = None) -> tuple[CostModel, str]:
     """(the cost model of ``hosts`` hosts x ``per_host`` ranks on ``cluster``, where it came from).
 
@@ -59,7 +59,8 @@ def hosts_model(cluster: Cluster, per_host: int, hosts: int, *, probe: bool = Tr
     came from), taken as it is: ddl_triton's costs and the unshaped link as they are there; the
     shaping is the cluster file's, added by ``hosts_allreduce``. Without it: this machine's fitted
     model for the same grid of emulated nodes, its MPI link moved onto the cluster's (see the module
-    doc), which needs no hosts to probe but carries what emulated nodes do differently."""
+    doc), which needs no hosts to probe but carries what emulated nodes do differently; ``probe``:
+    where no table is cached, run a quick ddl-tune for it (asked for only: cluster.local_model)."""
     if fitted is not None:
         return fitted
     inter = cluster.links["inter"]

@@ -14,11 +14,16 @@ baseline), for each schedule given (``--schedule`` accepts a comma-separated lis
 ddl_triton/clusters/*.toml hold the hardware numbers, each with its source.
 
 allreduce: one allreduce on this host (``--cluster local``: the cost model ddl-tune fitted
-here for these ranks and topology, probing for one if there is none), across the testbed's hosts
+here for these ranks and topology, else the built-in defaults), across the testbed's hosts
 (``--cluster testbed --topology XxH [--rate 1gbit]``: the same fitted model, its MPI link moved
 onto the testbed's shaped one), or on any cluster.
 ``--link-emulation`` adds the emulated link (transports/link_emulation.py) to the MPI
 link's latency and per-byte time, to predict a ``DDL_LINK_EMULATION`` run.
+
+No side effects unless asked: a prediction only reads (the cluster file, the cached ddl-tune
+tables) and says which figures it used. ``--tune`` (local and testbed) runs a quick ddl-tune of
+this host where no table fits (about a minute per layout, with ddl-tune's progress bar) and caches
+its table, which later jobs' ``init`` then plans with (docs/tuning.md).
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ def train(args) -> int:
                                     sum(l.fwd_macs for l in reference) if reference and not args.img_per_s else None)
     params = sum(l.params for l in layers)
     print(f"# {cluster.name}: {cluster.description}")
+    print(f"# figures: {cluster.file}")
     print(f"# {args.model}: {params / 1e6:.1f}M parameters ({params * 4 / 1e6:.0f} MB fp32), batch {args.batch} per GPU, "
           f"compute {compute * 1e3:.1f} ms per iteration per GPU; buckets {args.bucket_mb:g} MB; compression "
           f"{args.compress}")
@@ -105,14 +111,15 @@ def allreduce(args) -> int:
     if args.cluster != "local" and load(args.cluster).calibrated:
         return _allreduce_across_hosts(args)
     if args.cluster != "local":
-        seconds, how = iteration.allreduce_time(load(args.cluster), args.ranks, args.bytes, args.schedule[0],
-                                            compress=args.compress)
+        cluster = load(args.cluster)
+        seconds, how = iteration.allreduce_time(cluster, args.ranks, args.bytes, args.schedule[0],
+                                                compress=args.compress)
         print(f"{args.schedule[0]} allreduce of {args.bytes} B on {args.ranks} GPUs of {args.cluster}: "
-              f"{seconds * 1e6:.1f} us ({how})")
+              f"{seconds * 1e6:.1f} us ({how}; figures: {cluster.file})")
         return 0
     seconds, source = local_allreduce(args.ranks, args.topology, args.bytes, args.schedule[0],
                                       link_emulation=args.link_emulation, chunk_bytes=args.chunk_bytes,
-                                      probe=not args.no_probe)
+                                      probe=args.tune)
     where = f"topology {args.topology or args.ranks}" + (f", link {args.link_emulation}" if args.link_emulation else "")
     print(f"{args.schedule[0]} allreduce of {args.bytes} B on {args.ranks} ranks ({where}): {seconds * 1e6:.1f} us "
           f"predicted (model: {source})")
@@ -131,20 +138,22 @@ def _allreduce_across_hosts(args) -> int:
     if len(dims) != 2 or dims[0] * dims[1] != args.ranks:
         raise SystemExit(f"--cluster {args.cluster}: --topology must be XxH (X ranks on each of H hosts) for "
                          f"{args.ranks} ranks, got {args.topology!r}")
-    model, source = across_hosts.hosts_model(cluster, dims[0], dims[1], probe=not args.no_probe)
+    model, source = across_hosts.hosts_model(cluster, dims[0], dims[1], probe=args.tune)
     p = across_hosts.hosts_allreduce(cluster, model, dims[0], dims[1], args.bytes, args.schedule[0],
                                      chunk_bytes=args.chunk_bytes)
     print(f"{args.schedule[0]} allreduce of {args.bytes} B on {dims[1]} hosts x {dims[0]} of {args.cluster}"
           f"{' at ' + args.rate if args.rate else ''}: {p.seconds * 1e6:.1f} us predicted (unshaped "
-          f"{p.unshaped * 1e6:.1f} us; {p.link_bytes:.0f} B on the busiest host link; model: {source})")
+          f"{p.unshaped * 1e6:.1f} us; {p.link_bytes:.0f} B on the busiest host link; model: {source}; "
+          f"link figures: {cluster.file})")
     return 0
 
 
 def local_allreduce(ranks: int, topology: str, nbytes: int, schedule: str, *, link_emulation: str = "",
-                    chunk_bytes: int = 2 << 20, probe: bool = True) -> tuple[float, str]:
+                    chunk_bytes: int = 2 << 20, probe: bool = False) -> tuple[float, str]:
     """(predicted seconds, model source) of one fp32 allreduce on this host: the planner's own
     costing (the whole schedule walked) with the model ddl-tune fitted here for these ranks
-    and topology, the emulated link added to the MPI link when given."""
+    and topology (``probe``: run a quick ddl-tune for one where none is cached: cluster.local_model),
+    the emulated link added to the MPI link when given."""
     from ..planning.planner import Planner
     from ..planning.topology import Topology, parse
     from ..transports.link_emulation import parse as parse_link
@@ -191,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--link-emulation", default="")
     a.add_argument("--rate", default="", help="a shaped cluster's tbf rate (--cluster testbed), e.g. 100mbit")
     a.add_argument("--compress", choices=iteration.compression_choices(), default="none")
-    a.add_argument("--no-probe", action="store_true", help="without a tuning table, use the built-in model")
+    a.add_argument("--tune", action="store_true", help="where no ddl-tune table fits this layout here, run a quick "
+                   "ddl-tune (about a minute per layout, progress shown) and cache its table, which later jobs' init "
+                   "uses too; without it the built-in model stands in, said so")
     args = p.parse_args(argv)
     return train(args) if args.command == "train" else allreduce(args)
 

@@ -19,8 +19,9 @@ prediction can always say what it rests on. Layout:
     [compute]     img_per_s at a model and batch, backward_over_forward
 
 ``local`` ("this host") has no datasheet: ``local_model`` returns the cost model fitted by
-``ddl-tune`` for the ranks and topology asked for (running a quick ``ddl-tune`` of allreduce
-as a probe when no table exists yet).
+``ddl-tune`` for the ranks and topology asked for, where a cached table has one, else the built-in
+defaults; it runs a quick ``ddl-tune`` of allreduce only when asked (``probe``: ``simulate --tune``),
+since that takes minutes and leaves a table in the tuning cache that every later job's ``init`` uses.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Cluster:
     # takes the computing core's time (CPU ranks with no spare core, as on this host).
     overlap: bool = True
     bucket_overhead: float = 0.0  # seconds per DDP bucket beside its allreduce (hook, hand-off)
+    file: str = field(default="", compare=False)  # the TOML file the figures came from (said with every prediction)
 
     def grid(self, gpus: int) -> tuple[int, ...]:
         """The X x Y[ x Z] grid of ``gpus`` (innermost first): whole nodes, then racks."""
@@ -136,7 +138,7 @@ def load(name_or_path: str) -> Cluster:
         sources=sources, calibrated=bool(data.get("calibrated", False)),
         overlap=bool(_value(compute, "overlap", sources, "compute")) if "overlap" in compute else True,
         bucket_overhead=float(_value(device, "bucket_overhead_us", sources, "device")) * 1e-6
-        if "bucket_overhead_us" in device else 0.0)
+        if "bucket_overhead_us" in device else 0.0, file=str(path))
 
 
 # Models probed afresh in this process (local_model(refresh=True)), by layout: they serve
@@ -144,20 +146,22 @@ def load(name_or_path: str) -> Cluster:
 _refreshed: dict[tuple[int, str], tuple[CostModel, str]] = {}  # (ranks, topology) -> model, source
 
 
-def local_model(ranks: int, topology: str = "", probe: bool = True, refresh: bool = False) -> tuple[CostModel, str]:
+def local_model(ranks: int, topology: str = "", probe: bool = False, refresh: bool = False) -> tuple[CostModel, str]:
     """(the fitted cost model of this host for ``ranks`` on ``topology``, where it came from).
 
-    From the cached ddl-tune table whose key matches; without one, a short probe (a quick
-    ddl-tune of allreduce up to 64 MiB under ddlrun, about a minute) makes it and caches it;
-    without that either, the built-in defaults. ``refresh``: probe now, whatever the cache
-    holds, into a file of its own, and use that model for this process's later calls too; for
-    a host whose speed drifts, a model is only as good as the host's state when measured."""
+    From the cached ddl-tune table whose key matches; without one, the built-in defaults, said so.
+    ``probe`` (asked for: ``simulate --tune``): without a table, a short probe (a quick ddl-tune
+    of allreduce up to 64 MiB under ddlrun, about a minute per layout, its progress on stderr)
+    makes one and caches it, where every later job's ``init`` on this layout finds it.
+    ``refresh``: probe now, whatever the cache holds, into a file of its own (never the cache),
+    and use that model for this process's later calls too; for a host whose speed drifts, a
+    model is only as good as the host's state when measured."""
     import tempfile
 
     from ..planning import tuning_table
     from ..planning.costmodel import DEFAULT
 
-    if refresh and probe:
+    if refresh:
         with tempfile.TemporaryDirectory() as folder:
             out = os.path.join(folder, "probe.json")
             _probe(ranks, topology, ["--no-cache", "--out", out], "probing afresh")
@@ -173,15 +177,18 @@ def local_model(ranks: int, topology: str = "", probe: bool = True, refresh: boo
         resolved = tuning_table.resolve("", key)
     if resolved.table is not None and resolved.table.model is not None:
         return resolved.table.model, f"fitted by ddl-tune ({resolved.source})"
-    return DEFAULT, "built-in defaults (no tuning table)"
+    layout = f"{ranks} ranks" + (f" on {topology}" if topology else "")
+    return DEFAULT, (f"the built-in defaults of ddl_triton/planning/costmodel.py: no ddl-tune table for {layout} "
+                     "here" + ("" if probe else "; --tune measures this host (about a minute per layout)"))
 
 
 def _probe(ranks: int, topology: str, extra: list[str], why: str) -> None:
-    """A quick ddl-tune of allreduce on ``ranks`` (``topology``) under ddlrun; ``extra`` arguments."""
+    """A quick ddl-tune of allreduce on ``ranks`` (``topology``) under ddlrun; ``extra`` arguments.
+    It takes minutes, so ddl-tune's progress bar (on stderr) is left on: a long command shows progress."""
     ddlrun = Path(sys.executable).with_name("ddlrun")
     command = [str(ddlrun), "-n", str(ranks)] + (["--topology", topology] if topology else []) + \
         ["--", sys.executable, "-m", "ddl_triton.tune", "--quick", "--max-bytes", "64M", "--collectives", "allreduce",
-         "--quiet", "--no-validate", *extra]
+         "--no-validate", *extra]
     print(f"# {why} for {ranks} ranks{' on ' + topology if topology else ''} here: probing with "
-          f"{' '.join(command[3:])}", file=sys.stderr, flush=True)
+          f"{' '.join(command[3:])} (about a minute per layout)", file=sys.stderr, flush=True)
     subprocess.run(command, check=False, stdout=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))

@@ -1,16 +1,24 @@
-"""TensorFlow 2 and Keras 3 on ddl_triton, with Horovod's names: data-parallel training in two lines.
+"""TensorFlow 2 and Keras 3 on ddl_triton, with Horovod's names, signatures and defaults: data-parallel
+training in two lines.
 
     import ddl_triton.tensorflow as ddl_tf
     ddl_tf.init()                                                   # ddl_triton.init(): ddlrun/mpiexec or env://
     model.compile(optimizer=ddl_tf.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=...)
-    model.fit(x, y, callbacks=[ddl_tf.BroadcastGlobalVariablesCallback(root=0)])
+    model.fit(x, y, callbacks=[ddl_tf.BroadcastGlobalVariablesCallback(0)])
+
+A name borrowed from Horovod brings its meaning: ``allreduce`` averages unless told ``op=Sum``, as
+Horovod's does; an argument of Horovod's that ddl_triton does not honour is refused by name
+(horovod_args.py); docs/tensorflow.md has the table of every name against Horovod's.
 
 What lives here, one concept per file:
 
     collectives.py  ``allreduce``, ``broadcast``, ``allgather``, ``broadcast_variables``; ``init``, ``rank``,
-                    ``size``: eager and inside ``tf.function``, each one stateful graph op that grappler
-                    never prunes and automatic control dependencies keep in program order;
-                    ``allreduce``'s gradient is an allreduce (sum -> sum, avg -> avg)
+                    ``size``, ``local_rank``, ``local_size``: eager and inside ``tf.function``, each one
+                    stateful graph op that grappler never prunes and automatic control dependencies
+                    keep in program order; ``allreduce``'s gradient is an allreduce (Sum -> Sum,
+                    Average -> Average)
+    horovod_args.py Horovod's spellings: ``Average``, ``Sum``, ``Min``, ``Max``, ``Compression``, and the
+                    arguments refused by name unless at Horovod's default
     bridge.py       how a collective becomes a TF op: dtypes (TF -> NumPy -> torch, zero copy), the
                     one-op call (the function itself when eager, ``tf.numpy_function`` in a graph),
                     the communicator; refuses what the core does not reduce, naming the rank
@@ -43,10 +51,21 @@ except ImportError as e:  # pragma: no cover - exercised by tests/unit/test_tens
                       f"(tensorflow-cpu 2.21 with Keras 3); importing it failed: {e}") from e
 
 from .callbacks import BroadcastGlobalVariablesCallback
-from .collectives import allgather, allreduce, broadcast, broadcast_variables, init, rank, size
+from .collectives import (allgather, allreduce, broadcast, broadcast_variables, init, local_rank, local_size, rank,
+                          size)
 from .fusion import GradientReducer
+from .horovod_args import NOT_HERE as _NOT_HERE
+from .horovod_args import Average, Compression, Max, Min, Sum
 from .optimizer import DistributedOptimizer
 from .tape import DistributedGradientTape
 
-__all__ = ["BroadcastGlobalVariablesCallback", "DistributedGradientTape", "DistributedOptimizer", "GradientReducer",
-           "allgather", "allreduce", "broadcast", "broadcast_variables", "init", "rank", "size"]
+__all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression", "DistributedGradientTape",
+           "DistributedOptimizer", "GradientReducer", "Max", "Min", "Sum", "allgather", "allreduce", "broadcast",
+           "broadcast_variables", "init", "local_rank", "local_size", "rank", "size"]
+
+
+def __getattr__(name: str):
+    """Horovod's names this room does not implement (``Adasum``, ...): an AttributeError saying so."""
+    if name in _NOT_HERE:
+        raise AttributeError(f"ddl_triton.tensorflow has no {name}: {_NOT_HERE[name]}")
+    raise AttributeError(f"module 'ddl_triton.tensorflow' has no attribute {name!r}")

@@ -10,7 +10,8 @@ A collective here is a Python function over NumPy arrays that calls the world co
   ``tf.function``'s automatic control dependencies chain the stateful ops of a function in
   program order: a function with k collectives, called N times, makes exactly kN collectives,
   in the order written, on every rank (tests/multirank/tf_worker.py counts them). An error
-  inside arrives as a ``tf.errors.OpError`` whose message is the core's (naming the rank).
+  inside arrives as a ``tf.errors.OpError`` whose message is the core's (naming the rank), after
+  the op's whole trace: its one-line cause is said on stderr first (errors.say_first).
   XLA (``jit_compile=True``) cannot compile such an op: it is refused when TF traces it.
 
 The core takes NumPy arrays in place, without a copy (ddl_triton/runtime/arrays.py; bfloat16 as
@@ -26,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from ..errors import say_first
 from ..runtime import world
 
 _DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64)  # the core's six
@@ -64,7 +66,14 @@ def call(fn, tensors: list, out_dtypes: list, out_shapes: list, name: str) -> li
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(fn(*[t.numpy() for t in tensors]), out_dtypes)]
     if not tensors:  # a numpy_function needs an input to hang on; an empty list has nothing to reduce
         return []
-    outs = tf.numpy_function(lambda *a: list(fn(*a)), tensors, list(out_dtypes), stateful=True, name=name)
+
+    def said_first(*values):
+        try:
+            return list(fn(*values))
+        except Exception as e:  # reaches the user as TF's OpError, the cause under the op's whole trace
+            say_first(e, "inside tf.function: TensorFlow's report of it follows")
+            raise
+    outs = tf.numpy_function(said_first, tensors, list(out_dtypes), stateful=True, name=name)
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     for o, s in zip(outs, out_shapes):
         o.set_shape(s)

@@ -1,6 +1,6 @@
 """``BroadcastGlobalVariablesCallback``: every replica starts ``model.fit`` from root's variables.
 
-    model.fit(x, y, callbacks=[BroadcastGlobalVariablesCallback(root=0)])
+    model.fit(x, y, callbacks=[BroadcastGlobalVariablesCallback(0)])      # Horovod's root_rank, required
 
 At the start of training (``on_train_begin``, once per callback: Keras 3 has built the model and
 its optimizer by then) it assigns root's value to every variable of the model (trainable or not)
@@ -16,14 +16,20 @@ import keras
 
 from . import bridge
 from .collectives import broadcast_variables
+from .horovod_args import only_defaults
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Broadcast the model's and its optimizer's variables from ``root`` when ``fit`` starts (module doc)."""
+    """Broadcast the model's and its optimizer's variables from ``root_rank`` when ``fit`` starts
+    (module doc). Horovod's signature: ``root_rank`` has no default; ``device`` and
+    ``local_variables`` are refused unless at Horovod's defaults ("", None)."""
 
-    def __init__(self, root: int = 0):
+    def __init__(self, root_rank, device="", local_variables=None):
         super().__init__()
-        self.root = root
+        only_defaults(bridge.comm().rank, "BroadcastGlobalVariablesCallback",
+                      device=(device, "", "ddl_triton's ops run on the host"),
+                      local_variables=(local_variables, None, "every variable of the model is broadcast"))
+        self.root_rank = root_rank
         self.broadcast_done = False
 
     def on_train_begin(self, logs=None):
@@ -41,5 +47,5 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             if id(v) not in seen:
                 seen.add(id(v))
                 variables.append(v)
-        broadcast_variables(variables, root=self.root)
+        broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True

@@ -1,20 +1,26 @@
-"""Collectives on TensorFlow tensors, with Horovod's names: eager and inside ``tf.function``.
+"""Collectives on TensorFlow tensors, with Horovod's names, signatures and defaults: eager and
+inside ``tf.function``.
 
-    init()                        the world communicator, ``ddl_triton.init(**kwargs)`` (idempotent)
-    rank(), size()                this rank and the world size
-    allreduce(t, op="sum")        op: "sum" | "avg" | "min" | "max"; a new tensor, every rank the same
-    broadcast(t, root=0)          root's tensor on every rank
+    init()                        the world communicator, ``ddl_triton.init(**options)`` (idempotent)
+    rank(), size(), local_rank(), local_size()   this rank, the world size, this rank among its host's
+    allreduce(t, op=None)         op: Average (None: Horovod's default), Sum, Min, Max; a new tensor,
+                                  every rank the same; Horovod's average=, compression=,
+                                  prescale_factor= and postscale_factor= too (horovod_args.py)
+    broadcast(t, root_rank)       root_rank's tensor on every rank
     allgather(t)                  every rank's tensor concatenated along axis 0 in rank order (the
                                   first dimension may differ across ranks, the others may not)
-    broadcast_variables(vs, root=0)   each variable assigned root's value (fused: one broadcast per
-                                  dtype bucket)
+    broadcast_variables(vs, root_rank)   each variable assigned root_rank's value (fused: one
+                                  broadcast per dtype bucket)
+
+Horovod's arguments that ddl_triton does not honour (devices, process sets) are refused unless
+they hold Horovod's default, naming the argument (horovod_args.only_defaults).
 
 Each call is one stateful op (bridge.py): inside ``tf.function`` it runs exactly once per call of
 the function, in program order with the function's other collectives, never pruned even when its
 result is unused. Every rank must make the same calls in the same order, as with any collective.
 
-Gradients: ``allreduce`` with "sum" has the gradient ``allreduce(dy, "sum")``, with "avg"
-``allreduce(dy, "avg")`` (Horovod's), computed by a collective too, so every rank must take it;
+Gradients: ``allreduce`` with Sum has the gradient ``allreduce(dy, op=Sum)``, with Average
+``allreduce(dy, op=Average)`` (Horovod's), computed by a collective too, so every rank must take it;
 "min"/"max" have none (asking raises). ``allgather``'s gradient is this rank's rows of
 ``allreduce(dy, "sum")``. ``broadcast`` is not differentiable (None), like an assignment.
 
@@ -34,16 +40,21 @@ import tensorflow as tf
 from . import bridge
 from ..runtime import world
 from .fusion import plan_buckets
+from .horovod_args import Compression, compressor, only_defaults, reduce_op
 
-_OPS = ("sum", "avg", "min", "max")
 _MAX_DIMS = 8  # allgather sends each rank's shape in a fixed-size vector
+_NO_DEVICES = "ddl_triton's TensorFlow ops run on the host; TensorFlow places their inputs"
+_NO_SETS = "ddl_triton has no process sets: every call runs on the world"
 
 
-def init(**kwargs):
-    """The world communicator: ``ddl_triton.init(**kwargs)`` (ddlrun/mpiexec, or env:// RANK,
-    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no torch.distributed call needed). Idempotent."""
-    from ..runtime import world
-    return world.init(**kwargs)
+def init(comm=None, process_sets=None, **options):
+    """The world communicator: ``ddl_triton.init(**options)`` (ddlrun/mpiexec, or env:// RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no torch.distributed call needed). Idempotent. Horovod's
+    ``comm`` (an MPI sub-communicator) and ``process_sets`` are refused unless None."""
+    if comm is not None or process_sets is not None:
+        raise ValueError("ddl_triton.tensorflow.init: Horovod's comm= and process_sets= are not supported (this "
+                         "room runs on the world communicator; ddl_triton.init(sub_comm) makes others for the core)")
+    return world.init(**options)
 
 
 def rank() -> int:
@@ -56,19 +67,41 @@ def size() -> int:
     return bridge.comm().size
 
 
-def allreduce(tensor, op: str = "sum", name: str | None = None):
-    """``tensor`` reduced over every rank with ``op``, as a new tensor (module doc).
-    Example (2 ranks): allreduce(tf.constant([1, 2]) * (rank() + 1)) -> [3, 6] on both."""
+def local_rank() -> int:
+    """This process's index among the ranks of its host."""
     comm = bridge.comm()
+    return comm.placement.on_node.index(comm.rank)
+
+
+def local_size() -> int:
+    """The number of ranks on this process's host."""
+    return len(bridge.comm().placement.on_node)
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False):
+    """``tensor`` reduced over every rank, as a new tensor: Horovod's signature and defaults (op None
+    is Average; module doc). ``postscale(decompress(reduce(compress(prescale * tensor))))``.
+    Example (2 ranks): allreduce(tf.constant([1., 2.]) * (rank() + 1)) -> [1.5, 3.0] on both;
+    with op=Sum -> [3., 6.]."""
+    comm = bridge.comm()
+    op = reduce_op(op, average, comm.rank, "allreduce")
+    only_defaults(comm.rank, "allreduce", device_dense=(device_dense, "", _NO_DEVICES),
+                  device_sparse=(device_sparse, "", _NO_DEVICES), process_set=(process_set, None, _NO_SETS))
+    compression = compressor(compression, comm.rank, "allreduce")
     t = tf.convert_to_tensor(tensor)
     dtype = bridge.check_dtype(t.dtype, "allreduce", comm.rank)
-    if op not in _OPS:
-        raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.allreduce: op must be one of {', '.join(_OPS)}, "
-                         f"got {op!r}")
     if op == "avg" and not dtype.is_floating:
-        raise TypeError(f"rank {comm.rank}: ddl_triton.tensorflow.allreduce: op 'avg' needs a float tensor, got "
-                        f"{dtype.name} (a mean that truncates is rarely meant; use 'sum')")
-    return _allreduce(t, op, dtype, comm, name or "ddl_allreduce")
+        raise TypeError(f"rank {comm.rank}: ddl_triton.tensorflow.allreduce: op Average (the default) needs a float "
+                        f"tensor, got {dtype.name} (a mean that truncates is rarely meant; pass op=Sum)")
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and not dtype.is_floating:
+        raise TypeError(f"rank {comm.rank}: ddl_triton.tensorflow.allreduce: prescale_factor/postscale_factor "
+                        f"need a float tensor, got {dtype.name}")
+    if prescale_factor != 1.0:
+        t = t * tf.cast(prescale_factor, dtype)
+    wire, ctx = compression.compress(t)
+    out = compression.decompress(_allreduce(wire, op, wire.dtype, comm, name or "ddl_allreduce"), ctx)
+    return out * tf.cast(postscale_factor, dtype) if postscale_factor != 1.0 else out
 
 
 def _allreduce(t, op, dtype, comm, name):
@@ -101,10 +134,13 @@ def _differentiable(op: str, name: str):
     return reduced
 
 
-def broadcast(tensor, root: int = 0, name: str | None = None):
-    """Root's ``tensor`` on every rank, as a new tensor (not differentiable).
-    Example (2 ranks): broadcast(tf.fill([2], rank()), root=1) -> [1, 1] on both."""
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None):
+    """Rank ``root_rank``'s ``tensor`` on every rank, as a new tensor (not differentiable); Horovod's
+    signature (root_rank has no default there either).
+    Example (2 ranks): broadcast(tf.fill([2], rank()), 1) -> [1, 1] on both."""
     comm = bridge.comm()
+    only_defaults(comm.rank, "broadcast", process_set=(process_set, None, _NO_SETS))
+    root = root_rank
     t = tf.convert_to_tensor(tensor)
     dtype = bridge.check_dtype(t.dtype, "broadcast", comm.rank)
     _check_root(comm, root, "broadcast")
@@ -117,12 +153,13 @@ def broadcast(tensor, root: int = 0, name: str | None = None):
     return tf.stop_gradient(bridge.call(run, [t], [dtype], [t.shape], name or "ddl_broadcast")[0])
 
 
-def allgather(tensor, name: str | None = None):
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None):
     """Every rank's ``tensor`` concatenated along axis 0, in rank order (two collectives: the
     shapes, then the data padded to the longest). Ranks whose tensors differ beyond the first
     dimension, or in rank, raise ValueError on every rank.
     Example (2 ranks): allgather(tf.fill([rank() + 1], rank())) -> [0, 1, 1] on both."""
     comm = bridge.comm()
+    only_defaults(comm.rank, "allgather", process_set=(process_set, None, _NO_SETS))
     t = tf.convert_to_tensor(tensor)
     dtype = bridge.check_dtype(t.dtype, "allgather", comm.rank)
     if t.shape.rank is None or t.shape.rank == 0 or t.shape.rank > _MAX_DIMS:
@@ -163,10 +200,13 @@ def allgather(tensor, name: str | None = None):
     return gathered(t)
 
 
-def broadcast_variables(variables, root: int = 0) -> None:
-    """Assign root's value to each of ``variables`` (tf.Variable or Keras variables), on every rank:
-    one broadcast per bucket of one dtype (fusion.plan_buckets), eager or inside ``tf.function``."""
+def broadcast_variables(variables, root_rank, process_set=None, inplace=False) -> None:
+    """Assign rank ``root_rank``'s value to each of ``variables`` (tf.Variable or Keras variables), on
+    every rank: one broadcast per bucket of one dtype (fusion.plan_buckets), eager or inside
+    ``tf.function``. Horovod's signature; ``inplace`` either way: the variables are assigned."""
     comm = bridge.comm()
+    only_defaults(comm.rank, "broadcast_variables", process_set=(process_set, None, _NO_SETS))
+    root = root_rank
     _check_root(comm, root, "broadcast_variables")
     variables = list(variables)
     values = [tf.convert_to_tensor(v) for v in variables]
@@ -190,5 +230,5 @@ def broadcast_variables(variables, root: int = 0) -> None:
 
 def _check_root(comm, root, what: str) -> None:
     if not isinstance(root, (int, np.integer)) or isinstance(root, bool) or not 0 <= root < comm.size:
-        raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.{what}: root must be a rank in [0, {comm.size}), "
-                         f"got {root!r}")
+        raise ValueError(f"rank {comm.rank}: ddl_triton.tensorflow.{what}: root_rank must be a rank in "
+                         f"[0, {comm.size}), got {root!r}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import tensorflow as tf
 import torch
 
-from . import bridge
+from . import bridge, horovod_args
 from .. import compression_methods
 from ..runtime.arrays import torch_view
 from ..runtime.compression import per_level
@@ -61,7 +61,7 @@ def plan_buckets(shapes: list, dtypes: list, bucket_bytes: int) -> list[tuple]:
 class GradientReducer:
     """Averages (``op="avg"``) or sums (``op="sum"``) lists of gradients over the ranks of ``comm``
     (default: the world), fused into buckets (module doc). ``compression``: "none" (default), "auto"
-    or a method of ddl_triton/compression_methods.py; ``error_feedback``: keep what compression
+    or a method of ddl_triton/compression_methods.py, or Horovod's ``Compression.none``/``.fp16``; ``error_feedback``: keep what compression
     lost and send it with the bucket's next call (default True); ``block``: the int8
     quantization block. Counters: ``calls`` (reduce calls run), ``collectives`` (buckets reduced),
     ``residual_resets``.
@@ -71,6 +71,7 @@ class GradientReducer:
     def __init__(self, compression: str = compression_methods.NONE, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  op: str = "avg", error_feedback: bool = True, block: int = 256, comm=None):
         self.comm = comm if comm is not None else bridge.comm()
+        compression = horovod_args.method(compression, self.comm.rank, "GradientReducer")  # Horovod's Compression too
         self.compression = compression_methods.check_choice(compression, f"rank {self.comm.rank}: compression")
         if op not in ("avg", "sum"):
             raise ValueError(f"rank {self.comm.rank}: GradientReducer: op must be 'avg' or 'sum', got {op!r}")

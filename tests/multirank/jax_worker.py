@@ -136,7 +136,7 @@ def exact_collectives(ck: Checks, comm, ddj, jax, jnp, torch) -> None:
             ck.identical(f"{what}: identical on every rank", *in_jit)
             ck.same(f"allgather {x.shape} {dtype} (jit)", got_all, np.concatenate(every))
         x = xs[dtype][3]  # eager: one size per dtype (each eager shape compiles a program of its own)
-        ck.same(f"allreduce {x.shape} {dtype} sum (eager) = in jit", ddj.allreduce(x), np.asarray(reduced[dtype][3][0]))
+        ck.same(f"allreduce {x.shape} {dtype} sum (eager) = in jit", ddj.allreduce(x, "sum"), np.asarray(reduced[dtype][3][0]))
         ck.same(f"allgather {x.shape} {dtype} (eager) = in jit", ddj.allgather(x), np.asarray(gathered[dtype][3]))
     for dtype in ("bool", "uint8"):
         x = (np.arange(11) % 2 == r % 2) if dtype == "bool" else (np.arange(11) * (r + 1)).astype(np.uint8)
@@ -165,8 +165,8 @@ def exact_collectives(ck: Checks, comm, ddj, jax, jnp, torch) -> None:
 def calls_in_order(ck: Checks, comm, ddj, jax, jnp) -> None:
     n, r = comm.size, comm.rank
     logged = Logged(comm)
-    f = jax.jit(lambda x: (ddj.allreduce(x, comm=logged), ddj.allgather(x[:2], comm=logged)))
-    g = jax.jit(lambda x: (ddj.allreduce(x * 2, comm=logged), x + 1)[1])  # the collective's result unused
+    f = jax.jit(lambda x: (ddj.allreduce(x, "sum", comm=logged), ddj.allgather(x[:2], comm=logged)))
+    g = jax.jit(lambda x: (ddj.allreduce(x * 2, "sum", comm=logged), x + 1)[1])  # the collective's result unused
     results = []
     for i in range(N_CALLS):
         x = jnp.full(5, float(i * n + r), jnp.float32)
@@ -187,7 +187,7 @@ def gradients(ck: Checks, comm, ddj, jax, jnp) -> None:
     c = lambda q: np.arange(m, dtype=np.float32) + q + 1  # noqa: E731 - rank q's cotangent weights
     x = jnp.arange(m, dtype=jnp.float32) * (r + 1)
     for how, wrap in (("eager", lambda fn: fn), ("jit", jax.jit)):
-        got = wrap(jax.grad(lambda x: jnp.sum(c(r) * ddj.allreduce(x))))(x)
+        got = wrap(jax.grad(lambda x: jnp.sum(c(r) * ddj.allreduce(x, "sum"))))(x)
         ck.same(f"grad through allreduce sum ({how}): the cotangents' sum", got, sum(c(q) for q in range(n)))
         got = wrap(jax.grad(lambda x: jnp.sum(c(r) * ddj.allreduce(x, "avg"))))(x)
         ck.same(f"grad through allreduce avg ({how}): the cotangents' avg", got,
@@ -280,7 +280,7 @@ def training(ck: Checks, comm, ddj, jax, jnp, optax) -> None:
 def bad_input(ck: Checks, comm, ddj, jax, jnp) -> None:
     r = comm.rank
     ck.raises("allreduce of int8: refused on every rank, naming it", TypeError,
-              lambda: ddj.allreduce(jnp.ones(3, jnp.int8)), f"rank {r}: ddl_triton.jax.allreduce: dtype int8")
+              lambda: ddj.allreduce(jnp.ones(3, jnp.int8), "sum"), f"rank {r}: ddl_triton.jax.allreduce: dtype int8")
     ck.raises("allreduce avg of int32: refused", TypeError, lambda: ddj.allreduce(jnp.ones(3, jnp.int32), "avg"),
               f"rank {r}: ")
     ck.raises("broadcast from a rank that does not exist", ValueError,
@@ -292,7 +292,8 @@ def bad_input(ck: Checks, comm, ddj, jax, jnp) -> None:
                   jnp.ones(4)), f"rank {r}: ")
     t0 = time.monotonic()
     ck.raises("arrays whose shapes differ across ranks (in jit): the mismatch on every rank", Exception,
-              lambda: np.asarray(jax.jit(ddj.allreduce)(jnp.ones(5 + r))), f"rank {r}: ranks disagree on collective")
+              lambda: np.asarray(jax.jit(lambda x: ddj.allreduce(x, "sum"))(jnp.ones(5 + r))),
+              f"rank {r}: ranks disagree on collective")
     ck.true(f"... told within {MISMATCH_LIMIT_S} s", time.monotonic() - t0 < MISMATCH_LIMIT_S,
             f"{time.monotonic() - t0:.1f} s")
 

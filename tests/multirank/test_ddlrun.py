@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddl_triton import status_files
-from ddl_triton.launch import checks, command, report, supervision
+from ddl_triton.launch import checks, command, host_list, report, supervision
 from ddl_triton.launch.ddlrun import main
 
 JOB_TIMEOUT_S = 60
@@ -243,6 +243,26 @@ def test_a_hostfile_line_that_is_not_a_host_is_named(capsys, script, tmp_path):
 def test_open_mpi_gets_its_host_list():
     words = command.mpiexec_command("mpiexec", "Open MPI", 4, {}, ["python", "t.py"], hosts="h1:2,h2:2")
     assert words == ["mpiexec", "--host", "h1:2,h2:2", "-n", "4", "-x", "DDL_JOB_SECRET", "python", "t.py"]
+
+
+def test_a_host_that_no_rank_of_a_failed_job_started_on_is_unreached():
+    hosts = [("h1", 2), ("h2", 2), ("h3", 1)]
+    assert host_list.ranks_on(hosts, 3) == {"h1": [0, 1], "h2": [2]}  # h3: no rank placed there
+    records = _records(r0={"alive": ""}, r1={"start": "12", "returncode": "1"})
+    assert host_list.unreached(hosts, 3, records) == {"h2": [2]}
+    assert host_list.unreached(hosts, 3, {**records, 2: {"alive": ""}}) == {}  # its guard ran: reached
+
+
+def test_ddlrun_names_the_host_it_could_not_reach(tmp_path, capsys):
+    """ssh's own words ("Could not resolve hostname ...") never say which host of the job; ddlrun does
+    (a name under .invalid never resolves: RFC 6761). Nothing starts, so no rank runs."""
+    code = main(["-n", "1", "-H", "nosuchhost.invalid", "--", sys.executable, "-c", "pass"])
+    err = capsys.readouterr().err
+    assert code != 0, err
+    assert "ddlrun: could not reach host nosuchhost.invalid: none of its ranks (0) started there; its name does " \
+           "not resolve" in err, err
+    assert err.rstrip().splitlines()[-1].startswith("ddlrun: job failed with exit code ") and \
+        err.rstrip().endswith("(could not reach host nosuchhost.invalid)"), err
 
 
 def test_the_report_names_the_host_of_a_rank_on_another_host(capsys):

@@ -144,6 +144,36 @@ def test_the_local_cluster_predicts_from_a_fitted_model():
     assert slower > faster + 2 * (1 << 20) / 4 / 100e6  # at least the emulated wire time of two ring steps
 
 
+def test_a_prediction_never_tunes_unless_asked_and_says_which_figures_it_used(monkeypatch, capsys):
+    """No side effects: without --tune, no ddl-tune runs and no table is written (the test session's
+    tuning cache is empty, so the built-in model stands in, said so); --tune probes, with progress."""
+    from ddl_triton.simulation import cluster
+
+    probes = []
+    monkeypatch.setattr(cluster, "_probe", lambda ranks, topology, extra, why: probes.append((ranks, topology)))
+    assert cli.main(["allreduce", "--cluster", "local", "--ranks", "2", "--bytes", "4096"]) == 0
+    assert cli.main(["allreduce", "--cluster", "testbed", "--ranks", "2", "--topology", "1x2", "--bytes", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert probes == [], "a prediction ran ddl-tune without --tune"
+    assert out.count("the built-in defaults of ddl_triton/planning/costmodel.py: no ddl-tune table for 2 ranks") == 2
+    assert "--tune measures this host" in out and "link figures: " in out and "testbed.toml" in out
+    assert cli.main(["allreduce", "--cluster", "minsky", "--ranks", "8", "--bytes", "4096"]) == 0
+    assert "figures: " in capsys.readouterr().out  # the cluster file named
+    assert cli.main(["allreduce", "--cluster", "local", "--ranks", "2", "--bytes", "4096", "--tune"]) == 0
+    assert probes == [(2, "")]
+
+
+def test_the_probe_shows_ddl_tunes_progress(monkeypatch):
+    from ddl_triton.simulation import cluster
+
+    ran = []
+    monkeypatch.setattr(cluster.subprocess, "run", lambda command, **kw: ran.append((command, kw)))
+    cluster._probe(2, "", [], "no ddl-tune table")
+    command, kw = ran[0]
+    assert "ddl_triton.tune" in command and "--quiet" not in command  # its progress bar, on stderr
+    assert "stderr" not in kw  # inherited: the user sees it
+
+
 def test_a_fresh_probe_serves_this_process_and_leaves_the_tuning_cache_alone(monkeypatch):
     import dataclasses
 

@@ -9,19 +9,24 @@ closing report (tests/multirank/test_tensorflow.py reads them):
                  across ranks; a tf.function of 3 collectives (one result unused) called N times
                  makes exactly 3N collectives in program order; gradients through allreduce and
                  allgather; the fused GradientReducer bitwise equal to per-tensor calls (and its
-                 int8 path to the compressed allreduce on the same bucket), one collective per bucket
+                 int8 path to the compressed allreduce on the same bucket), one collective per bucket;
+                 Horovod's signatures and defaults (allreduce averages unless op=Sum; average=,
+                 prescale/postscale, Compression.fp16), and explain with TensorFlow's dtypes
     training     a custom loop (eager and tf.function, DistributedGradientTape) and model.fit
                  (DistributedOptimizer + BroadcastGlobalVariablesCallback, rank-dependent initial
                  weights) against one-process full-batch training, tolerance derived in
                  ``check_close``; replicas bitwise identical, with int8 compression too
-    errors       bad input refused on every rank naming it; a shape mismatch across ranks is the
-                 core's call check, eagerly and inside tf.function, within the deadline
+    errors       bad input refused on every rank naming it, and Horovod's spellings this room does
+                 not honour; a shape mismatch across ranks is the core's call check, eagerly and
+                 inside tf.function (its line said first on stderr), within the deadline
 
 Run: mpiexec -n 2 python tests/multirank/tf_worker.py [--modes collectives,training,errors]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 import time
@@ -67,7 +72,7 @@ def check_collectives(ck: Checker, r: int, w: int) -> None:
 
     @tf.function
     def reduced(x):
-        return dtf.allreduce(x, "sum"), dtf.allreduce(x, "min"), dtf.allreduce(x, "max")
+        return dtf.allreduce(x, op=dtf.Sum), dtf.allreduce(x, op=dtf.Min), dtf.allreduce(x, op=dtf.Max)
 
     for dtype in DTYPES:
         for n in SIZES:
@@ -77,13 +82,13 @@ def check_collectives(ck: Checker, r: int, w: int) -> None:
                       "avg": np.sum(every, 0) / w}
             ops = ["sum", "min", "max"] + (["avg"] if dtype.is_floating and w & (w - 1) == 0 else [])
             for op in ops:
-                got = dtf.allreduce(x, op)
+                got = dtf.allreduce(x, op=op)
                 ck.equal(f"eager {op} {dtype.name} n={n}", as_torch(got), as_torch(tf.cast(expect[op], dtype)))
                 ck.identical(f"eager {op} {dtype.name} n={n} across ranks", as_torch(got))
             for op, got in zip(("sum", "min", "max"), reduced(x)):
                 ck.equal(f"tf.function {op} {dtype.name} n={n}", as_torch(got), as_torch(tf.cast(expect[op], dtype)))
             root = n % w
-            got = dtf.broadcast(x, root=root)
+            got = dtf.broadcast(x, root)
             ck.equal(f"broadcast {dtype.name} n={n} root={root}", as_torch(got), as_torch(data(n, root, dtype)))
             rows = [tf.reshape(data(3 * (q + 1) * (n % 4), q, dtype), [(q + 1) * (n % 4), 3]) for q in range(w)]
             got = dtf.allgather(rows[r])
@@ -97,16 +102,79 @@ def check_collectives(ck: Checker, r: int, w: int) -> None:
             for op in ("sum", "avg"):
                 ref = as_torch(x).clone()
                 comm.allreduce(ref, op=op)
-                ck.equal(f"{op} {dtype.name} n={n} bitwise the torch path", as_torch(dtf.allreduce(x, op)), ref)
+                ck.equal(f"{op} {dtype.name} n={n} bitwise the torch path", as_torch(dtf.allreduce(x, op=op)), ref)
 
     # broadcast_variables: every rank ends with root's values
     vs = [tf.Variable(data(n, r, d)) for d in (tf.float32, tf.int64, tf.bfloat16) for n in (1, 5, 0, 257)]
-    dtf.broadcast_variables(vs, root=w - 1)
+    dtf.broadcast_variables(vs, w - 1)
     for i, v in enumerate(vs):
         ck.equal(f"broadcast_variables {i}", as_torch(tf.convert_to_tensor(v)), as_torch(data(v.shape[0], w - 1, v.dtype)))
     check_order(ck, comm, r, w)
     check_gradients(ck, r, w)
     check_fusion(ck, comm, r, w)
+    check_horovod(ck, comm, r, w)
+
+
+# Horovod's signatures (horovod.tensorflow and .keras, 0.28), each parameter with its default; ours must
+# start with the same names in the same order and the same defaults (process_set: None for Horovod's
+# global_process_set, compression: our Compression.none). docs/tensorflow.md has the table.
+_NONE = object()  # "no default"
+HOROVOD = {
+    "allreduce": [("tensor", _NONE), ("average", None), ("device_dense", ""), ("device_sparse", ""),
+                  ("compression", "Compression.none"), ("op", None), ("prescale_factor", 1.0),
+                  ("postscale_factor", 1.0), ("name", None), ("process_set", None), ("ignore_name_scope", False)],
+    "broadcast": [("tensor", _NONE), ("root_rank", _NONE), ("name", None), ("ignore_name_scope", False),
+                  ("process_set", None)],
+    "allgather": [("tensor", _NONE), ("name", None), ("ignore_name_scope", False), ("process_set", None)],
+    "broadcast_variables": [("variables", _NONE), ("root_rank", _NONE), ("process_set", None), ("inplace", False)],
+    "init": [("comm", None), ("process_sets", None)],
+    "DistributedGradientTape": [("gradtape", _NONE), ("device_dense", ""), ("device_sparse", ""),
+                                ("compression", "Compression.none"), ("sparse_as_dense", False), ("op", "Average"),
+                                ("gradient_predivide_factor", 1.0), ("num_groups", 0), ("groups", None),
+                                ("process_set", None), ("scale_local_gradients", True)],
+    "DistributedOptimizer": [("optimizer", _NONE), ("name", None), ("device_dense", ""), ("device_sparse", ""),
+                             ("compression", "Compression.none"), ("sparse_as_dense", False),
+                             ("gradient_predivide_factor", 1.0), ("op", "Average"), ("backward_passes_per_step", 1),
+                             ("average_aggregated_gradients", False), ("num_groups", 0), ("groups", None),
+                             ("process_set", None), ("scale_local_gradients", True)],
+    "BroadcastGlobalVariablesCallback": [("root_rank", _NONE), ("device", ""), ("local_variables", None)],
+}
+
+
+def check_horovod(ck: Checker, comm, r: int, w: int) -> None:
+    """Names borrowed from Horovod bring its signatures and defaults: allreduce averages by default."""
+    import inspect
+    named = {"Compression.none": dtf.Compression.none, "Average": dtf.Average}
+    for name, params in HOROVOD.items():
+        obj = getattr(dtf, name)
+        ours = list(inspect.signature(obj.__init__ if inspect.isclass(obj) else obj).parameters.values())
+        ours = [q for q in ours if q.name != "self"][:len(params)]
+        got = [(q.name, _NONE if q.default is inspect.Parameter.empty else q.default) for q in ours]
+        want = [(n, named.get(d, d) if isinstance(d, str) else d) for n, d in params]
+        ck.true(f"{name}: Horovod's parameters, order and defaults", got == want, f"{got} != {want}")
+    x = data(6, r, tf.float32)
+    every = [data(6, q, tf.float64).numpy() for q in range(w)]
+    total = tf.cast(np.sum(every, 0), tf.float32)
+    if w & (w - 1) == 0:  # the mean is exact in binary
+        mean = tf.cast(np.sum(every, 0) / w, tf.float32)
+        ck.equal("allreduce averages by default (Horovod's op=None)", as_torch(dtf.allreduce(x)), as_torch(mean))
+        ck.equal("average=True averages", as_torch(dtf.allreduce(x, True)), as_torch(mean))
+        ck.equal("tf.function: the default averages", as_torch(tf.function(lambda v: dtf.allreduce(v))(x)),
+                 as_torch(mean))
+    ck.equal("average=False sums", as_torch(dtf.allreduce(x, average=False)), as_torch(total))
+    ck.equal("op=Sum sums", as_torch(dtf.allreduce(x, op=dtf.Sum)), as_torch(total))
+    ck.equal("prescale 2, postscale 1/2: the sum", as_torch(dtf.allreduce(x, op=dtf.Sum, prescale_factor=2.0,
+                                                                         postscale_factor=0.5)), as_torch(total))
+    fp16 = dtf.allreduce(x, op=dtf.Sum, compression=dtf.Compression.fp16)
+    ck.true("Compression.fp16 hands back the tensor's dtype", fp16.dtype == tf.float32, str(fp16.dtype))
+    ck.equal("Compression.fp16: the sum (small integers are exact in float16)", as_torch(fp16), as_torch(total))
+    ck.true("local_rank, local_size (one host)", (dtf.local_rank(), dtf.local_size()) == (r, w),
+            f"{(dtf.local_rank(), dtf.local_size())}")
+    ck.true("Compression.fp16 is the fp16 method for the reducer",
+            dtf.GradientReducer(dtf.Compression.fp16).compression == "fp16")
+    ck.true("explain takes TensorFlow's dtype spelling", comm.explain("allreduce", 1 << 16, tf.float32) ==
+            comm.explain("allreduce", 1 << 16, torch.float32) and comm.explain("allreduce", 64, tf.bfloat16) ==
+            comm.explain("allreduce", 64, torch.bfloat16))
 
 
 def check_order(ck: Checker, comm, r: int, w: int) -> None:
@@ -122,9 +190,9 @@ def check_order(ck: Checker, comm, r: int, w: int) -> None:
 
     @tf.function
     def three(x):
-        a = dtf.allreduce(x + 1.0)
-        dtf.allreduce(x + 2.0)  # unused: must run all the same
-        c = dtf.allreduce(a + 3.0 * w)
+        a = dtf.allreduce(x + 1.0, op=dtf.Sum)
+        dtf.allreduce(x + 2.0, op=dtf.Sum)  # unused: must run all the same
+        c = dtf.allreduce(a + 3.0 * w, op=dtf.Sum)
         return c
 
     comm.allreduce = logged
@@ -146,7 +214,7 @@ def check_gradients(ck: Checker, r: int, w: int) -> None:
             def grad(x, op=op):
                 with tf.GradientTape() as tape:
                     tape.watch(x)
-                    y = tf.reduce_sum(dtf.allreduce(x * c, op))
+                    y = tf.reduce_sum(dtf.allreduce(x * c, op=op))
                 return tape.gradient(y, x)
             run = tf.function(grad) if fn == "tf.function" else grad
             got = run(tf.constant([1.0, 2.0, 3.0]))
@@ -296,24 +364,58 @@ def check_training(ck: Checker, r: int, w: int) -> None:
 
 # -- errors ----------------------------------------------------------------------------------------
 def check_errors(ck: Checker, r: int, w: int) -> None:
+    import keras
     for what, value in (("string", tf.constant(["a"])), ("complex", tf.constant([1j], tf.complex64)),
                         ("bool", tf.constant([True])), ("int8", tf.constant([1], tf.int8))):
         ck.raises(f"allreduce of {what}", TypeError, lambda v=value: dtf.allreduce(v), f"rank {r}")
-    ck.raises("unknown op", ValueError, lambda: dtf.allreduce(tf.ones(2), "prod"), f"rank {r}")
-    ck.raises("avg of integers", TypeError, lambda: dtf.allreduce(tf.ones(2, tf.int32), "avg"), f"rank {r}")
-    ck.raises("broadcast root out of range", ValueError, lambda: dtf.broadcast(tf.ones(2), root=w), f"rank {r}")
+    ck.raises("unknown op", ValueError, lambda: dtf.allreduce(tf.ones(2), op="prod"), f"rank {r}")
+    ck.raises("avg of integers", TypeError, lambda: dtf.allreduce(tf.ones(2, tf.int32), op=dtf.Average), f"rank {r}")
+    ck.raises("the default (Average) of integers", TypeError, lambda: dtf.allreduce(tf.ones(2, tf.int32)),
+              "op Average (the default) needs a float tensor")
+    ck.raises("broadcast root out of range", ValueError, lambda: dtf.broadcast(tf.ones(2), w), f"rank {r}")
     ck.raises("unknown compression", ValueError, lambda: dtf.GradientReducer("zip"), f"rank {r}")
     ck.raises("optimizer that is not Keras'", TypeError, lambda: dtf.DistributedOptimizer(object()), "Keras")
+    # Horovod's spellings that ddl_triton does not honour: refused by name, never silently something else
+    t = tf.ones(2)
+    for what, exc, fn, says in (
+            ("the old allreduce(t, 'sum'): its 2nd argument is Horovod's average", TypeError,
+             lambda: dtf.allreduce(t, "sum"), "average='sum' is Horovod's deprecated flag"),
+            ("op and average both", ValueError, lambda: dtf.allreduce(t, average=True, op=dtf.Sum), "supersedes"),
+            ("device_dense", ValueError, lambda: dtf.allreduce(t, device_dense="/gpu:0"), "device_dense='/gpu:0'"),
+            ("a process set", ValueError, lambda: dtf.allreduce(t, process_set="evens"), "no process sets"),
+            ("a compression of ddl's own in allreduce", TypeError, lambda: dtf.allreduce(t, compression="int8"),
+             "Compression.none or Compression.fp16"),
+            ("prescale of integers", TypeError, lambda: dtf.allreduce(tf.ones(2, tf.int32), op=dtf.Sum,
+                                                                      prescale_factor=2.0), "need a float tensor"),
+            ("Adasum", AttributeError, lambda: dtf.Adasum, "Adasum reduction is not implemented"),
+            ("broadcast without root_rank", TypeError, lambda: dtf.broadcast(t), "root_rank"),
+            ("the callback without root_rank", TypeError, lambda: dtf.BroadcastGlobalVariablesCallback(), "root_rank"),
+            ("the callback on a device", ValueError, lambda: dtf.BroadcastGlobalVariablesCallback(0, device="/gpu:0"),
+             "device='/gpu:0'"),
+            ("gradient_predivide_factor", ValueError,
+             lambda: dtf.DistributedGradientTape(tf.GradientTape(), gradient_predivide_factor=2.0),
+             "gradient_predivide_factor=2.0 is not supported"),
+            ("backward_passes_per_step", ValueError,
+             lambda: dtf.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2),
+             "backward_passes_per_step=2"),
+            ("init(comm=...)", ValueError, lambda: dtf.init(comm=object()), "comm= and process_sets=")):
+        ck.raises(f"Horovod's spelling refused: {what}", exc, fn, says)
     if w > 1:
         from ddl_triton.errors import CollectiveMismatch
         t0 = time.monotonic()
-        ck.raises("eager: shapes differ across ranks", CollectiveMismatch, lambda: dtf.allreduce(tf.ones(r + 1)),
+        ck.raises("eager: shapes differ across ranks", CollectiveMismatch, lambda: dtf.allreduce(tf.ones(r + 1), op=dtf.Sum),
                   f"rank {r}")
         ck.true("eager mismatch within the deadline", time.monotonic() - t0 < 60)
         ddl_triton.finalize()  # the mismatch poisoned the world communicator: a new one for the next case
         ddl_triton.init()
-        f = tf.function(lambda x: dtf.allreduce(x))
-        ck.raises("tf.function: shapes differ across ranks", tf.errors.OpError, lambda: f(tf.ones(r + 1)), "rank")
+        f = tf.function(lambda x: dtf.allreduce(x, op=dtf.Sum))
+        said = io.StringIO()  # what the user's stderr shows first: the mismatch, not TF's trace of the op
+        with contextlib.redirect_stderr(said):
+            ck.raises("tf.function: shapes differ across ranks", tf.errors.OpError, lambda: f(tf.ones(r + 1)), "rank")
+        first = (said.getvalue().splitlines() or [""])[0]
+        ck.true("tf.function: the mismatch line comes first on stderr",
+                first.startswith(f"ddl_triton.errors.CollectiveMismatch: rank {r}: ranks disagree on collective #")
+                and "inside tf.function" in first, said.getvalue()[:600])
 
 
 MODES = {"collectives": check_collectives, "training": check_training, "errors": check_errors}

@@ -341,3 +341,21 @@ def test_tensorflow_eager_tensors_come_in_through_dlpack_and_go_back_as_new_tens
         assert gathered is out and np.array_equal(out, np.concatenate([_values(0, 7), _values(1, 7)]))
     with pytest.raises(TypeError, match=r"rank 0: output is a tensorflow.*cannot be written in place"):
         comms[0].all_gather(tf.zeros(2), np.ones(1, np.float32))
+
+
+def test_explain_takes_every_dtype_spelling_the_collectives_take():
+    """``comm.explain(collective, nbytes, dtype)`` with dtype spelt as any framework spells it plans as
+    for the torch dtype; it crashed on "float32" and on np.float32 (an AttributeError on itemsize)."""
+    _, (comm, _) = _communicators(2)
+    comm._planner = comm._runner.plans._planner  # (TensorFlow's spelling: tests/multirank/tf_worker.py)
+    spellings = {torch.float32: torch.float32, "float32": torch.float32, "torch.float32": torch.float32,
+                 np.float32: torch.float32, np.dtype("float32"): torch.float32, jnp.float32: torch.float32,
+                 "bfloat16": torch.bfloat16, ml_dtypes.bfloat16: torch.bfloat16, jnp.bfloat16: torch.bfloat16,
+                 np.int64: torch.int64, "int32": torch.int32, "half": torch.float16, "double": torch.float64}
+    for nbytes in (64, 1 << 20):
+        for spelling, as_torch in spellings.items():
+            assert comm.explain("allreduce", nbytes, spelling) == comm.explain("allreduce", nbytes, as_torch), spelling
+    for bad, why in ((np.int8, "not one the collectives take"), ("complex64", "not one the collectives take"),
+                     ("float", "ambiguous: float32 to torch, float64 to NumPy"), (object(), "not one")):
+        with pytest.raises(TypeError, match=f"rank 0: dtype .*{why}"):
+            comm.explain("allreduce", 64, bad)

@@ -202,6 +202,43 @@ def test_a_lost_store_is_the_coordinator_lost():
         m.start(1, 2)
 
 
+class _BrokenStore:
+    """A TCPStore client whose server died: DistNetworkError on every call, whose text torch follows
+    with its C++ frames (and, on stderr, a ~15-line warning per failed call: the cost counted here)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            self.calls += 1
+            raise dist.DistNetworkError("Broken pipe\nException raised from sendBytes at Utils.hpp:758\n"
+                                        "frame #0: c10::Error::Error(...)")
+        return fail
+
+
+def test_a_broken_store_client_is_called_once_and_the_coordinator_lost_leads_with_its_cause():
+    """Once torch's client broke (it never reconnects), neither the watcher's polls nor the rank's own
+    calls touch it again: the job ended under about 90 lines of C++ frames, one warning per poll."""
+    from ddl_triton.runtime.membership import Decision
+
+    store = _BrokenStore()
+    m = Membership(store, 1, "h1", timeout=5.0)
+    m.current = Decision(0, [0, 1], 1)
+    m.watch()
+    try:
+        time.sleep(0.6)  # a dozen of the watcher's polls
+        assert store.calls == 1, f"the watcher kept calling a broken store: {store.calls} calls"
+        with pytest.raises(CoordinatorLost) as lost:
+            m.revoke("rank 1: allreduce #3 failed: rank 0 on h0 died")
+        assert store.calls == 1  # said at once, from what broke it
+        text = str(lost.value)
+        assert text.startswith("member 1 on h1: elastic job: lost the store (") and "Broken pipe" in text
+        assert len(text.splitlines()) == 1 and "frame #" not in text
+    finally:
+        m.close()
+
+
 class _SilentStore:
     """A store across a link cut both ways: torch's TCPStore client then blocks in check/get/compare_set
     past its own timeout (seen for 15 s past a 2 s timeout)."""

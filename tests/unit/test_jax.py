@@ -67,7 +67,7 @@ def test_world_of_one_every_call_is_the_identity_and_exact():
         np.testing.assert_array_equal(ddj.allreduce(x, op), x)
     np.testing.assert_array_equal(ddj.allgather(x), x)
     tree = {"a": x, "flag": jnp.array([True, False]), "k": jax.random.PRNGKey(3)}
-    got = jax.jit(ddj.broadcast)(tree)
+    got = jax.jit(lambda t: ddj.broadcast(t, 0))(tree)
     assert all(np.asarray(a).tobytes() == np.asarray(b).tobytes() for a, b in
                zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(tree)))
     grads = {"w": jnp.ones((3, 4)), "b": jnp.arange(4, dtype=jnp.bfloat16), "empty": jnp.zeros((0,))}
@@ -84,7 +84,7 @@ def test_vjp_rules_over_two_mirrored_ranks():
     comm = Mirror()
     x, c = jnp.arange(4.0), jnp.array([1.0, 2.0, 3.0, 4.0])
     # allreduce sum: y = 2x, the cotangent's allreduce-sum is 2c; avg: y = x, the cotangent's avg is c
-    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(c * ddj.allreduce(x, comm=comm)))(x), 2 * c)
+    np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(c * ddj.allreduce(x, "sum", comm=comm)))(x), 2 * c)
     np.testing.assert_array_equal(jax.grad(lambda x: jnp.sum(c * ddj.allreduce(x, "avg", comm=comm)))(x), c)
     # allgather: y = [x, x]; rank 0's gradient is block 0 of the cotangents' sum: 2 * c2[:4]
     c2 = jnp.arange(8.0)
@@ -101,15 +101,15 @@ def test_vjp_rules_over_two_mirrored_ranks():
     with pytest.raises(NotImplementedError, match="rank 0: ddl_triton.jax.allreduce: no gradient is defined for op 'max'"):
         jax.grad(lambda x: jnp.sum(ddj.allreduce(x, "max", comm=comm)))(x)
     with pytest.raises(TypeError, match="custom_vjp"):  # forward mode: JAX's own refusal, documented
-        jax.jvp(lambda x: ddj.allreduce(x, comm=comm), (x,), (x,))
+        jax.jvp(lambda x: ddj.allreduce(x, "sum", comm=comm), (x,), (x,))
 
 
 def test_a_jitted_function_called_n_times_makes_n_collectives_in_order_even_unused():
     comm = Mirror()
-    f = jax.jit(lambda x: (ddj.allreduce(x, comm=comm), ddj.allgather(x, comm=comm)))
-    g = jax.jit(lambda x: (ddj.allreduce(x, comm=comm), x + 1)[1])  # the collective's result is dropped
+    f = jax.jit(lambda x: (ddj.allreduce(x, "sum", comm=comm), ddj.allgather(x, comm=comm)))
+    g = jax.jit(lambda x: (ddj.allreduce(x, "sum", comm=comm), x + 1)[1])  # the collective's result is dropped
     const = jnp.arange(3.0)  # closed over: a value inside the trace, not a tracer
-    h = jax.jit(lambda: ddj.allreduce(const, comm=comm))
+    h = jax.jit(lambda: ddj.allreduce(const, "sum", comm=comm))
     for i in range(4):
         f(jnp.full(3, float(i)))
         g(jnp.full(3, float(i)))
@@ -117,7 +117,7 @@ def test_a_jitted_function_called_n_times_makes_n_collectives_in_order_even_unus
     jax.effects_barrier()
     assert comm.log == ["allreduce", "all_gather", "allreduce", "allreduce"] * 4
     comm.log.clear()  # control flow: every scan iteration makes its collective; grad adds the backward ones
-    scan = jax.jit(jax.grad(lambda xs: jax.lax.scan(lambda c, x: (c + ddj.allreduce(x, comm=comm), None),
+    scan = jax.jit(jax.grad(lambda xs: jax.lax.scan(lambda c, x: (c + ddj.allreduce(x, "sum", comm=comm), None),
                                                     jnp.zeros(2), xs)[0].sum()))
     np.testing.assert_array_equal(scan(jnp.ones((3, 2))), jnp.full((3, 2), 2.0))
     jax.effects_barrier()
@@ -128,7 +128,7 @@ def test_bad_input_is_refused_at_trace_time_naming_the_rank():
     comm = Mirror()
     x = jnp.ones(3)
     with pytest.raises(TypeError, match="rank 0: ddl_triton.jax.allreduce: dtype int8 is not reduced"):
-        ddj.allreduce(jnp.ones(3, jnp.int8), comm=comm)
+        ddj.allreduce(jnp.ones(3, jnp.int8), "sum", comm=comm)
     with pytest.raises(TypeError, match="op 'avg' of int32 would truncate"):
         ddj.allreduce(jnp.ones(3, jnp.int32), "avg", comm=comm)
     with pytest.raises(ValueError, match="op must be one of sum, avg, min, max, got 'prod'"):
@@ -144,13 +144,83 @@ def test_bad_input_is_refused_at_trace_time_naming_the_rank():
     with pytest.raises(ValueError, match="method 'none' keeps no state"):
         ddj.GradientCompression("none", comm=comm)
     with pytest.raises(TypeError, match="comm must be a ddl_triton.Communicator"):
-        ddj.allreduce(x, comm=object())
+        ddj.allreduce(x, "sum", comm=object())
     with pytest.raises(TypeError, match="tx must be an optax GradientTransformation"):
         ddj.distributed(lambda g: g, comm=comm)
     with pytest.raises(NotImplementedError, match="a compressed allreduce .* has no gradient"):
         jax.grad(lambda x: ddj.allreduce_gradients(x, compression=ddj.GradientCompression(comm=comm)).sum())(x)
     with pytest.raises(ValueError, match="Cannot `vmap` ordered IO callback"):  # JAX's own, documented
-        jax.vmap(lambda v: ddj.allreduce(v, comm=comm))(jnp.ones((2, 3)))
+        jax.vmap(lambda v: ddj.allreduce(v, "sum", comm=comm))(jnp.ones((2, 3)))
+
+
+# The anchors' signatures (mpi4jax's collectives without their token=; Horovod's torch and TF ones): a name
+# borrowed brings its parameters' names, order and defaults. docs/jax.md has the table.
+_REQUIRED = object()
+ANCHORS = {
+    "allreduce": [("x", _REQUIRED), ("op", _REQUIRED), ("comm", None)],          # mpi4jax.allreduce(x, op, *, comm)
+    "allgather": [("x", _REQUIRED), ("comm", None)],                             # mpi4jax.allgather(x, *, comm)
+    "broadcast": [("tree", _REQUIRED), ("root", _REQUIRED), ("comm", None)],     # Horovod root_rank / mpi4jax root
+    "broadcast_params": [("params", _REQUIRED), ("root", _REQUIRED), ("comm", None)],  # Horovod broadcast_parameters
+    "allreduce_gradients": [("grads", _REQUIRED), ("op", "avg")],                # Horovod's gradients: Average
+    "distributed": [("tx", _REQUIRED), ("op", "avg")],                           # Horovod's DistributedOptimizer
+}
+
+
+def test_borrowed_names_bring_their_anchors_signatures_and_defaults():
+    import inspect
+    for name, params in ANCHORS.items():
+        ours = list(inspect.signature(getattr(ddj, name)).parameters.values())
+        got = [(q.name, _REQUIRED if q.default is inspect.Parameter.empty else q.default) for q in ours]
+        assert [g for g in got if g[0] in dict(params)] == params, (name, got)
+    comm = Mirror()
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'op'"):
+        ddj.allreduce(jnp.ones(3), comm=comm)  # no default: Horovod's (Average) is not mpi4jax's (none)
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'root'"):
+        ddj.broadcast(jnp.ones(3), comm=comm)
+
+
+def test_mpi4jaxs_op_spelling_means_the_same_and_other_mpi_ops_are_refused_by_name():
+    MPI = pytest.importorskip("mpi4py.MPI")
+    comm = Mirror()
+    x = jnp.arange(3.0)
+    for op, same in ((MPI.SUM, "sum"), (MPI.MIN, "min"), (MPI.MAX, "max")):
+        np.testing.assert_array_equal(ddj.allreduce(x, op, comm=comm), ddj.allreduce(x, same, comm=comm))
+        np.testing.assert_array_equal(jax.jit(lambda v, op=op: ddj.allreduce(v, op=op, comm=comm))(x),
+                                      ddj.allreduce(x, same, comm=comm))
+    with pytest.raises(ValueError, match=r"rank 0: ddl_triton.jax.allreduce: MPI.PROD is not a reduction ddl_triton "
+                                         r"implements"):
+        ddj.allreduce(x, MPI.PROD, comm=comm)
+    with pytest.raises(ValueError, match="MPI.LAND is not a reduction"):
+        ddj.allreduce_gradients({"w": x}, MPI.LAND, comm=comm)
+
+
+class Disagreeing(Mirror):
+    """A communicator whose peer called something else: the call check's CollectiveMismatch."""
+
+    def allreduce(self, buf, op="sum"):
+        from ddl_triton.errors import calls_disagree
+        raise calls_disagree(self.rank, 3, {0: "allreduce(sum, 3 x float32)", 1: "allreduce(sum, 4 x float32)"},
+                             self.size)
+
+
+def test_a_mismatch_inside_jit_is_said_first_before_jaxs_own_report(capsys):
+    """JAX reports a callback's error as its own runtime error, the cause the last of ~15 lines (and
+    logs that trace before it): the mismatch line must come first on stderr."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)  # JAX's log of the failed callback, where a user sees it
+    logging.getLogger("jax").addHandler(handler)
+    try:
+        with pytest.raises(Exception, match="ranks disagree on collective #3") as raised:
+            jax.block_until_ready(jax.jit(lambda x: ddj.allreduce(x, "sum", comm=Disagreeing()))(jnp.ones(3)))
+    finally:
+        logging.getLogger("jax").removeHandler(handler)
+    err = capsys.readouterr().err
+    first = err.splitlines()[0] if err else ""
+    assert first.startswith("ddl_triton.errors.CollectiveMismatch: rank 0: ranks disagree on collective #3: "
+                            "rank 0: allreduce(sum, 3 x float32); rank 1: allreduce(sum, 4 x float32)"), err
+    assert "inside jax.jit" in first and "CollectiveMismatch" in str(raised.value)  # JAX's report still carries it
+    assert "jax.io_callback failed" in err  # JAX's logged trace came, after it
 
 
 def test_distributed_averages_before_the_wrapped_transformation_in_jit():

@@ -1,9 +1,13 @@
 """The options object: defaults, DDL_* environment twins read once, and clear refusals."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from ddl_triton import Options
+from ddl_triton.options import known_variables
 
 
 def test_defaults_without_environment():
@@ -44,3 +48,34 @@ def test_options_are_immutable():
     with pytest.raises(Exception):
         o.timeout = 1.0  # type: ignore[misc]
     assert o.replace(timeout=1.0).timeout == 1.0 and o.timeout == Options().timeout
+
+
+def test_an_unknown_ddl_variable_gets_a_warning_naming_the_closest_known_one():
+    with pytest.warns(UserWarning, match=r"DDL_TIMOIT is set, but ddl_triton reads no such variable \(ignored\): "
+                                         r"did you mean DDL_TIMEOUT\?"):
+        o = Options.from_env({"DDL_TIMOIT": "5"})
+    assert o.timeout == Options().timeout  # ignored, as said
+    with pytest.warns(UserWarning, match="DDL_QQQ is set.*listed in docs/options.md"):
+        Options.from_env({"DDL_QQQ": "1"})
+
+
+def test_every_known_ddl_variable_passes_without_a_warning(recwarn):
+    Options.from_env({name: "" for name in known_variables()})
+    assert not [w for w in recwarn if "DDL_" in str(w.message)]
+
+
+def test_every_ddl_variable_the_repository_names_is_a_known_one():
+    """The known list is the one place: a DDL_* name read or set anywhere (the package, its launcher
+    and testbed, the benchmarks, the examples, the tests' workers and CI) must be in it, or the
+    warning above would fire for a variable that something does read. (tests/unit/ is left out: its
+    tests spell wrong names on purpose.)"""
+    root = Path(__file__).resolve().parents[2]
+    files = [p for d in ("ddl_triton", "transports", "schedules", "bench", "examples", "tests")
+             for p in (root / d).rglob("*.py") if "unit" not in p.relative_to(root).parts]
+    files += [root / "Makefile", *sorted((root / ".ci").glob("*"))]
+    named = {}
+    for path in files:
+        for name in re.findall(r"\bDDL_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
+            named.setdefault(name, str(path.relative_to(root)))
+    unknown = {n: where for n, where in named.items() if n not in known_variables()}
+    assert not unknown, f"DDL_* names not in options.known_variables() (add them to OTHER_VARIABLES): {unknown}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+from ...errors import DDLError, say_first
 from .state import TorchState
 from .world import HostsUpdated, current
 
@@ -61,6 +62,8 @@ def run(func=None, *, min_size: int = 1):
                     change = ("grow", None)
                 except Exception as e:  # noqa: BLE001 - the world's failures are recovered, others re-raised
                     if not world.failed(e):
+                        if isinstance(e, DDLError):  # the job's end: its cause first, after torch's store warnings
+                            say_first(e, "the elastic job ends here: the traceback follows")
                         raise
                     change = ("lost", e)
         return wrapper

@@ -34,7 +34,7 @@ from ...runtime.setup.bootstrap import BootstrapError, launched_by_mpi, store_fr
 from ...transports import failure_notice
 from . import torchrun_exit
 
-_JOIN_VARIABLE = "DDL_ELASTIC_JOIN"
+_JOIN_VARIABLE = "DDL_ELASTIC_JOIN"  # known to Options' check of DDL_* names (options.OTHER_VARIABLES)
 _AGENT_KEY = "ddl_triton/elastic/torchrun_agent"
 _JOIN_POLL_S = 0.25  # rank 0 asks the store for joiners at most this often (admit_joiners)
 _ENDING = (PeersLost, ExcludedFromWorld, CoordinatorLost)

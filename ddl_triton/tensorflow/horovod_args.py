@@ -1,0 +1,100 @@
+"""Horovod's spellings in the TensorFlow room: its reduction ops, its ``Compression``, and the
+arguments of its signatures that ddl_triton does not honour, refused by name.
+
+Semantics: ``import ddl_triton.tensorflow as hvd`` in place of ``horovod.tensorflow`` keeps the
+meaning of every call it accepts, defaults included, or fails naming the argument:
+
+    Average, Sum, Min, Max   Horovod's reduction ops (here the core's names "avg", "sum", "min",
+                             "max", so ``op=`` takes either spelling); ``op=None`` is Average, as in
+                             Horovod, and so is the tape's and the optimizer's default
+    Adasum, Product          Horovod's too, not implemented here: naming them raises AttributeError
+                             saying so (the package's ``__getattr__``)
+    average=True / False     Horovod's deprecated flag: Average / Sum; given with ``op=``, refused as
+                             Horovod refuses it; anything but a bool (an old ``allreduce(t, "sum")``
+                             of this room, where the second argument was ``op``) is refused
+    Compression.none, .fp16  Horovod's compressors: fp16 casts floating tensors to float16 for the
+                             wire and back; the tape and the optimizer run it as the "fp16" method
+                             of ddl_triton/compression_methods.py (float16 on the wire, fp32 sums)
+    device_dense, process_set, gradient_predivide_factor, ...: ``only_defaults`` refuses any value
+                             but Horovod's default, naming the argument and why
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+Average, Sum, Min, Max = "avg", "sum", "min", "max"
+OPS = (Sum, Average, Min, Max)
+NOT_HERE = {  # Horovod's names this room does not implement: the package's __getattr__ says so
+    "Adasum": "Horovod's Adasum reduction is not implemented by ddl_triton; use Average (the default) or Sum",
+    "Product": "a product reduction is not implemented by ddl_triton; use Sum, Min or Max",
+    "global_process_set": "ddl_triton has no process sets: every call runs on the world (process_set=None)",
+}
+
+
+class Compression:
+    """Horovod's compressors (``Compression.none``, ``Compression.fp16``): ``compress(tensor)`` ->
+    ``(tensor, ctx)`` before a collective, ``decompress(tensor, ctx)`` after it."""
+
+    class none:  # noqa: N801 - Horovod's name (and the registry's choice "none")
+        @staticmethod
+        def compress(tensor):
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor
+
+    class fp16:  # noqa: N801 - Horovod's name (and the registry's 16-bit method)
+        @staticmethod
+        def compress(tensor):
+            """Floating tensors as float16 (their dtype kept as the context); others unchanged."""
+            if tensor.dtype.is_floating:
+                return tf.cast(tensor, tf.float16), tensor.dtype
+            return tensor, None
+
+        @staticmethod
+        def decompress(tensor, ctx):
+            return tensor if ctx is None else tf.cast(tensor, ctx)
+
+
+def reduce_op(op, average, rank: int, what: str) -> str:
+    """The op a call means: ``op`` (Horovod's constant or the core's name), else Horovod's deprecated
+    ``average`` flag, else Average (Horovod's default); refuses both given, a non-bool ``average`` and
+    an unknown op, naming the rank."""
+    where = f"rank {rank}: ddl_triton.tensorflow.{what}"
+    if average is not None and not isinstance(average, bool):
+        raise TypeError(f"{where}: average={average!r} is Horovod's deprecated flag and takes True or False; "
+                        f"name the reduction with op= (Average, Sum, Min, Max)")
+    if op is not None and average is not None:
+        raise ValueError(f"{where}: the op parameter supersedes average; provide only one of them (as Horovod)")
+    if op is None:
+        return Sum if average is False else Average
+    if op not in OPS:
+        raise ValueError(f"{where}: op must be one of Average, Sum, Min, Max (or 'avg', 'sum', 'min', 'max'), "
+                         f"got {op!r}")
+    return op
+
+
+def compressor(compression, rank: int, what: str):
+    """Horovod's ``Compression.none`` or ``.fp16`` (the class itself), else a TypeError naming it."""
+    if compression in (Compression.none, Compression.fp16):
+        return compression
+    raise TypeError(f"rank {rank}: ddl_triton.tensorflow.{what}: compression must be Compression.none or "
+                    f"Compression.fp16 (Horovod's), got {compression!r}")
+
+
+def method(compression, rank: int, what: str) -> str:
+    """The compression method a reducer runs: Horovod's ``Compression.none``/``.fp16`` as "none"/"fp16",
+    or a choice of ddl_triton/compression_methods.py by name ("int8", "auto", ...)."""
+    if isinstance(compression, str):
+        return compression
+    return compressor(compression, rank, what).__name__  # Horovod's class names are the registry's: none, fp16
+
+
+def only_defaults(rank: int, what: str, **given) -> None:
+    """Refuse a Horovod argument ddl_triton does not honour unless it has Horovod's default:
+    ``given`` maps each name to (value, default, why it is not honoured)."""
+    for name, (value, default, why) in given.items():
+        if value != default:
+            raise ValueError(f"rank {rank}: ddl_triton.tensorflow.{what}: {name}={value!r} is not supported "
+                             f"({why}); leave it at Horovod's default {default!r}")
