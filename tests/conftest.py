@@ -82,3 +82,40 @@ def pytest_sessionfinish(session, exitstatus):
             if reporter is not None:
                 reporter.write_line(f"ERROR: {line}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---- The suite's budget: its slowest tests and its total, printed at the end of every run -------------
+import resource  # noqa: E402
+import time  # noqa: E402
+
+_BUDGET = {"start": time.monotonic(), "tests": []}  # (nodeid, wall seconds, CPU seconds of it and its children)
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (the ranks a test launched)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Time each test whole (set-up, call, tear-down: a module fixture's launch counts where it runs)."""
+    wall, cpu = time.monotonic(), _cpu_seconds()
+    yield
+    _BUDGET["tests"].append((item.nodeid, time.monotonic() - wall, _cpu_seconds() - cpu))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The slowest 15 tests, then the suite's wall time and CPU time (its own and its children's): so
+    that growth is seen when it happens (tests cost every change that lands, in CI and here)."""
+    tests = _BUDGET["tests"]
+    if not tests:
+        return
+    wall = time.monotonic() - _BUDGET["start"]
+    write = terminalreporter.write_line
+    write("")
+    write(f"the suite's budget: the 15 slowest of {len(tests)} tests (wall s, CPU s of the test and its children)")
+    for nodeid, seconds, cpu in sorted(tests, key=lambda t: -t[1])[:15]:
+        write(f"{seconds:8.1f} {cpu:8.1f}  {nodeid}")
+    write(f"total: {wall:.0f} s wall, {_cpu_seconds():.0f} s CPU (this process and its children; "
+          f"{sum(t[1] for t in tests):.0f} s in the tests themselves)")
