@@ -40,7 +40,7 @@ from ..planning.planner import Plan, Planner
 from ..transports import failure_notice
 from .setup.bootstrap import MpiBootstrap, StoreBootstrap
 from .calls.executor import Executor
-from .calls.issue import IssuePath
+from .calls.issue import IssuePath, peers_lost
 from .setup.mpich_segment import release_init_segment
 from .calls.observing import start_observing
 from .setup.option_agreement import agree_on_options
@@ -269,7 +269,10 @@ class Communicator:
         if self._shm is not None:
             self._shm.post_farewell(said.shm_word())
         if self._lane is not None:
-            self._lane.close(said)
+            # Once a peer of this process is lost, the job is failing and every peer finds out by
+            # itself: no farewell crosses the wire then. MPICH, which is not fault tolerant, crashed
+            # (SIGSEGV) sending one at exit after the launcher reported a dead rank.
+            self._lane.close(None if peers_lost() else said)
         if at_exit:
             self._issuer.closed = True
 
