@@ -16,6 +16,6 @@ def test_numpy_and_jax_arrays_through_shm_and_mpi_on_3_ranks():
     pytest.importorskip("jax", reason="the worker runs JAX arrays (the [jax] extra)")
     before = ddl_segments()
     proc = run_ranks(3, "multirank/arrays_worker.py", env={"DDL_TUNING_FILE": "off"}, timeout=240)
+    assert_clean_run(proc, before)  # first: its message holds stderr too (once a launch printed nothing on stdout)
     checks = read_report(proc.stdout, "arrays_worker: 3 ranks", 3)
     assert checks == [planned_checks()] * 3, f"checks per rank {checks}, planned {planned_checks()}"
-    assert_clean_run(proc, before)
