@@ -12,7 +12,7 @@ RANKS  ?= 4
 # package"): here that folder is the package itself, so there is nothing to act on, and it is filtered.
 PIP_E  := PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test check bench clean
 
 # Everything the suite needs, without running it (make test's set-up).
 setup: $(TEST_SETUP)
@@ -44,6 +44,12 @@ demo: $(DEMO_SETUP)
 test: $(TEST_SETUP)
 	$(PY) -m compileall -q ddl_triton transports schedules tests bench examples > /dev/null
 	$(PY) -m pytest -q
+
+# The inner loop (about 2 minutes on 2 cores): the fast tier without its slowest tests (marked slow)
+# and the exact default suite on one reused rank world per size (1-4 ranks). make test runs everything.
+check: $(TEST_SETUP)
+	$(PY) -m compileall -q ddl_triton transports schedules tests > /dev/null
+	$(PY) -m pytest -q -m "not slow" tests/unit "tests/multirank/test_multirank.py::test_exact_default_dispatch"
 
 bench: $(TEST_SETUP)
 	$(MPIEXEC) -n 2 $(PY) bench/collectives.py --json bench/results-collectives-2ranks.json

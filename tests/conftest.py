@@ -92,9 +92,12 @@ _BUDGET = {"start": time.monotonic(), "tests": []}  # (nodeid, wall seconds, CPU
 
 
 def _cpu_seconds() -> float:
-    """CPU seconds of this process and of its children that have ended (the ranks a test launched)."""
+    """CPU seconds of this process, of its children that have ended (the ranks a test launched), and
+    of the reused rank worlds still running (tests/support/rank_world.py; once ended, theirs is
+    among the children's)."""
+    from support import rank_world
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + rank_world.cpu_seconds()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -33,7 +33,7 @@ MISMATCH_LAYOUTS = {"auto": (3, {}), "mpi": (3, {"DDL_TRANSPORT": "mpi"}), "2x2"
 def test_mismatched_calls_raise_on_every_rank_with_each_ranks_call(layout):
     before = ddl_segments()
     n, env = MISMATCH_LAYOUTS[layout]
-    proc = run_ranks(n, "multirank/faults_worker.py", "mismatch", env={**env, "DDL_TIMEOUT": "20"})
+    proc = run_ranks(n, "multirank/faults_worker.py", "mismatch", env={**env, "DDL_TIMEOUT": "20"}, own_launch=True)
     assert_clean_run(proc, before)
     rows = _faults(proc.stdout)
     cases = {"collective", "numel", "dtype", "op", "barrier", "root", "small_vs_large", "fast_entry"}
@@ -49,7 +49,7 @@ def test_mismatched_calls_raise_on_every_rank_with_each_ranks_call(layout):
 
 def test_a_rank_that_never_calls_times_out_the_others_naming_it():
     before = ddl_segments()
-    proc = run_ranks(3, "multirank/faults_worker.py", "skip", env={"DDL_TIMEOUT": "3"})
+    proc = run_ranks(3, "multirank/faults_worker.py", "skip", env={"DDL_TIMEOUT": "3"}, own_launch=True)
     rows = _faults(proc.stdout)
     waiting = [row for row in rows if row[1] != 2]
     assert len(waiting) == 2, proc.stdout + proc.stderr
@@ -62,7 +62,8 @@ def test_a_rank_that_never_calls_times_out_the_others_naming_it():
 def test_init_under_mpi_with_a_rank_that_never_calls_it_ends_within_the_deadline():
     # dist.init_process_group("ddl") under mpiexec once blocked in MPI's blocking Dup() for ever
     # (15-20 s at DDL_TIMEOUT=3 before the launcher gave up): each step is now bounded by DDL_TIMEOUT.
-    proc = run_ranks(2, "multirank/faults_worker.py", "absent_init", env={"DDL_TIMEOUT": "3"}, timeout=60)
+    proc = run_ranks(2, "multirank/faults_worker.py", "absent_init", env={"DDL_TIMEOUT": "3"}, timeout=60,
+                     own_launch=True)
     rows = [row for row in _faults(proc.stdout) if row[1] == 0]
     assert len(rows) == 1, proc.stdout + proc.stderr
     _, _, error, seconds, msg = rows[0]

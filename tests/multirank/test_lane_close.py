@@ -12,7 +12,7 @@ from support.launch import assert_clean_run, ddl_segments, run_ranks
 
 def test_a_closed_lane_still_delivers_its_last_message(tmp_path):
     before = ddl_segments()
-    proc = run_ranks(2, "multirank/lane_close_worker.py", str(tmp_path), timeout=120)
+    proc = run_ranks(2, "multirank/lane_close_worker.py", str(tmp_path), timeout=120, own_launch=True)
     assert_clean_run(proc, before)
     out = proc.stdout
     assert "rank 0: lane close ok" in out and "rank 1: lane close ok" in out, out[-3000:]

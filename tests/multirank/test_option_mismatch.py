@@ -40,7 +40,7 @@ def _assert_told(rows: dict, scenarios: list[str], out: str) -> None:
 def test_mismatched_options_are_named_on_every_rank_at_init_under_mpi():
     before = ddl_segments()
     scenarios = ["pipeline_depth", "schedule", "chunk_bytes"]  # the last one ends the ranks
-    proc = run_ranks(2, WORKER, *scenarios, env={"DDL_TIMEOUT": "20"}, timeout=120)
+    proc = run_ranks(2, WORKER, *scenarios, env={"DDL_TIMEOUT": "20"}, timeout=120, own_launch=True)
     out = proc.stdout + proc.stderr
     _assert_told(_rows(proc.stdout), scenarios, out)
     assert proc.returncode != 0, out[-4000:]
@@ -71,7 +71,7 @@ def test_mismatched_options_are_named_on_every_rank_at_init_over_a_store():
 
 def test_a_rank_that_never_arrives_at_init_cannot_hang_the_others():
     before = ddl_segments()
-    proc = run_ranks(2, WORKER, "absent", env={"DDL_TIMEOUT": "2"}, timeout=60)
+    proc = run_ranks(2, WORKER, "absent", env={"DDL_TIMEOUT": "2"}, timeout=60, own_launch=True)
     out = proc.stdout + proc.stderr
     rows = _rows(proc.stdout)
     assert ("absent", 0) in rows, out[-4000:]
@@ -85,7 +85,7 @@ def test_a_rank_that_never_arrives_at_init_cannot_hang_the_others():
 
 def test_a_rank_that_fails_init_is_named_by_the_others_at_the_deadline():
     before = ddl_segments()
-    proc = run_ranks(2, WORKER, "fails_in_shm", env={"DDL_TIMEOUT": "2"}, timeout=60)
+    proc = run_ranks(2, WORKER, "fails_in_shm", env={"DDL_TIMEOUT": "2"}, timeout=60, own_launch=True)
     out = proc.stdout + proc.stderr
     rows = _rows(proc.stdout)
     assert rows.get(("fails_in_shm", 1), ("",))[0] == "OSError", out[-4000:]
@@ -100,7 +100,7 @@ def test_a_rank_that_fails_init_is_named_by_the_others_at_the_deadline():
 def test_ranks_at_exit_wait_for_a_late_rank_at_most_the_deadline():
     # Rank 1 stays busy 8 s after its last collective; rank 0, at exit, gives up after DDL_TIMEOUT
     # (2 s), reports, and leaves without finalizing (exit 1); the launcher then ends rank 1.
-    proc = run_ranks(2, WORKER, "slow_exit", env={"DDL_TIMEOUT": "2"}, timeout=60)
+    proc = run_ranks(2, WORKER, "slow_exit", env={"DDL_TIMEOUT": "2"}, timeout=60, own_launch=True)
     ended = time.time()
     out = proc.stdout + proc.stderr
     at_exit = re.search(r"^EXIT rank=0 at=([\d.]+)$", proc.stdout, re.M)

@@ -83,12 +83,20 @@ def ddl_segments(prefix: str = _SHM_PREFIX) -> set[str]:
 
 
 def run_ranks(n: int, script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 240,
-              extra_mpiexec: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+              extra_mpiexec: tuple[str, ...] = (), own_launch: bool = False) -> subprocess.CompletedProcess:
     """Run ``python tests/<script> args`` on ``n`` ranks (``script`` relative to tests/, e.g.
-    ``"multirank/multirank_worker.py"``); returns the finished process (never hangs past ``timeout``)."""
+    ``"multirank/multirank_worker.py"``); returns the finished process (never hangs past ``timeout``).
+
+    By default on a reused world of ``n`` ranks (tests/support/rank_world.py), which gives the
+    same result a launch of its own would; ``own_launch`` (and any ``extra_mpiexec``) starts a
+    world for this script alone: for scripts that kill or lose ranks, exit on purpose, or test
+    interpreter exit. ``TEST_RANK_WORLDS=0`` launches every script on its own (to compare)."""
     full_env = dict(os.environ)
     full_env.update({"DDL_TIMEOUT": "60", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
     full_env.update(env or {})
+    if not own_launch and not extra_mpiexec and os.environ.get("TEST_RANK_WORLDS", "1") != "0":
+        from .rank_world import run_in_world
+        return run_in_world(mpiexec(), n, str(TESTS / script), args, full_env, timeout)
     cmd = [mpiexec(), "-n", str(n), *extra_mpiexec, sys.executable, str(TESTS / script), *args]
     # No stdin: mpiexec forwards it to rank 0, and a launcher outside the foreground can be stopped by it.
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout,

@@ -313,6 +313,7 @@ def test_a_read_only_array_is_read_where_the_collective_only_reads_it():
         assert np.array_equal(backwards, np.concatenate([_values(0, 5)[::-1], _values(1, 5)[::-1]]))
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_tensorflow_eager_tensors_come_in_through_dlpack_and_go_back_as_new_tensors():
     """The one test that imports TensorFlow (seconds): a tf.Tensor is immutable, like a JAX array."""
     load_triton()  # before TensorFlow, or a later test's first Triton kernel would abort pytest

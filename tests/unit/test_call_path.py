@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _ENTRIES = r"""
@@ -45,6 +47,7 @@ ddl_triton.finalize()
 """
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_a_collective_enters_the_communicator_once_and_nothing_calls_back_into_it():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_", "PMI_", "MPI_", "OMPI_"))}
     proc = subprocess.run([sys.executable, "-c", _ENTRIES], env=env, capture_output=True, text=True, timeout=120,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +44,7 @@ def _expected(collective, n, count, ins, root, op, r):
     return np.concatenate([ins[q][r * count:(r + 1) * count] for q in range(n)])  # all_to_all
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 @settings(max_examples=300, deadline=None)
 @given(cases())
 def test_any_schedule_is_exact(case):

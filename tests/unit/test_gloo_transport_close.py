@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from support.launch import TESTS
 
 _RANK = r"""
@@ -35,6 +37,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_close_after_a_clean_run_joins_the_gloo_worker_threads():
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(r), str(port)], cwd=str(TESTS.parent),

@@ -90,6 +90,7 @@ def test_launch_observability_and_the_testbed_need_neither_torch_nor_mpi(room):
     assert {"torch", "mpi4py.MPI"} & loaded == set(), modules
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_the_public_names_still_resolve_lazily():
     loaded = _fresh_modules("import ddl_triton as ddl\nassert callable(ddl.init) and callable(ddl.finalize)\n"
                             "assert ddl.Options().timeout > 0\nassert callable(ddl.schedules.register)")

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a fresh interpreter per check: make check, the inner loop, leaves them out
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -115,6 +115,7 @@ def test_a_record_that_is_not_json_or_lacks_fields_proves_nothing():
     assert status_files.signallable({"identity": json.dumps(mine), "start": "1"}) is None
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_the_rank_guard_passes_a_requested_sigusr2_to_its_own_rank_only(tmp_path):
     """How a rank on another host is reached: its guard reads ``rank<r>.signal`` and signals the
     child it started; any other signal named there is dropped."""

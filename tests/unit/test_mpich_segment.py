@@ -63,6 +63,7 @@ def test_a_segment_a_host_mate_unlinked_first_is_no_error_and_it_runs_once(tmp_p
         os.unlink(gone)
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_a_torchrun_style_rank_that_never_finalizes_leaves_no_segment():
     # A world over a torch store (RANK/WORLD_SIZE/MASTER_*), which makes the process an MPI
     # singleton too, then an exit that skips MPI_Finalize (as a survivor of a lost peer leaves).

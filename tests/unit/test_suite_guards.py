@@ -169,6 +169,7 @@ def test_skips_with_a_reason():
 '''
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_conftest_fails_silent_skips_required_real_hosts_and_unrun_twins(tmp_path):
     """One pytest session under tests/conftest.py, with a machine that cannot build hosts and
     CI_REQUIRE_REAL_HOSTS=1: every guarded skip fails, the reasoned skip stays a skip and is printed."""

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DDLRUN = Path(sys.executable).parent / "ddlrun"
 MODES = ["1 rank", "2 independent", "ddp no-comm", "ddp lockstep", "gloo", "ddl", "ddl+allreduce", "ddl+int8"]
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_train_scaling_runs_every_kind_of_mode(tmp_path):
     out = tmp_path / "ts.json"
     proc = subprocess.run([str(DDLRUN), "-n", "2", "--", sys.executable, "bench/train_scaling.py", "--model", "cnn",

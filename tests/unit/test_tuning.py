@@ -185,6 +185,7 @@ def test_a_table_chunk_larger_than_the_slot_is_clamped_to_it():
 
 
 # -- the fit --------------------------------------------------------------------------------------
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_the_fit_recovers_known_parameters_from_exact_times():
     """Times made by a known model on real schedules: least squares must give it back."""
     truth = CostModel(step_overhead=4e-6, shm=Link(3e-6, 1 / 9e9), mpi=Link(20e-6, 1 / 2e9), gamma=1 / 30e9,

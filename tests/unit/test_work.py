@@ -328,6 +328,7 @@ print("finalized", first.wait().tolist(), second.wait().tolist(), flush=True)
 """
 
 
+@pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_finalize_returns_and_the_job_exits_0_after_a_raising_callback():
     """The issue's row 7 end to end: ddl_triton.finalize() with a raising callback on the queue's
     thread (it waited forever: the callback had killed the thread before the second call ran)."""
