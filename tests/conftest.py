@@ -122,3 +122,8 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{seconds:8.1f} {cpu:8.1f}  {nodeid}")
     write(f"total: {wall:.0f} s wall, {_cpu_seconds():.0f} s CPU (this process and its children; "
           f"{sum(t[1] for t in tests):.0f} s in the tests themselves)")
+    from support import rank_world
+    c = rank_world.counts
+    if c["jobs"]:
+        write(f"rank worlds: {c['jobs']} jobs on {c['worlds']} worlds started, {c['ranks']} rank processes "
+              f"instead of {c['job_ranks']} (tests/support/rank_world.py)")

@@ -196,6 +196,8 @@ class RankWorld:
 
 
 _worlds: dict[tuple, RankWorld] = {}
+# What the worlds saved, for the suite's budget line: worlds started, their rank processes, jobs run.
+counts = {"worlds": 0, "ranks": 0, "jobs": 0, "job_ranks": 0}
 _PER_JOB = ("PYTEST_CURRENT_TEST",)  # changes with every test, read by nothing at import
 
 
@@ -218,7 +220,11 @@ def run_in_world(mpiexec: str, n: int, script: str, args: tuple[str, ...], env: 
         while len(_worlds) >= MAX_WORLDS:
             _worlds.pop(next(iter(_worlds))).close()
         world = RankWorld(mpiexec, n, _import_time(env))
+        counts["worlds"] += 1
+        counts["ranks"] += n
     _worlds[key] = world  # the most recently used last
+    counts["jobs"] += 1
+    counts["job_ranks"] += n
     return world.run(script, list(args), env, timeout)
 
 

@@ -25,6 +25,10 @@ t = GlooTransport(store, rank, 2, timeout=30)
 x = torch.arange(7, dtype=torch.int64) + 100 * rank
 t.allreduce_group((0, 1), x, "sum", 30)
 exact = torch.equal(x, 2 * torch.arange(7) + 100)
+import time
+deadline = time.monotonic() + 10  # a new worker thread names itself once it runs: late on a loaded machine
+while gloo_workers() < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
 before = gloo_workers()
 t.close()
 print(f"rank {rank} exact {exact} workers before {before} after {gloo_workers()}", flush=True)
