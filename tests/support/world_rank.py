@@ -66,16 +66,16 @@ def _put_back(settings: dict) -> None:
 _OURS = ("ddl_triton", "transports", "schedules")
 
 
-def _patchable() -> dict[tuple[str, str], int]:
-    """The identity of every function, class and module that the library's modules hold, and of
-    every module in ``sys.modules``: what a worker monkeypatches (a stand-in transport, a fake
-    module) and a fresh process would not have."""
-    seen = {("sys.modules", name): id(m) for name, m in list(sys.modules.items())}
+def _patchable() -> dict[tuple[str, str], object]:
+    """Every function, class and module that the library's modules hold, and every module in
+    ``sys.modules``: what a worker monkeypatches (a stand-in transport, a fake module) and a fresh
+    process would not have. The objects themselves, not their ids: a freed object's id is reused."""
+    seen: dict[tuple[str, str], object] = {("sys.modules", name): m for name, m in list(sys.modules.items())}
     for name, module in list(sys.modules.items()):
         if name.split(".")[0] in _OURS and module is not None:
             for attr, value in list(vars(module).items()):
                 if callable(value) or isinstance(value, type(sys)):
-                    seen[(name, attr)] = id(value)
+                    seen[(name, attr)] = value
     return seen
 
 
@@ -108,7 +108,7 @@ def _run_job(job: dict, launcher_env: dict[str, str]) -> tuple[int, list[str]]:
     finally:
         sys.argv, sys.path[0] = saved_argv, saved_path0
     left = _left_behind(threads_before)
-    replaced = sorted(f"{m}.{a}" for (m, a), ident in _patchable().items() if patchable.get((m, a), ident) != ident)
+    replaced = sorted(f"{m}.{a}" for (m, a), obj in _patchable().items() if patchable.get((m, a), obj) is not obj)
     if replaced:
         left.append(f"replaced objects in the library's modules or sys.modules: {', '.join(replaced[:8])}"
                     f"{' and more' if len(replaced) > 8 else ''} (the world is replaced, not patched back)")
