@@ -4,7 +4,8 @@ peer is told from a slow one, and the one wording of every timeout, lost peer an
 Semantics: a collective that passes its deadline or loses a peer raises ``CollectiveTimeout``;
 ranks that call different collectives raise ``CollectiveMismatch``, and a rank waiting in a
 collective that a peer left without issuing (finalize, close, a destroyed group, exit) raises its
-subclass ``CollectiveSkipped``. An elastic job (ddl_triton/
+subclass ``CollectiveSkipped``; one waiting in a collective that a peer ran, saw fail and then
+left raises ``CollectiveTimeout`` at once (``peer_failed_there``). An elastic job (ddl_triton/
 runtime/membership.py) recovers from a ``CollectiveTimeout`` by re-forming its world; what ends it
 is ``PeersLost`` (too few survivors), ``ExcludedFromWorld`` (this rank came back too late) or
 ``CoordinatorLost`` (the store is gone). Every ``CollectiveTimeout``
@@ -219,6 +220,17 @@ def peer_left(rank: int, call: str, peer: int, did: str, calls: int, failed: boo
     return CollectiveSkipped(f"rank {rank}: {_named(peer, name)} {did} while rank {rank} waits in {call} (rank "
                              f"{peer} had issued {calls} collective{'' if calls == 1 else 's'} on this communicator"
                              f"{last})", peer, did, calls, failed)
+
+
+def peer_failed_there(rank: int, call: str, peer: int, did: str, calls: int, name=None) -> CollectiveTimeout:
+    """``peer`` ran ``call`` ("allreduce #6") too, saw it fail, and left (``did``: "reached exit")
+    while this rank still waits in it: the call is lost here as well, at once, not at the deadline.
+    A ``CollectiveTimeout`` (a lost peer), not ``CollectiveSkipped``: the peer did issue the call.
+    Its own error names the cause; the waits name a cause they can see (a dead process on this
+    host, the launcher's notice) before this one, which is only a consequence."""
+    return CollectiveTimeout(f"rank {rank}: {call} failed: {_named(peer, name)} {did} after the same call failed "
+                             f"there (rank {peer} had issued {calls} collective{'' if calls == 1 else 's'} on this "
+                             f"communicator; its own error names the cause)")
 
 
 def queue_stuck(owner: str, running: str, queued: int, timeout: float) -> CollectiveTimeout:

@@ -256,6 +256,11 @@ class ShmTransport:
             return True
         return alive
 
+    def exited_peers(self) -> list[int]:
+        """The world ranks of this host's peers whose process has ended (``process_alive``)."""
+        return [self._world_of(other) for other in range(self.local_size) if other != self.local_rank
+                and not process_alive(int(self._flags[other][_PID_OFFSET // 8]))]
+
     # -- call fingerprints ---------------------------------------------------------------
     def post_fingerprint(self, seq: int, values: tuple[int, ...]) -> None:
         """Publish what this rank is about to call as collective number ``seq`` (6 ints, then

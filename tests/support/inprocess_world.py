@@ -203,6 +203,11 @@ class LoopbackTransport:
         with self.world._cond:
             return self.world._farewells[peer]
 
+    def exited_peers(self) -> list[int]:
+        """As shm's: the ranks marked dead (``ThreadWorld.kill``)."""
+        with self.world._cond:
+            return sorted(self.world._dead - {self.rank})
+
     # -- waiting ----------------------------------------------------------------------------
     def _wait(self, get, timeout: float, peer: int, what: str):
         """``get()`` once it is not None; PeerTimeout when ``peer`` is dead or past ``timeout``."""

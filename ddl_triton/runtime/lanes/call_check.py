@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from . import call_lane, farewell
 from .fingerprint import CALLS, describe_posted, encode
-from ...errors import call_name, calls_disagree, peer_left, wait_failed
+from ...errors import call_name, calls_disagree, wait_failed
+from ...transports import failure_notice
 from ...transports.waits import PeerTimeout
 
 class CallChecker:
@@ -125,12 +126,25 @@ class CallChecker:
         left = {p: f for p in self._peers if (f := farewell.from_shm_word(shm.peer_farewell(p))) is not None}
         cause = farewell.most_telling(left, seq) if left else None
         if cause is not None:
-            self._current = None
             peer, said = cause
-            raise peer_left(self.rank, call_name(CALLS[fp[0]], seq), peer, said.how.words, said.calls, said.failed,
-                            self.describe)
+            if not said.skipped(seq):  # a consequence: name what this host can see of the cause first
+                _cause_seen_first(shm, left)
+            self._current = None
+            raise farewell.doomed(self.rank, call_name(CALLS[fp[0]], seq), seq, peer, said, self.describe)
 
     def _compare(self, seq: int, fp: tuple[int, ...], theirs: dict) -> None:
         if all(v == fp for v in theirs.values()):
             return
         raise calls_disagree(self.rank, seq, {p: describe_posted(theirs.get(p)) for p in range(self.size)}, self.size)
+
+
+def _cause_seen_first(shm, left: dict) -> None:
+    """Before reporting a peer that left after its own call failed (a consequence), raise what the
+    waits would have found themselves a moment later: a peer on this host whose process ended
+    without a farewell (it was killed: the cause), or the launcher's notice that a process died."""
+    for peer in shm.exited_peers():
+        if peer not in left:
+            failure_notice.note_gone(peer)
+            raise PeerTimeout(peer, "its process has exited", dead=True)
+    if failure_notice.received_at() is not None:
+        raise PeerTimeout(-1, "the call's messages (the launcher reported that a process of this job died)", dead=True)

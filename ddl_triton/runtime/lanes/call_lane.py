@@ -29,7 +29,8 @@ completes its request anyway, as MPI requires, which returns at once.
 group, exit) sends each peer one last lane message, a header that is its farewell (collective code
 15: how it left and after how many calls), where its next call's header would be. A peer waiting
 for that message raises ``CollectiveSkipped`` naming the leaver, at once; one waiting for another
-peer's message looks at the others' every quarter second (MPI). No farewell may end up in an
+peer's message looks at the others' every quarter second (MPI). A farewell after the same call
+failed on the leaver is a consequence (``CollectiveTimeout``: farewell.py). No farewell may end up in an
 unexpected queue of a freed communicator, whose context id MPI could hand to a later one and match
 there: a rank says farewell only to a peer whose message of its last call it has read, and never
 after the peer's own farewell; and its close leaves a receive posted for every message a peer may
@@ -49,10 +50,11 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from ...errors import call_name, calls_disagree, peer_left
+from ...errors import call_name, calls_disagree
+from ...transports import failure_notice
 from ...transports.mpi_retired import retire, sweep
-from ...transports.waits import wait_until
-from .farewell import Farewell, decoded, most_telling
+from ...transports.waits import PeerTimeout, wait_until
+from .farewell import Farewell, decoded, doomed, most_telling
 from .fingerprint import CALLS, describe as describe_call
 from .lane_sockets import LaneSockets, SocketWire
 
@@ -358,15 +360,22 @@ class CallLane:
             self._left(seq)
 
     def _left(self, seq: int) -> None:
-        """Raise ``CollectiveSkipped`` for call ``seq``, naming the peer that left before issuing it
-        (farewell.most_telling of the farewells read)."""
+        """Raise for call ``seq`` (farewell.doomed), naming the peer that left before issuing it, or that
+        left after it failed there (farewell.most_telling of the farewells read)."""
         cause = most_telling(self._ended, seq)
         if cause is None:  # farewells of peers that ran this call, then left (cannot be: they sent its header)
             cause = min(self._ended.items())
         peer, said = cause
+        if not said.skipped(seq):  # a consequence: first what this rank can see of the cause (farewell.py)
+            gone = [p for p in self.closed_peers() if p not in self._ended]
+            if gone:
+                raise PeerTimeout(gone[0], "the call lane (its connection closed)", dead=True)
+            if failure_notice.received_at() is not None:
+                raise PeerTimeout(-1, f"the call lane message of call #{seq} (the launcher reported that a "
+                                      "process of this job died)", dead=True)
         own = _decode(self._send_heads[self._calls & 1].tobytes())[0][0]
         call = call_name(CALLS[own] if own < len(CALLS) else "a collective", seq)
-        raise peer_left(self.rank, call, peer, said.how.words, said.calls, said.failed, self.describe)
+        raise doomed(self.rank, call, seq, peer, said, self.describe)
 
     def closed_peers(self) -> list[int]:
         """Peers whose lane connection is known closed (TCP lanes only; an MPI lane cannot tell)."""

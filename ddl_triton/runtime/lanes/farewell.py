@@ -5,9 +5,15 @@ Semantics: a rank leaves a communicator once, by one of the ways ``Leaving`` nam
 open), and then says so to every peer: how it left, how many collectives it had issued on the
 communicator (``calls``), and whether the last of them failed. A peer waiting in collective ``seq``
 that the leaver will never run (``Farewell.dooms``: a later call than its last, or the call that
-failed there) raises ``CollectiveSkipped`` at once, naming the leaver and what it did instead:
+failed there) raises at once (``doomed``): ``CollectiveSkipped`` naming the leaver and what it did
+instead of the call,
 
     rank 0: rank 1 on h1 reached exit while rank 0 waits in allreduce #6 (rank 1 had issued 5 collectives ...)
+
+or, for a leaver whose own call ``seq`` failed (a consequence of a failure elsewhere, not a skip),
+``CollectiveTimeout`` (``errors.peer_failed_there``); the waits first name a cause they can see
+themselves (a process on this host that died without a farewell, the launcher's notice),
+so that every survivor of a killed rank names the killed rank, whichever survivor gave up first,
 
 instead of waiting out the deadline (300 s by default) for a rank that is already at exit.
 
@@ -20,6 +26,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+
+from ...errors import DDLError, peer_failed_there, peer_left
 
 
 class Leaving(enum.IntEnum):
@@ -55,6 +63,11 @@ class Farewell:
         it, or it failed there (it will never send what that call still needs from it)."""
         return seq > self.calls or (self.failed and seq == self.calls)
 
+    def skipped(self, seq: int) -> bool:
+        """Whether the leaver never issued collective ``seq`` (else it ran it, and ``dooms``
+        only because it failed there)."""
+        return seq > self.calls
+
     def shm_word(self) -> int:
         """The farewell as one nonzero int64 (a segment header's farewell word; 0 means "still here")."""
         return self.calls << _CALLS_SHIFT | (_FAILED_BIT if self.failed else 0) | int(self.how)
@@ -83,3 +96,11 @@ def most_telling(farewells: dict[int, Farewell], seq: int) -> tuple[int, Farewel
         return None
     _, rank, farewell = min(doomed, key=lambda t: (t[0], t[1]))
     return rank, farewell
+
+
+def doomed(rank: int, call: str, seq: int, peer: int, said: Farewell, name=None) -> DDLError:
+    """The error of a rank waiting in ``call`` (number ``seq``) that ``peer``'s farewell ``said`` dooms:
+    ``CollectiveSkipped`` when the peer never issued it, ``CollectiveTimeout`` when it failed there."""
+    if said.skipped(seq):
+        return peer_left(rank, call, peer, said.how.words, said.calls, said.failed, name)
+    return peer_failed_there(rank, call, peer, said.how.words, said.calls, name)
