@@ -30,12 +30,16 @@ import torch.distributed as dist
 from ..planning import topology
 from ..options import Options
 from ..runtime.setup.bootstrap import StoreBootstrap, host_id, launched_by_mpi
-from ..runtime.setup.bootstrap_values import mpi_dup
+from ..runtime.setup.bootstrap_values import mpi_dup, mpi_members_meet
 from . import rendezvous
 from .point_to_point import GlooPointToPoint, MpiPointToPoint
 from .process_group import BACKEND_NAME, DdlProcessGroup
 
 __all__ = ["BACKEND_NAME", "create_process_group", "register"]
+
+# A duplicate of MPI's world made with the default group (under MPI), on which a sub-group's
+# members meet within the deadline before the blocking Create_group (mpi_members_meet).
+_meetings = None
 
 
 def create_process_group(common_opts, backend_opts=None) -> DdlProcessGroup:
@@ -62,10 +66,16 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
         comm = ddl.init()
         p2p = MpiPointToPoint(mpi_dup(world, comm.options.timeout, "the default group's point-to-point"),
                               comm.options.timeout, comm.rank, comm.placement.describe)
+        global _meetings
+        if _meetings is None:  # where a later sub-group's members meet (bounded) before Create_group
+            _meetings = mpi_dup(world, comm.options.timeout, "the sub-groups' meeting point")
         return DdlProcessGroup(comm, p2p, owns_comm=owns)
     if dist.get_rank() != world.Get_rank():
         raise ValueError(f"ddl backend: the default process group's rank {dist.get_rank()} differs from the "
                          f"MPI rank {world.Get_rank()}; a 'ddl' subgroup needs them equal")
+    timeout = Options.from_env().timeout
+    if _meetings is not None:  # Create_group blocks until every member arrives: meet first, bounded
+        mpi_members_meet(_meetings, members, timeout, f"creating the 'ddl' subgroup {members}")
     world_group = world.Get_group()
     sub_group = world_group.Incl(members)
     sub = world.Create_group(sub_group)

@@ -52,6 +52,9 @@ def main() -> None:
             time.sleep(float(os.environ["DDL_TIMEOUT"]) + 3)  # alive, but never at init, past the deadline
             _say(scenario, rank, "none", 0.0, "stayed away")
             return
+        if scenario == "subgroup_absent":  # every rank in the default group; rank 1 never makes the subgroup
+            _subgroup_absent(scenario, rank, size)
+            return
         if scenario == "fails_in_shm" and rank == size - 1:
             from ddl_triton.transports.shm import ShmTransport
 
@@ -80,6 +83,27 @@ def main() -> None:
             ddl.finalize()
         for name, _ in _PER_RANK.values():
             os.environ.pop(name, None)
+
+
+def _subgroup_absent(scenario: str, rank: int, size: int) -> None:
+    """A "ddl" subgroup of every rank that rank ``size - 1`` never creates (it stays busy past the
+    deadline): the others must raise at the deadline naming it, not wait in MPI's Create_group."""
+    import torch.distributed as dist
+
+    import ddl_triton.torch  # noqa: F401  (registers "ddl")
+
+    dist.init_process_group("ddl")
+    if rank == size - 1:
+        time.sleep(float(os.environ["DDL_TIMEOUT"]) + 3)
+        _say(scenario, rank, "none", 0.0, "stayed away")
+        return
+    t0 = time.monotonic()
+    try:
+        dist.new_group(list(range(size)), backend="ddl")
+    except Exception as e:  # noqa: BLE001
+        _say(scenario, rank, type(e).__name__, time.monotonic() - t0, str(e).replace("\n", " "))
+        raise
+    _say(scenario, rank, "none", time.monotonic() - t0, "the subgroup was made")
 
 
 if __name__ == "__main__":

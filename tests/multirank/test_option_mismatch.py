@@ -97,6 +97,22 @@ def test_a_rank_that_fails_init_is_named_by_the_others_at_the_deadline():
     assert not ddl_segments() - before, "shared-memory segments left behind"
 
 
+def test_a_rank_that_never_makes_a_ddl_subgroup_is_named_at_the_deadline():
+    """MPI's Create_group (a "ddl" subgroup under mpiexec) blocks until every member arrives; the
+    members meet first within DDL_TIMEOUT (bootstrap_values.mpi_members_meet), so a member that never
+    comes is named at the deadline instead of holding the others for ever."""
+    proc = run_ranks(2, WORKER, "subgroup_absent", env={"DDL_TIMEOUT": "2"}, timeout=60, own_launch=True)
+    out = proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    assert ("subgroup_absent", 0) in rows, out[-4000:]
+    error, seconds, msg = rows[("subgroup_absent", 0)]
+    assert error == "BootstrapTimeout" and msg == (
+        "rank 0: creating the 'ddl' subgroup [0, 1] did not complete within 2 s: member rank(s) 1 of [0, 1] did "
+        "not arrive (each member must create the group; DDL_TIMEOUT bounds the wait)"), msg
+    assert 2 <= seconds < 2 + 3, f"rank 0 gave up after {seconds} s for a 2 s deadline"
+    assert proc.returncode != 0, out[-4000:]
+
+
 def test_ranks_at_exit_wait_for_a_late_rank_at_most_the_deadline():
     # Rank 1 stays busy 8 s after its last collective; rank 0, at exit, gives up after DDL_TIMEOUT
     # (2 s), reports, and leaves without finalizing (exit 1); the launcher then ends rank 1.

@@ -173,6 +173,43 @@ def mpi_dup(comm, timeout: float, what: str):
     return dup
 
 
+def mpi_members_meet(comm, members: list[int], timeout: float, what: str) -> None:
+    """Return once every rank of ``members`` (ranks of the mpi4py communicator ``comm``, this one
+    among them) has called this with the same members; BootstrapTimeout naming the ranks not
+    heard from past ``timeout``. For a step that only the members enter and that MPI offers
+    blocking only (``Create_group``: a member that never comes would hold the others for ever):
+    once they have all met, it completes at once. One int64 to and from each other member, on
+    ``comm`` (a communicator of its own: no application receive can take these messages)."""
+    from mpi4py import MPI
+
+    from ...transports.waits import PeerTimeout, wait_until
+
+    me = comm.Get_rank()
+    others = [m for m in members if m != me]
+    token = np.array([len(members)], dtype=np.int64)
+    got = {m: np.zeros(1, dtype=np.int64) for m in others}
+    recvs = {m: comm.Irecv(got[m], source=m, tag=_MEET_TAG) for m in others}
+    sends = [comm.Isend(token, dest=m, tag=_MEET_TAG) for m in others]
+    try:
+        wait_until(lambda: all(r.Test() for r in recvs.values()), timeout, -1, what)
+    except PeerTimeout as e:
+        missing = [m for m, r in recvs.items() if not r.Test()]
+        for m in missing:
+            recvs[m].Cancel()
+        lost = " (the launcher reported that a process of this job died)" if e.dead else ""
+        raise BootstrapTimeout(f"rank {me}: {what} did not complete within {timeout:g} s{lost}: member rank(s) "
+                               f"{', '.join(map(str, missing))} of {members} did not arrive (each member must "
+                               "create the group; DDL_TIMEOUT bounds the wait)") from None
+    MPI.Request.Waitall(sends)
+    differ = sorted(m for m in others if int(got[m][0]) != len(members))
+    if differ:
+        raise BootstrapError(f"rank {me}: {what}: member rank(s) {', '.join(map(str, differ))} create a group of "
+                             f"another size than {len(members)} ({members}) at the same point")
+
+
+_MEET_TAG = 7  # the members' meeting's messages, on a communicator of their own
+
+
 def mpi_barrier(comm, timeout: float, what: str, roll=None) -> None:
     """Return once every rank of ``comm`` has entered; BootstrapTimeout past ``timeout``."""
     mpi_wait(comm.Ibarrier(), timeout, what, comm.Get_rank(), comm.Get_size(), roll)
