@@ -194,8 +194,9 @@ def mpi_members_meet(comm, members: list[int], timeout: float, what: str) -> Non
         wait_until(lambda: all(r.Test() for r in recvs.values()), timeout, -1, what)
     except PeerTimeout as e:
         missing = [m for m, r in recvs.items() if not r.Test()]
-        for m in missing:
+        for m in missing:  # MPI requires a cancelled request to be completed too (it returns at once)
             recvs[m].Cancel()
+            recvs[m].Wait()
         lost = " (the launcher reported that a process of this job died)" if e.dead else ""
         raise BootstrapTimeout(f"rank {me}: {what} did not complete within {timeout:g} s{lost}: member rank(s) "
                                f"{', '.join(map(str, missing))} of {members} did not arrive (each member must "
