@@ -235,7 +235,15 @@ class Reducer:
 
 
 def _dtype_name(dtype) -> str:
-    name = getattr(dtype, "name", None)
-    if isinstance(dtype, torch.dtype) or name is None:
+    """A torch, NumPy (ml_dtypes) or TensorFlow dtype, a NumPy scalar type, or a name, as its name."""
+    if isinstance(dtype, torch.dtype):
         return str(dtype).removeprefix("torch.")
-    return name
+    if isinstance(dtype, str):
+        return dtype
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str):  # np.dtype, tf.DType
+        return name
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
