@@ -14,8 +14,11 @@ Why this order: schedules are pure functions and transports a protocol (the two 
 which import no room); kernels know nothing of ranks; planning decides before anything runs and
 reads the tuning table's format (planning/tuning_table.py); launch, the testbed and observability
 run without torch or MPI; the runtime composes those; the tuner times communicators and the
-simulator costs what the runtime would run; the framework rooms (torch, jax, tensorflow) sit on
-top of them all, side by side: none imports another.
+simulator costs what the runtime would run; the gradient-reduction floor (gradients: buckets,
+compression choices, error feedback) composes the runtime's collectives and the tuner's rule for
+every framework, importing torch as the runtime does but never JAX, TensorFlow or a framework
+room (tests/unit/test_house.py checks that too); the framework rooms (torch, jax, tensorflow) sit
+on top of them all, side by side: none imports another.
 """
 from __future__ import annotations
 
@@ -30,9 +33,10 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("kernels", "observability", "planning", "schedules", "transports")),
     ("tuning", ("kernels", "planning", "runtime", "schedules")),
     ("simulation", ("planning", "runtime", "schedules", "testbed", "transports")),
-    ("torch", ("planning", "runtime", "schedules", "transports", "tuning")),
-    ("jax", ("planning", "runtime", "schedules", "transports", "tuning")),
-    ("tensorflow", ("kernels", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("gradients", ("runtime", "tuning")),
+    ("torch", ("gradients", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("jax", ("gradients", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("tensorflow", ("gradients", "kernels", "planning", "runtime", "schedules", "transports", "tuning")),
 )
 CORE = ("_private_files", "compression_methods", "errors", "job_secret", "ops", "options", "status_files")
 COMMANDS = ("simulate", "trace", "tune")

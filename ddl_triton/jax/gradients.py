@@ -16,9 +16,15 @@ Compression is a choice of ddl_triton/compression_methods.py (``compression_meth
                       float16 / bfloat16 bucket (int8: block quantization; onebit: sign + scale;
                       fp16 / bf16: 16-bit on the wire), as the DDP hooks run it (docs/compression.md);
                       other dtypes (float64, integers) stay in full precision
-    "auto"            per bucket, what ddl_triton/tuning/auto_compression.py decides for its size: full
-                      precision inside a host (shm), a method between hosts only where it pays,
+    "auto"            per bucket, what ddl_triton/tuning/auto_compression.py decides for its size
+                      (fp32-equivalent bytes: elements x 4, whatever the dtype; the communicator's
+                      tuning table's compression section where it has one, else the probed link):
+                      full precision inside a host (shm), a method between hosts only where it pays,
                       per level (runtime/compression/per_level.py); on one host, always "none"
+
+The choice, the buckets and the residuals are the framework-neutral floor's (ddl_triton/gradients/:
+``Reducer``, ``buckets.plan``, ``Residuals``); what is JAX's own here is the pytree, the ordered
+callback and the custom VJP.
 
 Error feedback is state, and this module keeps it explicitly, on the host: a
 :class:`GradientCompression` holds, per bucket, what compression lost (fp32, the bucket's size; for
@@ -37,14 +43,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 
 from . import host, world
 from .collectives import _allreduce_fn, check_reduced, concrete, like, op_name, ordered
 from .. import compression_methods
-from ..runtime.arrays import torch_view
-from ..runtime.compression import compressed, per_level
-from ..tuning import auto_compression
+from ..gradients.reducer import Reducer
 
 __all__ = ["GradientCompression", "allreduce_gradients"]
 
@@ -86,12 +89,15 @@ def allreduce_gradients(grads, op: str = "avg", compression="none", *, comm=None
 
 
 class GradientCompression:
-    """Error feedback and choices of compressed ``allreduce_gradients`` calls (module doc).
+    """Error feedback and choices of compressed ``allreduce_gradients`` calls (module doc): JAX's
+    adapter of the framework-neutral ``ddl_triton.gradients.Reducer`` (named methods over the
+    whole communicator).
 
     method: a method of ddl_triton/compression_methods.py, or "auto" ("none": nothing to keep).
     block: the int8 quantization block (a power of two in [4, 65536]). error_feedback: keep
     what compression lost and send it with the bucket's next gradient. ``calls``: buckets
-    compressed so far; ``decisions``: "auto"'s choice per bucket size ({nbytes: Decision}).
+    compressed so far; ``decisions``: the choice per bucket size ({nbytes: Decision}, nbytes
+    fp32-equivalent: the element count times 4, whatever the dtype).
     Building the per-level groups and probing the link ("auto") is collective: it happens inside
     the first call, at the same point on every rank."""
 
@@ -102,17 +108,17 @@ class GradientCompression:
         if method == compression_methods.NONE:
             raise ValueError(f"rank {self.comm.rank}: GradientCompression: method 'none' keeps no state; "
                              "call allreduce_gradients(grads) without compression")
-        if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
-            raise ValueError(f"rank {self.comm.rank}: GradientCompression: block must be a power of two in "
-                             f"[4, 65536], got {block!r}")
-        self.method, self.block, self.error_feedback = method, block, bool(error_feedback)
+        self.reducer = Reducer(self.comm, method, named="world", block=block, error_feedback=error_feedback,
+                               who="GradientCompression")
+        self.method, self.block, self.error_feedback = method, block, self.reducer.error_feedback
         self.calls = 0
-        self.residual_resets = 0
-        self.decisions: dict = {}
-        self._residuals: dict = {}
-        self._levels = None
-        self._speeds = None
+        self.decisions = self.reducer.decisions
         self._fns: dict = {}
+
+    @property
+    def residual_resets(self) -> int:
+        """Buckets whose residual restarted from zero because their size or method changed."""
+        return self.reducer.residuals.resets
 
     @staticmethod
     def shared(comm, method: str) -> "GradientCompression":
@@ -120,14 +126,12 @@ class GradientCompression:
         return _shared(comm, method)
 
     def reset(self) -> None:
-        """Forget every residual (e.g. after restoring a checkpoint)."""
-        self._residuals.clear()
+        """Forget every residual (e.g. after restoring a checkpoint, or a world change)."""
+        self.reducer.reset_residuals()
 
     def close(self) -> None:
         """Close the per-level groups "auto" made (never ``comm``)."""
-        if self._levels is not None:
-            self._levels.close()
-            self._levels = None
+        self.reducer.close()
 
     def __repr__(self) -> str:
         return (f"GradientCompression({self.method!r}, rank={self.comm.rank}, size={self.comm.size}, "
@@ -135,63 +139,9 @@ class GradientCompression:
 
     # -- on the host, inside the callback ---------------------------------------------------------
     def _reduce(self, op: str, arrays, bucket_bytes: int):
-        return host.allreduce(self.comm, op, arrays, bucket_bytes, reduce=lambda buf, i: self._bucket(buf, i, op))
-
-    def _bucket(self, buf: np.ndarray, index: int, op: str) -> None:
-        t = torch_view(self.comm.rank, buf)
-        method = self.method
-        if method == compression_methods.AUTO:
-            method = self._decide(buf.nbytes).method
-        row = None if method == compression_methods.NONE else compression_methods.get(method)
-        if row is None or str(t.dtype).removeprefix("torch.") not in row.dtypes:
-            self.comm.allreduce(t, op=op)
-            return
-        self.calls += 1
-        if self.method == compression_methods.AUTO:  # per level: shm inside a host, ``method`` between
-            lv = self._levels
-            w, s = per_level.residual_sizes(lv, method, t.numel(), block=self.block)
-            worker, server = self._residual(index, "per-level " + method, w, s) if self.error_feedback else (None,) * 2
-            per_level.allreduce(lv, t, method=method, op=op, block=self.block, residual=worker, server_residual=server)
-            return
-        worker = server = None
-        if self.error_feedback and row.worker_residual:
-            server_n = None
-            if row.server_residual:  # the server residual covers this rank's chunk
-                a, b = compressed.chunk_bounds(t.numel(), self.comm.size, row.align(self.block))[self.comm.rank]
-                server_n = b - a
-            worker, server = self._residual(index, method, t.numel(), server_n)
-        row.run(self.comm, t, op=op, block=self.block, residual=worker, server_residual=server)
-
-    def _decide(self, nbytes: int):
-        held = self.decisions.get(nbytes)
-        if held is not None:
-            return held
-        if self._levels is None:
-            self._levels = per_level.Levels(self.comm)
-        lv = self._levels
-        table = getattr(self.comm.planner, "table", None)
-        section = getattr(table, "compression", None) if table is not None else None
-        d = auto_compression.from_table(section, nbytes, lv.hosts) if section else None
-        if d is None:
-            if lv.hosts > 1 and lv.uniform and self._speeds is None:
-                self._speeds = auto_compression.probe(lv)
-            link, speed = self._speeds or (None, None)
-            d = auto_compression.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform,
-                                        block=self.block)
-        self.decisions[nbytes] = d
-        return d
-
-    def _residual(self, index: int, kind: str, numel: int, server_numel):
-        """(worker, server) residuals of bucket ``index``: zeros when new, resized or of another kind."""
-        held = self._residuals.get(index)
-        if held is not None and held[0] == (kind, numel, server_numel):
-            return held[1], held[2]
-        if held is not None:
-            self.residual_resets += 1
-        worker = torch.zeros(numel, dtype=torch.float32)
-        server = None if server_numel is None else torch.zeros(server_numel, dtype=torch.float32)
-        self._residuals[index] = ((kind, numel, server_numel), worker, server)
-        return worker, server
+        out, methods = self.reducer.reduce_list(arrays, op, bucket_bytes)
+        self.calls += sum(m != compression_methods.NONE for m in methods)
+        return out
 
 
 @functools.lru_cache(maxsize=64)

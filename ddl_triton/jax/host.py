@@ -7,9 +7,9 @@ communicator takes NumPy arrays in place, zero copy: ddl_triton/runtime/arrays.p
 leaves as views of the buffers, which JAX then copies into its own. The compressed allreduces
 take torch tensors: ``ddl_triton.runtime.arrays.torch_view`` gives them the same memory.
 
-Buckets (``buckets``): the leaves in pytree order, each joining the open bucket of its dtype
-until that would pass ``bucket_bytes`` (25 MiB, DDP's default); a leaf larger than that is a
-bucket of its own. The layout depends only on the leaves' shapes and dtypes, so every rank builds
+Buckets (``buckets``, the planner of ddl_triton/gradients/buckets.py): the leaves in pytree
+order, each joining the open bucket of its dtype until that would pass ``bucket_bytes`` (25 MiB,
+DDP's default); a leaf larger than that is a bucket of its own. The layout depends only on the leaves' shapes and dtypes, so every rank builds
 the same buckets, and the call check of each collective catches ranks whose pytrees differ.
 A fused allreduce gives bitwise what per-leaf allreduces give: the reduction of an element
 does not depend on where it sits in the buffer (tests/multirank/jax_worker.py checks it on
@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..compression_methods import NONE
+from ..gradients.buckets import plan
+from ..gradients.reducer import Reducer
+
 __all__ = ["BUCKET_BYTES", "REDUCED_DTYPES", "allgather", "allreduce", "broadcast", "buckets", "reduce_scatter"]
 
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -32,44 +36,24 @@ _ALIGN = 8  # bytes: a leaf's offset in a byte bucket, so that its view keeps th
 
 
 def buckets(leaves, bucket_bytes: int = BUCKET_BYTES, by_dtype: bool = True) -> list[list[int]]:
-    """The leaves' indices grouped into buckets (module doc), in the order of each bucket's first
-    leaf. ``leaves``: objects with ``shape``, ``dtype`` (arrays or ShapeDtypeStructs).
-    ``by_dtype`` False (bytes moved, not reduced): one sequence of buckets for every dtype.
+    """The leaves' indices grouped into buckets (module doc: ddl_triton/gradients/buckets.py's
+    planner), in the order of each bucket's first leaf. ``leaves``: objects with ``shape``,
+    ``dtype`` (arrays or ShapeDtypeStructs). ``by_dtype`` False (bytes moved, not reduced): one
+    sequence of buckets for every dtype, each leaf taking its bytes padded to 8.
     Example: float32 leaves of 10, 20 and 30 MiB, bucket_bytes 25 MiB -> [[0], [1], [2]];
              float32 (3,), int32 (2,), float32 (4,) -> [[0, 2], [1]]."""
-    if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
-        raise ValueError(f"bucket_bytes must be a positive int, got {bucket_bytes!r}")
-    open_: dict = {}
-    done: list[list[int]] = []
-    for i, leaf in enumerate(leaves):
-        dt = np.dtype(leaf.dtype)
-        key = dt if by_dtype else None
-        nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * dt.itemsize
-        held = open_.get(key)
-        if held is not None and held[1] + nbytes > bucket_bytes:
-            done.append(held[0])
-            held = None
-        if held is None:
-            held = open_[key] = ([], 0)
-        held[0].append(i)
-        open_[key] = (held[0], held[1] + _padded(nbytes) if not by_dtype else held[1] + nbytes)
-    done.extend(b for b, _ in open_.values())
-    return sorted(done, key=lambda b: b[0])
+    dtypes = [np.dtype(leaf.dtype) for leaf in leaves]
+    nbytes = [int(np.prod(leaf.shape, dtype=np.int64)) * dt.itemsize for leaf, dt in zip(leaves, dtypes)]
+    if by_dtype:
+        return plan(dtypes, nbytes, bucket_bytes)
+    return plan([None] * len(nbytes), [_padded(n) for n in nbytes], bucket_bytes)
 
 
-def allreduce(comm, op: str, arrays, bucket_bytes: int = BUCKET_BYTES, reduce=None) -> list[np.ndarray]:
+def allreduce(comm, op: str, arrays, bucket_bytes: int = BUCKET_BYTES) -> list[np.ndarray]:
     """The allreduce of every array (same shapes and dtypes on every rank), one collective per
-    bucket. ``reduce(buf, index)``, when given, runs a bucket's collective instead of
-    ``comm.allreduce(buf, op)`` (compressed methods: gradients.py); ``index`` is the bucket's."""
-    out: list = [None] * len(arrays)
-    for index, bucket in enumerate(buckets(arrays, bucket_bytes)):
-        buf = _concatenate([arrays[i] for i in bucket])
-        if reduce is None:
-            comm.allreduce(buf, op=op)
-        else:
-            reduce(buf, index)
-        _split(buf, [arrays[i] for i in bucket], bucket, out)
-    return out
+    bucket, in full precision: the framework-neutral reducer's fused list with nothing compressed
+    (ddl_triton/gradients/reducer.py, ``Reducer.reduce_list``)."""
+    return Reducer(comm, NONE, who="allreduce").reduce_list(arrays, op, bucket_bytes)[0]
 
 
 def broadcast(comm, root: int, arrays, bucket_bytes: int = BUCKET_BYTES) -> list[np.ndarray]:
@@ -135,18 +119,3 @@ def _byte_offsets(leaves) -> tuple[list[int], int]:
         offsets.append(o)
         o += _padded(leaf.nbytes)
     return offsets, o
-
-
-def _concatenate(leaves) -> np.ndarray:
-    """One fresh, writable, C-contiguous flat buffer holding the leaves in order."""
-    if len(leaves) == 1:
-        return np.array(leaves[0], order="C", copy=True).reshape(-1)
-    return np.concatenate([np.ravel(a) for a in leaves])
-
-
-def _split(buf: np.ndarray, leaves, indices, out: list) -> None:
-    o = 0
-    for i, leaf in zip(indices, leaves):
-        n = int(np.prod(leaf.shape, dtype=np.int64))
-        out[i] = buf[o: o + n].reshape(leaf.shape)
-        o += n

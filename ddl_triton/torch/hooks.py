@@ -51,6 +51,7 @@ import torch.distributed as dist
 import ddl_triton
 
 from .. import compression_methods
+from ..gradients.residuals import Residuals
 from ..runtime.compression import compressed, per_level
 from .level_compression import LevelCompression
 
@@ -81,7 +82,7 @@ class HookState:
     """
 
     __slots__ = ("comm", "error_feedback", "block", "onebit_param_scales", "compression", "calls", "grad_bytes",
-                 "payload_bytes", "residual_resets", "_residuals", "_at_start", "_levels")
+                 "payload_bytes", "_residuals", "_at_start", "_levels")
 
     def __init__(self, comm=None, error_feedback: bool = True, block: int = 256, onebit_param_scales: bool = False,
                  compression: str = "auto"):
@@ -96,8 +97,7 @@ class HookState:
         self.calls = 0
         self.grad_bytes = 0
         self.payload_bytes = 0
-        self.residual_resets = 0
-        self._residuals: dict[int, tuple[str, torch.Tensor, torch.Tensor | None]] = {}
+        self._residuals = Residuals()  # the framework-neutral store (ddl_triton/gradients/residuals.py)
         self._at_start = self._moved("sent"), self._moved("received")
 
     def sent_bytes(self) -> int:
@@ -111,6 +111,11 @@ class HookState:
     def received_bytes(self) -> int:
         """Bytes this rank has received over all transports of ``comm`` since this state was made."""
         return self._moved("received") - self._at_start[1]
+
+    @property
+    def residual_resets(self) -> int:
+        """Buckets whose residual restarted from zero because their size, method or device changed."""
+        return self._residuals.resets
 
     def reset_residuals(self) -> None:
         """Forget all error-feedback residuals (e.g. after loading a checkpoint)."""
@@ -126,11 +131,11 @@ class HookState:
 
     def residuals_snapshot(self) -> dict:
         """A copy of the error-feedback residuals (an elastic commit keeps it; ``load_residuals``)."""
-        return _copied(self._residuals)
+        return self._residuals.snapshot()
 
     def load_residuals(self, snapshot: dict) -> None:
         """Put residuals from ``residuals_snapshot`` back (copied again: the snapshot stays as it was)."""
-        self._residuals = _copied(snapshot)
+        self._residuals.load(snapshot)
 
     def explain(self, nbytes: int) -> str:
         """What ``auto_compress_hook`` sends between hosts for a bucket of ``nbytes``, and why
@@ -156,24 +161,9 @@ class HookState:
         self.payload_bytes += payload
 
     def _residual(self, bucket, kind: str, numel: int, server_numel: int | None = None):
-        """(worker, server) residuals of this bucket, zeros when new, resized or of another kind."""
-        key = bucket.index()
-        held = self._residuals.get(key)
-        device = bucket.buffer().device  # residuals live beside the gradients (CPU or GPU)
-        if held is not None and held[0] == kind and held[1].numel() == numel and held[1].device == device and (
-                server_numel is None or held[2].numel() == server_numel):
-            return held[1], held[2]
-        if held is not None:
-            self.residual_resets += 1
-        worker = torch.zeros(numel, dtype=torch.float32, device=device)
-        server = None if server_numel is None else torch.zeros(server_numel, dtype=torch.float32, device=device)
-        self._residuals[key] = (kind, worker, server)
-        return worker, server
-
-
-def _copied(residuals: dict) -> dict:
-    """Residuals ({bucket: (kind, worker, server or None)}) whose tensors share nothing with these."""
-    return {k: (kind, w.clone(), None if s is None else s.clone()) for k, (kind, w, s) in residuals.items()}
+        """(worker, server) residuals of this bucket, zeros when new, resized or of another kind;
+        they live beside the gradients (CPU or GPU)."""
+        return self._residuals.get(bucket.index(), kind, numel, server_numel, device=bucket.buffer().device)
 
 
 def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

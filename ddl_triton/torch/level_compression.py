@@ -1,4 +1,8 @@
-"""What the per-level compressed allreduce keeps between calls: the groups, the choices, the residuals.
+"""What the per-level compressed allreduce keeps between calls: torch's adapter of ddl_triton/gradients/.
+
+The groups, the choices and the residuals are the framework-neutral reducer's
+(ddl_triton/gradients/reducer.py, with named methods run per level); what is torch's own here is
+the place of a call in backward (backward_position.py), fed to the reducer as ``behind_us``.
 
 A :class:`LevelCompression` serves both ways in: ``hooks.auto_compress_hook`` (residuals keyed by
 DDP's bucket index, in ``HookState``) and the "ddl" process group's allreduce under
@@ -36,9 +40,8 @@ from collections import OrderedDict
 import torch
 
 from .. import compression_methods
+from ..gradients.reducer import Reducer
 from ..runtime.compression import per_level
-from ..tuning import auto_compression
-from ..tuning.auto_compression import Decision
 from .backward_position import BackwardPositions
 
 # The option path compresses only tensors of at least this many bytes: DDP's buckets are 1 MiB
@@ -53,7 +56,9 @@ MAX_KEYS = 256
 
 
 class LevelCompression:
-    """Per-level compression of one communicator's allreduces under ``setting`` (module doc).
+    """Per-level compression of one communicator's allreduces under ``setting`` (module doc): an
+    adapter of the framework-neutral ``ddl_triton.gradients.Reducer`` (named methods per level),
+    which adds the call's place in backward.
 
     ``block``: the int8 quantization block; ``error_feedback``: keep what compression lost
     and send it with the next call of the same key. ``decisions``: every size decided so far
@@ -63,21 +68,27 @@ class LevelCompression:
 
     def __init__(self, comm, setting: str, *, block: int = 256, error_feedback: bool = True):
         compression_methods.check_choice(setting, f"rank {comm.rank}: compression")
-        self.comm, self.setting, self.block, self.error_feedback = comm, setting, block, bool(error_feedback)
-        self.decisions: dict = {}
+        self.comm, self.setting = comm, setting
+        self.reducer = Reducer(comm, setting, named="levels", block=block, error_feedback=error_feedback,
+                               max_keys=MAX_KEYS, who="compression")
+        self.block, self.error_feedback = self.reducer.block, self.reducer.error_feedback
+        self.decisions = self.reducer.decisions
         self.positioned: OrderedDict = OrderedDict()
         self._positions = BackwardPositions()
-        self.residual_resets = 0
-        self._levels: per_level.Levels | None = None
-        self._speeds = None
-        self._residuals: OrderedDict = OrderedDict()
 
     @property
     def levels(self) -> per_level.Levels:
         """The per-level groups (built at first use: collective)."""
-        if self._levels is None:
-            self._levels = per_level.Levels(self.comm)
-        return self._levels
+        return self.reducer.levels
+
+    @property
+    def residual_resets(self) -> int:
+        return self.reducer.residuals.resets
+
+    @property
+    def _speeds(self):
+        """The probed link and compressors (None until "auto" probes)."""
+        return self.reducer._speeds
 
     def takes(self, tensor: torch.Tensor, op: str) -> bool:
         """Whether the option path compresses this allreduce: a setting other than "none", an
@@ -90,7 +101,7 @@ class LevelCompression:
     def groups(self) -> list:
         """The communicators the per-level groups added (none before first use, or where the groups
         are ``comm`` itself): their ``transport_bytes`` count the bytes of per-level calls."""
-        return list(self._levels.owned) if self._levels is not None else []
+        return self.reducer.groups
 
     def decide(self, nbytes: int, calling: bool = False):
         """The inter-host method for an ``nbytes`` (fp32) allreduce, as a Decision with its reason.
@@ -102,24 +113,12 @@ class LevelCompression:
         if behind is not None and self.levels.hosts > 1 and self.levels.uniform:
             held = self.positioned.get(place)
             if held is None:
-                held = self.positioned[place] = self._decide_auto(nbytes, self._agreed(behind))
+                held = self.positioned[place] = self.reducer.decide_auto(nbytes, self._agreed(behind))
                 while len(self.positioned) > MAX_KEYS:
                     self.positioned.popitem(last=False)
             self.positioned.move_to_end(place)
             return held
-        held = self.decisions.get(nbytes)
-        if held is not None:
-            return held
-        lv = self.levels
-        if self.setting == compression_methods.NONE:
-            d = Decision(compression_methods.NONE, "compression is off (Options.compression = none)")
-        elif self.setting != compression_methods.AUTO:
-            d = auto_compression.decide(nbytes, lv.hosts, lv.local_size, None, None, uniform=lv.uniform) \
-                if lv.hosts == 1 or not lv.uniform else Decision(self.setting, f"named: {self.setting}")
-        else:
-            d = self._decide_auto(nbytes, 0.0)
-        self.decisions[nbytes] = d
-        return d
+        return self.reducer.decide(nbytes)
 
     def explain(self, nbytes: int) -> str:
         """One line: what an ``nbytes`` allreduce sends between hosts, and why (and, for calls
@@ -133,43 +132,13 @@ class LevelCompression:
     def allreduce(self, tensor: torch.Tensor, key, method: str, op: str = "avg", async_op: bool = True):
         """Allreduce ``tensor`` in place with ``method``, as ``decide`` chose it for this call on
         the calling thread; residuals under ``key``."""
-        if method == compression_methods.NONE:
-            return self.comm.allreduce(tensor, op=op, async_op=async_op)
-        worker, server = self.residuals(key, method, tensor.numel()) if self.error_feedback else (None, None)
-        return per_level.allreduce(self.levels, tensor, method=method, op=op, block=self.block, residual=worker,
-                                   server_residual=server, async_op=async_op)
+        return self.reducer.reduce(tensor, key, method, op=op, async_op=async_op)
 
     def residuals(self, key, method: str, numel: int):
         """(worker, server) error-feedback residuals under ``key``: zeros when new, or when the size or
         method under the key changed (counted in ``residual_resets``). At most MAX_KEYS are kept."""
         w, s = per_level.residual_sizes(self.levels, method, numel, block=self.block)
-        held = self._residuals.get(key)
-        if held is not None and held[0] == (method, numel):
-            self._residuals.move_to_end(key)
-            return held[1], held[2]
-        if held is not None:
-            self.residual_resets += 1
-        pair = (torch.zeros(w, dtype=torch.float32), None if s is None else torch.zeros(s, dtype=torch.float32))
-        self._residuals[key] = ((method, numel), *pair)
-        self._residuals.move_to_end(key)
-        while len(self._residuals) > MAX_KEYS:
-            self._residuals.popitem(last=False)
-        return pair
-
-    def _decide_auto(self, nbytes: int, behind_us: float):
-        """auto's Decision: the table's if the communicator's has a compression section, else
-        the cost model's on the link probed at first use (collective)."""
-        lv = self.levels
-        table = getattr(self.comm.planner, "table", None)
-        section = getattr(table, "compression", None) if table is not None else None
-        d = auto_compression.from_table(section, nbytes, lv.hosts, behind_us=behind_us) if section else None
-        if d is None:
-            if lv.hosts > 1 and lv.uniform and self._speeds is None:
-                self._speeds = auto_compression.probe(lv)
-            link, speed = self._speeds or (None, None)
-            d = auto_compression.decide(nbytes, lv.hosts, lv.local_size, link, speed, uniform=lv.uniform,
-                                        block=self.block, behind_us=behind_us)
-        return d
+        return self.reducer.residuals.get(key, "per-level " + method, w, s)
 
     def _agreed(self, behind_us: float) -> float:
         """The smallest ``behind_us`` over the ranks (collective): every rank decides alike."""
@@ -178,13 +147,11 @@ class LevelCompression:
         return float(t[0])
 
     def reset_residuals(self) -> None:
-        self._residuals.clear()
+        self.reducer.reset_residuals()
 
     def close(self, *how) -> None:
         """Close the level communicators (``how``: how this rank leaves them, farewell.py's Leaving)."""
-        if self._levels is not None:
-            self._levels.close(*how)
-            self._levels = None
+        self.reducer.close(*how)
 
 
 def buffer_key(tensor: torch.Tensor) -> tuple:

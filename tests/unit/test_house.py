@@ -90,6 +90,14 @@ def test_launch_observability_and_the_testbed_need_neither_torch_nor_mpi(room):
     assert {"torch", "mpi4py.MPI"} & loaded == set(), modules
 
 
+def test_the_gradient_floor_loads_neither_jax_nor_tensorflow():
+    # ddl_triton/gradients/ serves every framework room: it may use torch (as the runtime does), and
+    # must not pull a framework in (a torch job would pay TensorFlow's seconds of import).
+    modules = sorted(f"ddl_triton.gradients.{p.stem}" for p in (ROOT / "ddl_triton" / "gradients").glob("*.py"))
+    loaded = _fresh_modules("\n".join(f"import {m}" for m in modules))
+    assert {"jax", "tensorflow", "ddl_triton.torch", "ddl_triton.jax", "ddl_triton.tensorflow"} & loaded == set()
+
+
 @pytest.mark.slow  # seconds: make check, the inner loop, leaves it out
 def test_the_public_names_still_resolve_lazily():
     loaded = _fresh_modules("import ddl_triton as ddl\nassert callable(ddl.init) and callable(ddl.finalize)\n"
