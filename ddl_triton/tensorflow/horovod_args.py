@@ -15,12 +15,19 @@ meaning of every call it accepts, defaults included, or fails naming the argumen
     Compression.none, .fp16  Horovod's compressors: fp16 casts floating tensors to float16 for the
                              wire and back; the tape and the optimizer run it as the "fp16" method
                              of ddl_triton/compression_methods.py (float16 on the wire, fp32 sums)
+    Compression.int8, ...    the registry's other choices (int8, onebit, bf16, auto, and methods
+                             registered later), by attribute: the fused reducers run them; a
+                             tensor-by-tensor ``allreduce`` refuses them, naming the reducers
     device_dense, process_set, gradient_predivide_factor, ...: ``only_defaults`` refuses any value
                              but Horovod's default, naming the argument and why
 """
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
+
+from .. import compression_methods
 
 Average, Sum, Min, Max = "avg", "sum", "min", "max"
 OPS = (Sum, Average, Min, Max)
@@ -31,9 +38,42 @@ NOT_HERE = {  # Horovod's names this room does not implement: the package's __ge
 }
 
 
-class Compression:
+class _RegistryCompressions(type):
+    """``Compression.<name>`` for the other choices of ddl_triton/compression_methods.py ("int8",
+    "onebit", "bf16", "auto", and any method registered later): looked up when asked, so a method
+    registered after import is reachable too."""
+
+    def __getattr__(cls, name):
+        if not name.startswith("_") and name in compression_methods.choices():
+            return _registry_compressor(name)
+        raise AttributeError(f"Compression has no {name!r}: Horovod's Compression.none and Compression.fp16, or "
+                             f"a choice of ddl_triton's registry: {', '.join(compression_methods.choices())}")
+
+    def __dir__(cls):
+        return sorted({*type.__dir__(cls), *compression_methods.choices()})
+
+
+@functools.lru_cache(maxsize=None)
+def _registry_compressor(name: str):
+    """The compressor class ``Compression.<name>`` stands for: it names a method the fused reducers
+    run (DistributedOptimizer, DistributedGradientTape, GradientReducer), with its error feedback;
+    it has no tensor-by-tensor compress/decompress, so ``allreduce`` refuses it."""
+
+    def refuse(*_):
+        raise TypeError(f"Compression.{name} runs inside the fused reducers (DistributedOptimizer, "
+                        "DistributedGradientTape, GradientReducer), not tensor by tensor; allreduce takes "
+                        "Compression.none or Compression.fp16")
+
+    return type(name, (), {"method": name, "compress": staticmethod(refuse), "decompress": staticmethod(refuse),
+                           "__doc__": compression_methods.get(name).summary if name in compression_methods.names()
+                           else f"the registry's choice {name!r} (ddl_triton/compression_methods.py)"})
+
+
+class Compression(metaclass=_RegistryCompressions):
     """Horovod's compressors (``Compression.none``, ``Compression.fp16``): ``compress(tensor)`` ->
-    ``(tensor, ctx)`` before a collective, ``decompress(tensor, ctx)`` after it."""
+    ``(tensor, ctx)`` before a collective, ``decompress(tensor, ctx)`` after it. The registry's other
+    choices are ``Compression.int8``, ``.onebit``, ``.bf16``, ``.auto``, ... (ddl_triton/compression_methods.py):
+    the fused reducers run them, ``allreduce`` refuses them by name."""
 
     class none:  # noqa: N801 - Horovod's name (and the registry's choice "none")
         @staticmethod
@@ -79,6 +119,10 @@ def compressor(compression, rank: int, what: str):
     """Horovod's ``Compression.none`` or ``.fp16`` (the class itself), else a TypeError naming it."""
     if compression in (Compression.none, Compression.fp16):
         return compression
+    if getattr(compression, "method", None) is not None:
+        raise TypeError(f"rank {rank}: ddl_triton.tensorflow.{what}: Compression.{compression.method} runs only "
+                        "inside the fused reducers (DistributedOptimizer, DistributedGradientTape, GradientReducer); "
+                        "here compression must be Compression.none or Compression.fp16 (Horovod's)")
     raise TypeError(f"rank {rank}: ddl_triton.tensorflow.{what}: compression must be Compression.none or "
                     f"Compression.fp16 (Horovod's), got {compression!r}")
 
@@ -88,6 +132,8 @@ def method(compression, rank: int, what: str) -> str:
     or a choice of ddl_triton/compression_methods.py by name ("int8", "auto", ...)."""
     if isinstance(compression, str):
         return compression
+    if isinstance(compression, type) and isinstance(getattr(compression, "method", None), str):
+        return compression.method  # Compression.int8, .auto, ...: the registry's choice by name
     return compressor(compression, rank, what).__name__  # Horovod's class names are the registry's: none, fp16
 
 
