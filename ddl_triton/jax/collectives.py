@@ -1,4 +1,5 @@
-"""``allreduce``, ``allgather``, ``broadcast`` for JAX arrays: eager, inside ``jax.jit``, under ``jax.grad``.
+"""``allreduce``, ``allgather``, ``broadcast``, ``alltoall``, ``barrier`` for JAX arrays: eager, inside
+``jax.jit``, under ``jax.grad`` (the first three).
 
 Inside ``jax.jit`` or under a transformation (``jax.grad``), each call is one ordered
 ``jax.experimental.io_callback`` (host.py runs the collective on the host) under a
@@ -22,6 +23,9 @@ check raises on every rank, naming it; eager allgather excepted):
                           eagerly the first dimensions may differ
     broadcast(tree, root) the pytree as rank ``root`` holds it, every leaf bit for bit (any dtype);
                           ``root`` has no default, as in Horovod (root_rank) and mpi4jax (bcast's root)
+    alltoall(x)           mpi4jax's: ``x.shape[0]`` must be n; rank r gets y with y[q] = x_q[r], bit
+                          for bit (any dtype); not differentiable
+    barrier()             mpi4jax's: returns (None) once every rank has entered it
 
 docs/jax.md has the table of each name against Horovod's and mpi4jax's.
 
@@ -50,7 +54,7 @@ from jax.experimental import io_callback
 from . import host, world
 from ..errors import say_first
 
-__all__ = ["allgather", "allreduce", "broadcast"]
+__all__ = ["allgather", "allreduce", "alltoall", "barrier", "broadcast"]
 
 try:  # JAX's own test of "no trace active"; private, so a JAX without it takes the callback path always
     from jax._src.core import trace_state_clean as _no_trace
@@ -103,6 +107,46 @@ def broadcast(tree, root: int, *, comm=None):
     else:
         out = _broadcast_fn(comm, root, host.BUCKET_BYTES)(leaves)
     return jax.tree_util.tree_unflatten(treedef, list(out))
+
+
+def alltoall(x, *, comm=None):
+    """mpi4jax's ``alltoall``: ``x`` of shape (size, ...) on every rank; block q goes to rank q, and
+    block q of the new array came from rank q (module doc). ValueError naming the rank when
+    ``x.shape[0]`` is not the number of ranks. Example (2 ranks): rank r passes [[10r], [10r + 1]]
+    -> rank 0 gets [[0], [10]], rank 1 gets [[1], [11]]."""
+    comm = world.resolve(comm)
+    x = jnp.asarray(x)
+    if x.ndim == 0 or x.shape[0] != comm.size:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.jax.alltoall: input must have shape (nproc, ...) with "
+                         f"nproc = {comm.size}, got {tuple(x.shape)}")
+    if concrete([x]):
+        return jnp.asarray(_alltoall_on_host(comm, np.asarray(x)))
+    return ordered(lambda v: _alltoall_on_host(comm, np.asarray(v)), (x,), like([x]))[0]
+
+
+def barrier(*, comm=None):
+    """mpi4jax's ``barrier``: returns (None) once every rank of ``comm`` has entered it; inside
+    ``jax.jit`` an ordered effect like the collectives. Deadline-bounded (Options.timeout)."""
+    comm = world.resolve(comm)
+    if _no_trace():
+        jax.effects_barrier()
+        comm.barrier()
+        return None
+    ordered(lambda: (comm.barrier(), [])[1], (), [])
+    return None
+
+
+def _alltoall_on_host(comm, x: np.ndarray) -> np.ndarray:
+    """The exchange as bytes (any dtype), in 4-byte words: block q of ``x`` to rank q."""
+    x = np.ascontiguousarray(x)
+    n, block = comm.size, x.nbytes // comm.size
+    words = -(-block // 4)
+    send = np.zeros((n, 4 * words), dtype=np.uint8)
+    send[:, :block] = x.reshape(n, -1).view(np.uint8).reshape(n, block)
+    got = np.empty(n * words, dtype=np.int32)
+    comm.all_to_all(got, send.view(np.int32).reshape(-1))
+    out = np.ascontiguousarray(got.view(np.uint8).reshape(n, 4 * words)[:, :block])
+    return out.view(x.dtype).reshape(x.shape)
 
 
 # -- shared with gradients.py ----------------------------------------------------------------
