@@ -12,8 +12,8 @@ Horovod's does; an argument of Horovod's that ddl_triton does not honour is refu
 
 What lives here, one concept per file:
 
-    collectives.py  ``allreduce``, ``broadcast``, ``allgather``, ``broadcast_variables``; ``init``, ``rank``,
-                    ``size``, ``local_rank``, ``local_size``: eager and inside ``tf.function``, each one
+    collectives.py  ``allreduce``, ``broadcast``, ``allgather``, ``broadcast_variables``, ``barrier``; ``init``,
+                    ``rank``, ``size``, ``local_rank``, ``local_size``, ``is_initialized``, ``shutdown``: eager and inside ``tf.function``, each one
                     stateful graph op that grappler never prunes and automatic control dependencies
                     keep in program order; ``allreduce``'s gradient is an allreduce (Sum -> Sum,
                     Average -> Average)
@@ -54,8 +54,8 @@ except ImportError as e:  # pragma: no cover - exercised by tests/unit/test_tens
                       f"(tensorflow-cpu 2.21 with Keras 3); importing it failed: {e}") from e
 
 from .callbacks import BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback
-from .collectives import (allgather, allreduce, broadcast, broadcast_variables, init, local_rank, local_size, rank,
-                          size)
+from .collectives import (allgather, allreduce, barrier, broadcast, broadcast_variables, init, is_initialized,
+                          local_rank, local_size, rank, shutdown, size)
 from .fusion import GradientReducer
 from .horovod_args import NOT_HERE as _NOT_HERE
 from .horovod_args import Average, Compression, Max, Min, Sum
@@ -64,8 +64,8 @@ from .tape import DistributedGradientTape
 
 __all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression", "DistributedGradientTape",
            "DistributedOptimizer", "GradientReducer", "LearningRateWarmupCallback", "Max", "MetricAverageCallback",
-           "Min", "Sum", "allgather", "allreduce", "broadcast",
-           "broadcast_variables", "init", "local_rank", "local_size", "rank", "size"]
+           "Min", "Sum", "allgather", "allreduce", "barrier", "broadcast",
+           "broadcast_variables", "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size"]
 
 
 def __getattr__(name: str):

@@ -31,10 +31,51 @@ from .. import compression_methods
 
 Average, Sum, Min, Max = "avg", "sum", "min", "max"
 OPS = (Sum, Average, Min, Max)
-NOT_HERE = {  # Horovod's names this room does not implement: the package's __getattr__ says so
+_SETS = ("ddl_triton has no process sets: every call runs on the world (process_set=None); a sub-communicator for "
+         "the core is ddl_triton.init(mpi_sub_comm)")
+_BUILT = "a query of Horovod's build; ddl_triton's bootstrap is ddl_triton.init().bootstrap.kind ('mpi' or 'store')"
+_OPS_TF1 = "a TF1 graph op of Horovod's; use {} (a Python int: a constant inside tf.function)"
+_PICKLE = ("Horovod pickles the object, and ddl_triton never unpickles what comes from the network: encode it "
+           "(e.g. JSON) into an int32 tensor and use {}")
+NOT_HERE = {  # Horovod's names (horovod.tensorflow and .keras, 0.28) this room does not implement: __getattr__ says so
     "Adasum": "Horovod's Adasum reduction is not implemented by ddl_triton; use Average (the default) or Sum",
     "Product": "a product reduction is not implemented by ddl_triton; use Sum, Min or Max",
-    "global_process_set": "ddl_triton has no process sets: every call runs on the world (process_set=None)",
+    "global_process_set": _SETS, "ProcessSet": _SETS, "add_process_set": _SETS, "remove_process_set": _SETS,
+    "process_set_included_op": _SETS,
+    "alltoall": "not implemented in the TensorFlow room; allgather every rank's tensor and keep the blocks meant "
+                "for this rank (or use ddl_triton.jax.alltoall / the torch backend's all_to_all)",
+    "grouped_allreduce": "not implemented; call allreduce per tensor, or GradientReducer().reduce(tensors) for one "
+                         "fused, averaged list",
+    "reducescatter": "not implemented in the TensorFlow room; allreduce(t, op=Sum) and keep this rank's block",
+    "grouped_reducescatter": "not implemented in the TensorFlow room; allreduce(t, op=Sum) and keep this rank's block",
+    "allgather_object": _PICKLE.format("allgather"),
+    "broadcast_object": _PICKLE.format("broadcast"),
+    "broadcast_object_fn": _PICKLE.format("broadcast"),
+    "broadcast_global_variables": "TF1 graph mode only; use broadcast_variables(model.variables, root_rank) or "
+                                  "BroadcastGlobalVariablesCallback(root_rank)",
+    "BroadcastGlobalVariablesHook": "a TF1 SessionRunHook; use BroadcastGlobalVariablesCallback(root_rank) with "
+                                    "model.fit, or broadcast_variables(variables, root_rank)",
+    "join": "ddl_triton has no join for uneven inputs; give every rank the same number of steps",
+    "is_homogeneous": "not implemented; compare local_size() across ranks with allgather",
+    "cross_rank": "not implemented; rank() and local_rank() are", "cross_size": "not implemented; size() and "
+                                                                                "local_size() are",
+    "rank_op": _OPS_TF1.format("rank()"), "local_rank_op": _OPS_TF1.format("local_rank()"),
+    "size_op": _OPS_TF1.format("size()"), "local_size_op": _OPS_TF1.format("local_size()"),
+    "mpi_threads_supported": _BUILT, "mpi_enabled": _BUILT, "mpi_built": _BUILT, "gloo_enabled": _BUILT,
+    "gloo_built": _BUILT, "nccl_built": _BUILT, "ddl_built": _BUILT, "ccl_built": _BUILT, "cuda_built": _BUILT,
+    "rocm_built": _BUILT,
+    "start_timeline": "Horovod's timeline is not implemented; ddl_triton traces calls itself (docs/observability.md)",
+    "stop_timeline": "Horovod's timeline is not implemented; ddl_triton traces calls itself (docs/observability.md)",
+    "PartialDistributedGradientTape": "not implemented; use DistributedGradientTape (every gradient averaged) or "
+                                      "GradientReducer().reduce on the gradients to average",
+    "SyncBatchNormalization": "not implemented; keras.layers.BatchNormalization keeps per-rank statistics",
+    "elastic": "ddl_triton's elastic training is for torch (ddl_triton.torch.elastic); the TensorFlow room has none",
+    "LearningRateScheduleCallback": "not implemented; use keras.callbacks.LearningRateScheduler (the same schedule "
+                                    "on every rank), or LearningRateWarmupCallback for Horovod's warmup",
+    "BestModelCheckpoint": "not implemented; use keras.callbacks.ModelCheckpoint(save_best_only=True) on rank 0, "
+                           "after MetricAverageCallback",
+    "load_model": "not implemented; keras.models.load_model, then DistributedOptimizer(model.optimizer) and "
+                  "model.compile again",
 }
 
 

@@ -128,6 +128,7 @@ HOROVOD = {
     "allgather": [("tensor", _NONE), ("name", None), ("ignore_name_scope", False), ("process_set", None)],
     "broadcast_variables": [("variables", _NONE), ("root_rank", _NONE), ("process_set", None), ("inplace", False)],
     "init": [("comm", None), ("process_sets", None)],
+    "barrier": [("process_set", None)],
     "DistributedGradientTape": [("gradtape", _NONE), ("device_dense", ""), ("device_sparse", ""),
                                 ("compression", "Compression.none"), ("sparse_as_dense", False), ("op", "Average"),
                                 ("gradient_predivide_factor", 1.0), ("num_groups", 0), ("groups", None),
@@ -484,6 +485,18 @@ def check_errors(ck: Checker, r: int, w: int) -> None:
              lambda: _fit_with(keras.optimizers.SGD(0.1, momentum=0.9), dtf.LearningRateWarmupCallback(0.1)),
              "pass momentum_correction=False")):
         ck.raises(f"Horovod's spelling refused: {what}", exc, fn, says)
+    from ddl_triton.tensorflow.horovod_args import NOT_HERE
+    for name, why in NOT_HERE.items():  # every Horovod name not implemented: refused, naming what to use instead
+        ck.raises(f"Horovod's {name}: refused by name", AttributeError, lambda n=name: getattr(dtf, n),
+                  f"ddl_triton.tensorflow has no {name}: {why}")
+    ck.true("NOT_HERE names an alternative for each", all(" use " in w or "; " in w for w in NOT_HERE.values()))
+    ck.true("is_initialized", dtf.is_initialized())
+    dtf.barrier()
+    tf.function(lambda: dtf.barrier())()
+    dtf.shutdown()
+    ck.true("shutdown: no longer initialized", not dtf.is_initialized())
+    dtf.init()
+    ck.true("init after shutdown", dtf.is_initialized() and dtf.size() == w)
     lrs = _fit_with(keras.optimizers.SGD(0.1, momentum=0.9), dtf.LearningRateWarmupCallback(
         0.2, warmup_epochs=1, momentum_correction=False, steps_per_epoch=2))
     ck.true("the warmup with momentum_correction=False runs", lrs == [np.float32(0.2 / w * (0.5 * (w - 1) + 1)),
