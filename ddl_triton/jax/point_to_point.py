@@ -101,7 +101,7 @@ def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, 
 
     def exchange(value):
         pending = _post_send(mpi, np.asarray(value), dest, sendtag)
-        got = _recv_now(comm, mpi, like, source, recvtag, status, also=pending, also_peer=dest)
+        got = _recv_now(comm, mpi, like, source, recvtag, status, also=pending, call="sendrecv: recv")
         _wait(comm, pending[0], f"sendrecv: send to rank {dest} (tag {sendtag})", dest)
         return got
 
@@ -161,12 +161,12 @@ def _send_now(comm, mpi, value: np.ndarray, dest: int, tag: int) -> None:
     del message  # kept alive until MPI is done with it
 
 
-def _recv_now(comm, mpi, like, source: int, tag: int, status, also=None, also_peer: int = -1) -> np.ndarray:
+def _recv_now(comm, mpi, like, source: int, tag: int, status, also=None, call: str = "recv") -> np.ndarray:
     """Receive the next message matching (source, tag), check its header against ``like``, return
     its values. ``also``: a send of sendrecv's, polled meanwhile so a ring cannot wait on itself."""
     seen = status if status is not None else MPI.Status()
     peer = "any rank" if source == MPI.ANY_SOURCE else f"rank {source}"
-    what = f"recv from {peer} (tag {'any' if tag == MPI.ANY_TAG else tag})"
+    what = f"{call} from {peer} (tag {'any' if tag == MPI.ANY_TAG else tag})"
     deadline = time.monotonic() + comm.options.timeout
     pause = 0.0
     message = None

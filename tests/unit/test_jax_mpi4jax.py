@@ -88,7 +88,8 @@ def test_bad_point_to_point_input_is_named_with_the_rank():
         (lambda: ddj.recv(x, 0, tag=-3), "rank 0: ddl_triton.jax.recv: tag must be in [0, "),
         (lambda: ddj.sendrecv(x, x, 0, 0, sendtag=MPI.ANY_TAG), "sendtag must be in [0, "),
         (lambda: ddj.sendrecv(jnp.arange(5), jnp.zeros(4, jnp.float32), 0, 0),
-         "rank 0 sent int32[5] with tag 0, but this rank's template is float32[4]"),
+         "rank 0: ddl_triton.jax.sendrecv: recv from rank 0 (tag any): rank 0 sent int32[5] with tag 0, but this "
+         "rank's template is float32[4]"),
         (lambda: ddj.alltoall(jnp.ones((2, 3))), "rank 0: ddl_triton.jax.alltoall: input must have shape (nproc, ...)"),
         (lambda: ddj.scatter(jnp.ones((2, 3)), 0), "rank 0: ddl_triton.jax.scatter: Scatter input must have shape"),
         (lambda: ddj.bcast(x, 1), "rank 0: ddl_triton.jax.broadcast: root must be a rank in [0, 1)"),
