@@ -25,8 +25,9 @@ receiver whose template differs from what was sent raises ValueError naming both
 and both shapes and dtypes, instead of reading garbage. A peer out of range, a negative or too
 large tag, or a ``source``/``tag`` wildcard given to ``send`` raise ValueError naming the rank
 before anything is sent; so does a ``send`` to this rank itself, which MPI completes only once it
-is received (a deadlock for one thread), naming ``sendrecv``, which does both at once. Every wait is bounded by the communicator's deadline (``Options.timeout``):
-past it a CollectiveTimeout names the peer.
+is received (a deadlock for one thread), naming ``sendrecv``, which does both at once. Every wait
+is bounded by the communicator's deadline (``Options.timeout``): past it a CollectiveTimeout names
+the peer.
 
 Transport: a private duplicate of the communicator's MPI communicator (``Idup``: collective, made
 by ``ddl_triton.jax.init()`` on every rank for the world, else by each rank's first point-to-point

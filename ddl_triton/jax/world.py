@@ -66,8 +66,9 @@ def _from_mpi(mpi_comm):
     with it: mpi4jax's default is its clone); other mpi4py communicators are refused by name."""
     from mpi4py import MPI
     world = ddl_triton.init()
+    mpi_world = (MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank())
     if not isinstance(mpi_comm, MPI.Intracomm) or MPI.Comm.Compare(mpi_comm, MPI.COMM_WORLD) not in (
-            MPI.IDENT, MPI.CONGRUENT) or (MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()) != (world.size, world.rank):
+            MPI.IDENT, MPI.CONGRUENT) or mpi_world != (world.size, world.rank):
         raise ValueError(f"rank {world.rank}: ddl_triton.jax: comm={mpi_comm!r} is not ddl_triton's world (MPI's "
                          f"COMM_WORLD of {world.size} ranks); for a sub-communicator pass "
                          "comm=ddl_triton.init(that_mpi_comm), made once on every rank of it")

@@ -13,7 +13,8 @@ Horovod's does; an argument of Horovod's that ddl_triton does not honour is refu
 What lives here, one concept per file:
 
     collectives.py  ``allreduce``, ``broadcast``, ``allgather``, ``broadcast_variables``, ``barrier``; ``init``,
-                    ``rank``, ``size``, ``local_rank``, ``local_size``, ``is_initialized``, ``shutdown``: eager and inside ``tf.function``, each one
+                    ``rank``, ``size``, ``local_rank``, ``local_size``, ``is_initialized``, ``shutdown``:
+                    eager and inside ``tf.function``, each one
                     stateful graph op that grappler never prunes and automatic control dependencies
                     keep in program order; ``allreduce``'s gradient is an allreduce (Sum -> Sum,
                     Average -> Average)
