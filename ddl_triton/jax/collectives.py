@@ -66,11 +66,12 @@ OPS = ("sum", "avg", "min", "max")
 _LINEAR = ("sum", "avg")
 
 
-def allreduce(x, op, *, comm=None):
+def allreduce(x, op, *, comm=None, token=world.NO_TOKEN):
     """The reduction of ``x`` over the ranks with ``op`` (required: "sum", "avg", "min", "max", or
     mpi4py's MPI.SUM, MPI.MIN, MPI.MAX; module doc); a new JAX array on every rank.
     ``x``: a JAX or NumPy array (or scalar) of float32, float16, bfloat16, float64, int32 or int64.
     Example (2 ranks): rank r passes jnp.full(3, r + 1.0) -> op "sum": both [3., 3., 3.]; "avg": [1.5, 1.5, 1.5]."""
+    world.no_token(token, "allreduce")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     op = op_name(comm, "allreduce", op)
@@ -80,11 +81,12 @@ def allreduce(x, op, *, comm=None):
     return _allreduce_fn(comm, op, host.BUCKET_BYTES)((x,))[0]
 
 
-def allgather(x, *, comm=None):
+def allgather(x, *, comm=None, token=world.NO_TOKEN):
     """The ranks' ``x`` concatenated along axis 0 in rank order (module doc); any dtype. Eagerly
     the first dimensions may differ across ranks (Horovod's rule; one more collective per call
     to learn them); inside jit every rank's shape must be the same.
     Example (2 ranks): rank r passes jnp.array([r, r]) -> both [0, 0, 1, 1]."""
+    world.no_token(token, "allgather")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     if concrete([x]):
@@ -109,11 +111,12 @@ def broadcast(tree, root: int, *, comm=None):
     return jax.tree_util.tree_unflatten(treedef, list(out))
 
 
-def alltoall(x, *, comm=None):
+def alltoall(x, *, comm=None, token=world.NO_TOKEN):
     """mpi4jax's ``alltoall``: ``x`` of shape (size, ...) on every rank; block q goes to rank q, and
     block q of the new array came from rank q (module doc). ValueError naming the rank when
     ``x.shape[0]`` is not the number of ranks. Example (2 ranks): rank r passes [[10r], [10r + 1]]
     -> rank 0 gets [[0], [10]], rank 1 gets [[1], [11]]."""
+    world.no_token(token, "alltoall")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     if x.ndim == 0 or x.shape[0] != comm.size:
@@ -124,9 +127,10 @@ def alltoall(x, *, comm=None):
     return ordered(lambda v: _alltoall_on_host(comm, np.asarray(v)), (x,), like([x]))[0]
 
 
-def barrier(*, comm=None):
+def barrier(*, comm=None, token=world.NO_TOKEN):
     """mpi4jax's ``barrier``: returns (None) once every rank of ``comm`` has entered it; inside
     ``jax.jit`` an ordered effect like the collectives. Deadline-bounded (Options.timeout)."""
+    world.no_token(token, "barrier")
     comm = world.resolve(comm)
     if _no_trace():
         jax.effects_barrier()

@@ -38,32 +38,36 @@ NOT_HERE = {
 }
 
 
-def bcast(x, root, *, comm=None):
+def bcast(x, root, *, comm=None, token=world.NO_TOKEN):
     """mpi4jax's ``bcast``: rank ``root``'s ``x`` on every rank (a new array); on root ``x`` itself."""
+    world.no_token(token, "bcast")
     comm = world.resolve(comm)
     root = check_root(comm, root)
     got = broadcast(jnp.asarray(x), root, comm=comm)
     return x if comm.rank == root else got
 
 
-def gather(x, root, *, comm=None):
+def gather(x, root, *, comm=None, token=world.NO_TOKEN):
     """mpi4jax's ``gather``: on ``root`` the ranks' ``x`` stacked, shape (nproc, *x.shape); elsewhere ``x``."""
+    world.no_token(token, "gather")
     comm = world.resolve(comm)
     root = check_root(comm, root)
     got = allgather(jnp.asarray(x)[None], comm=comm)
     return got if comm.rank == root else x
 
 
-def reduce(x, op, root, *, comm=None):
+def reduce(x, op, root, *, comm=None, token=world.NO_TOKEN):
     """mpi4jax's ``reduce``: on ``root`` the reduction of the ranks' ``x`` with ``op``; elsewhere ``x``."""
+    world.no_token(token, "reduce")
     comm = world.resolve(comm)
     root = check_root(comm, root)
     got = allreduce(x, op, comm=comm)
     return got if comm.rank == root else x
 
 
-def scatter(x, root, *, comm=None):
+def scatter(x, root, *, comm=None, token=world.NO_TOKEN):
     """mpi4jax's ``scatter``: rank r gets root's ``x[r]``; root's ``x`` has shape (nproc, *s), the others' s."""
+    world.no_token(token, "scatter")
     comm = world.resolve(comm)
     root = check_root(comm, root)
     x = jnp.asarray(x)
@@ -77,8 +81,9 @@ def scatter(x, root, *, comm=None):
     return broadcast(whole, root, comm=comm)[comm.rank]
 
 
-def scan(x, op, *, comm=None):
+def scan(x, op, *, comm=None, token=world.NO_TOKEN):
     """mpi4jax's ``scan`` (MPI_Scan, inclusive): rank r gets x_0 op ... op x_r, in rank order."""
+    world.no_token(token, "scan")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     op = op_name(comm, "scan", op)

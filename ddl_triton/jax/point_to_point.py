@@ -1,6 +1,7 @@
 """mpi4jax's point-to-point on JAX arrays: ``send``, ``recv``, ``sendrecv``, eager and inside ``jax.jit``.
 
-Semantics (mpi4jax >= 0.8, token-free: tokens are managed for the user; its signatures and defaults):
+Semantics (mpi4jax >= 0.8, token-free: tokens are managed for the user, and ``token=`` is refused as
+mpi4jax refuses it; its signatures and defaults):
 
     send(x, dest, *, tag=0, comm=None)                     ``x``'s values to rank ``dest``; returns None
     recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None)
@@ -56,8 +57,9 @@ _MAX_DIMS = 64
 _CHANNELS: dict = {}  # id(communicator) -> (communicator, its private MPI duplicate)
 
 
-def send(x, dest, *, tag=0, comm=None):
+def send(x, dest, *, tag=0, comm=None, token=world.NO_TOKEN):
     """Send ``x`` (a JAX or NumPy array, or a scalar) to rank ``dest`` with ``tag`` (module doc)."""
+    world.no_token(token, "send")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     dest = _peer(comm, "send", "dest", dest, wildcard=False)
@@ -74,8 +76,9 @@ def send(x, dest, *, tag=0, comm=None):
     return None
 
 
-def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None):
+def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None, token=world.NO_TOKEN):
     """A new array like ``x`` holding what ``source`` sent with ``tag`` (module doc)."""
+    world.no_token(token, "recv")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     source = _peer(comm, "recv", "source", source, wildcard=True)
@@ -88,8 +91,10 @@ def recv(x, source=MPI.ANY_SOURCE, *, tag=MPI.ANY_TAG, comm=None, status=None):
     return ordered(lambda _: _recv_now(comm, mpi, like, source, tag, status), (x,), [like])[0]
 
 
-def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, comm=None, status=None):
+def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, comm=None, status=None,
+             token=world.NO_TOKEN):
     """Send ``sendbuf`` to ``dest`` while receiving, from ``source``, a new array like ``recvbuf`` (module doc)."""
+    world.no_token(token, "sendrecv")
     comm = world.resolve(comm)
     sendbuf, recvbuf = jnp.asarray(sendbuf), jnp.asarray(recvbuf)
     dest = _peer(comm, "sendrecv", "dest", dest, wildcard=False)

@@ -46,6 +46,17 @@ def local_size(comm=None) -> int:
     return len(resolve(comm).placement.on_node)
 
 
+NO_TOKEN = object()  # mpi4jax's NOTSET: ``token=`` not given
+
+
+def no_token(token, what: str) -> None:
+    """mpi4jax (>= 0.8) refuses ``token=``, and so do its names here, the same way (RuntimeError)."""
+    if token is not NO_TOKEN:
+        raise RuntimeError(f"ddl_triton.jax.{what}: explicit token management is not supported, as in mpi4jax>=0.8: "
+                           "the calls are ordered for you (ordered effects); drop token= and use the result alone "
+                           "(no (result, token) pair)")
+
+
 def resolve(comm=None):
     """``comm``, or the world communicator when None (created on first use). mpi4jax's spelling
     ``comm=MPI.COMM_WORLD`` (or a clone of it, mpi4jax's default) is the world communicator; any

@@ -40,8 +40,11 @@ MPI4JAX = {
 
 @pytest.mark.parametrize("name", sorted(MPI4JAX))
 def test_mpi4jaxs_names_have_its_signatures_and_defaults(name):
-    got = [(q.name, q.kind, q.default) for q in inspect.signature(getattr(ddj, name)).parameters.values()]
+    *got, token = [(q.name, q.kind, q.default) for q in inspect.signature(getattr(ddj, name)).parameters.values()]
     assert got == MPI4JAX[name]
+    assert token[:2] == ("token", _K)  # mpi4jax's last keyword, refused as mpi4jax refuses it
+    with pytest.raises(RuntimeError, match=f"ddl_triton.jax.{name}: explicit token management is not supported"):
+        getattr(ddj, name)(*[jnp.ones(1)] * sum(k == _P and d is _REQUIRED for _, k, d in got), token=None)
 
 
 def test_what_mpi4jax_has_and_ddl_triton_does_not_is_refused_by_name():
