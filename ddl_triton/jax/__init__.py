@@ -12,7 +12,10 @@ What lives here (one concept per file):
                     buffers handed to the communicator, the results split back (never seen by users)
     collectives.py  ``allreduce``, ``allgather``, ``broadcast``: eager and inside ``jax.jit``, each an
                     ordered ``io_callback`` under ``jax.custom_vjp`` (once per call, in program order),
-                    differentiable where the rule is defined
+                    differentiable where the rule is defined; mpi4jax's ``alltoall`` and ``barrier``
+    point_to_point.py  mpi4jax's ``send``, ``recv``, ``sendrecv`` (under an MPI world), eager and in jit
+    mpi4jax_names.py   mpi4jax's ``bcast``, ``gather``, ``reduce``, ``scatter``, ``scan`` built on the
+                    collectives, with mpi4jax's signatures and results
     gradients.py    ``allreduce_gradients`` (a pytree in, a pytree out, one collective per bucket) and
                     ``GradientCompression``, the host-held error feedback of int8 / 1-bit / auto
     optimizer.py    ``distributed(tx)`` (Horovod's DistributedOptimizer, for optax) and ``broadcast_params``
@@ -47,10 +50,21 @@ except ImportError as _missing:  # the extra is not installed: say which one
     raise ImportError(f"ddl_triton.jax needs JAX and optax ({_missing}); install them with "
                       "pip install 'ddl_triton[jax]'") from _missing
 
-from .collectives import allgather, allreduce, broadcast
+from .collectives import allgather, allreduce, alltoall, barrier, broadcast
 from .gradients import GradientCompression, allreduce_gradients
+from .mpi4jax_names import NOT_HERE as _NOT_HERE
+from .mpi4jax_names import bcast, gather, reduce, scan, scatter
 from .optimizer import broadcast_params, distributed
+from .point_to_point import recv, send, sendrecv
 from .world import init, local_rank, local_size, rank, size
 
-__all__ = ["GradientCompression", "allgather", "allreduce", "allreduce_gradients", "broadcast", "broadcast_params",
-           "distributed", "init", "local_rank", "local_size", "rank", "size"]
+__all__ = ["GradientCompression", "allgather", "allreduce", "allreduce_gradients", "alltoall", "barrier", "bcast",
+           "broadcast", "broadcast_params", "distributed", "gather", "init", "local_rank", "local_size", "rank",
+           "recv", "reduce", "scan", "scatter", "send", "sendrecv", "size"]
+
+
+def __getattr__(name: str):
+    """mpi4jax's names this room does not implement: an AttributeError saying what to do instead."""
+    if name in _NOT_HERE:
+        raise AttributeError(f"ddl_triton.jax has no {name}: {_NOT_HERE[name]}")
+    raise AttributeError(f"module 'ddl_triton.jax' has no attribute {name!r}")

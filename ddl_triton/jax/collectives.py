@@ -1,4 +1,5 @@
-"""``allreduce``, ``allgather``, ``broadcast`` for JAX arrays: eager, inside ``jax.jit``, under ``jax.grad``.
+"""``allreduce``, ``allgather``, ``broadcast``, ``alltoall``, ``barrier`` for JAX arrays: eager, inside
+``jax.jit``, under ``jax.grad`` (the first three).
 
 Inside ``jax.jit`` or under a transformation (``jax.grad``), each call is one ordered
 ``jax.experimental.io_callback`` (host.py runs the collective on the host) under a
@@ -22,6 +23,9 @@ check raises on every rank, naming it; eager allgather excepted):
                           eagerly the first dimensions may differ
     broadcast(tree, root) the pytree as rank ``root`` holds it, every leaf bit for bit (any dtype);
                           ``root`` has no default, as in Horovod (root_rank) and mpi4jax (bcast's root)
+    alltoall(x)           mpi4jax's: ``x.shape[0]`` must be n; rank r gets y with y[q] = x_q[r], bit
+                          for bit (any dtype); not differentiable
+    barrier()             mpi4jax's: returns (None) once every rank has entered it
 
 docs/jax.md has the table of each name against Horovod's and mpi4jax's.
 
@@ -50,7 +54,7 @@ from jax.experimental import io_callback
 from . import host, world
 from ..errors import say_first
 
-__all__ = ["allgather", "allreduce", "broadcast"]
+__all__ = ["allgather", "allreduce", "alltoall", "barrier", "broadcast"]
 
 try:  # JAX's own test of "no trace active"; private, so a JAX without it takes the callback path always
     from jax._src.core import trace_state_clean as _no_trace
@@ -62,11 +66,12 @@ OPS = ("sum", "avg", "min", "max")
 _LINEAR = ("sum", "avg")
 
 
-def allreduce(x, op, *, comm=None):
+def allreduce(x, op, *, comm=None, token=world.NO_TOKEN):
     """The reduction of ``x`` over the ranks with ``op`` (required: "sum", "avg", "min", "max", or
     mpi4py's MPI.SUM, MPI.MIN, MPI.MAX; module doc); a new JAX array on every rank.
     ``x``: a JAX or NumPy array (or scalar) of float32, float16, bfloat16, float64, int32 or int64.
     Example (2 ranks): rank r passes jnp.full(3, r + 1.0) -> op "sum": both [3., 3., 3.]; "avg": [1.5, 1.5, 1.5]."""
+    world.no_token(token, "allreduce")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     op = op_name(comm, "allreduce", op)
@@ -76,11 +81,12 @@ def allreduce(x, op, *, comm=None):
     return _allreduce_fn(comm, op, host.BUCKET_BYTES)((x,))[0]
 
 
-def allgather(x, *, comm=None):
+def allgather(x, *, comm=None, token=world.NO_TOKEN):
     """The ranks' ``x`` concatenated along axis 0 in rank order (module doc); any dtype. Eagerly
     the first dimensions may differ across ranks (Horovod's rule; one more collective per call
     to learn them); inside jit every rank's shape must be the same.
     Example (2 ranks): rank r passes jnp.array([r, r]) -> both [0, 0, 1, 1]."""
+    world.no_token(token, "allgather")
     comm = world.resolve(comm)
     x = jnp.asarray(x)
     if concrete([x]):
@@ -103,6 +109,48 @@ def broadcast(tree, root: int, *, comm=None):
     else:
         out = _broadcast_fn(comm, root, host.BUCKET_BYTES)(leaves)
     return jax.tree_util.tree_unflatten(treedef, list(out))
+
+
+def alltoall(x, *, comm=None, token=world.NO_TOKEN):
+    """mpi4jax's ``alltoall``: ``x`` of shape (size, ...) on every rank; block q goes to rank q, and
+    block q of the new array came from rank q (module doc). ValueError naming the rank when
+    ``x.shape[0]`` is not the number of ranks. Example (2 ranks): rank r passes [[10r], [10r + 1]]
+    -> rank 0 gets [[0], [10]], rank 1 gets [[1], [11]]."""
+    world.no_token(token, "alltoall")
+    comm = world.resolve(comm)
+    x = jnp.asarray(x)
+    if x.ndim == 0 or x.shape[0] != comm.size:
+        raise ValueError(f"rank {comm.rank}: ddl_triton.jax.alltoall: input must have shape (nproc, ...) with "
+                         f"nproc = {comm.size}, got {tuple(x.shape)}")
+    if concrete([x]):
+        return jnp.asarray(_alltoall_on_host(comm, np.asarray(x)))
+    return ordered(lambda v: _alltoall_on_host(comm, np.asarray(v)), (x,), like([x]))[0]
+
+
+def barrier(*, comm=None, token=world.NO_TOKEN):
+    """mpi4jax's ``barrier``: returns (None) once every rank of ``comm`` has entered it; inside
+    ``jax.jit`` an ordered effect like the collectives. Deadline-bounded (Options.timeout)."""
+    world.no_token(token, "barrier")
+    comm = world.resolve(comm)
+    if _no_trace():
+        jax.effects_barrier()
+        comm.barrier()
+        return None
+    ordered(lambda: (comm.barrier(), [])[1], (), [])
+    return None
+
+
+def _alltoall_on_host(comm, x: np.ndarray) -> np.ndarray:
+    """The exchange as bytes (any dtype), in 4-byte words: block q of ``x`` to rank q."""
+    x = np.ascontiguousarray(x)
+    n, block = comm.size, x.nbytes // comm.size
+    words = -(-block // 4)
+    send = np.zeros((n, 4 * words), dtype=np.uint8)
+    send[:, :block] = x.reshape(n, -1).view(np.uint8).reshape(n, block)
+    got = np.empty(n * words, dtype=np.int32)
+    comm.all_to_all(got, send.view(np.int32).reshape(-1))
+    out = np.ascontiguousarray(got.view(np.uint8).reshape(n, 4 * words)[:, :block])
+    return out.view(x.dtype).reshape(x.shape)
 
 
 # -- shared with gradients.py ----------------------------------------------------------------

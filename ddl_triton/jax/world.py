@@ -16,8 +16,13 @@ __all__ = ["init", "local_rank", "local_size", "rank", "size"]
 
 def init(**kwargs):
     """The world communicator (``ddl_triton.init(**kwargs)``: options as keywords, e.g.
-    ``schedule="ring"``); created at the first call, the same object afterwards."""
-    return ddl_triton.init(**kwargs)
+    ``schedule="ring"``); created at the first call, the same object afterwards. Under MPI it also
+    sets up the world's point-to-point channel (point_to_point.py), collectively, on every rank."""
+    comm = ddl_triton.init(**kwargs)
+    if getattr(comm.bootstrap, "kind", None) == "mpi":
+        from .point_to_point import channel  # imported here: point_to_point imports this module
+        channel(comm)
+    return comm
 
 
 def rank(comm=None) -> int:
@@ -41,12 +46,41 @@ def local_size(comm=None) -> int:
     return len(resolve(comm).placement.on_node)
 
 
+NO_TOKEN = object()  # mpi4jax's NOTSET: ``token=`` not given
+
+
+def no_token(token, what: str) -> None:
+    """mpi4jax (>= 0.8) refuses ``token=``, and so do its names here, the same way (RuntimeError)."""
+    if token is not NO_TOKEN:
+        raise RuntimeError(f"ddl_triton.jax.{what}: explicit token management is not supported, as in mpi4jax>=0.8: "
+                           "the calls are ordered for you (ordered effects); drop token= and use the result alone "
+                           "(no (result, token) pair)")
+
+
 def resolve(comm=None):
-    """``comm``, or the world communicator when None (created on first use). A value that is not
+    """``comm``, or the world communicator when None (created on first use). mpi4jax's spelling
+    ``comm=MPI.COMM_WORLD`` (or a clone of it, mpi4jax's default) is the world communicator; any
+    other mpi4py communicator is refused, naming ``ddl_triton.init(that_comm)``. A value that is not
     a communicator is refused here, before anything is traced or sent."""
     if comm is None:
         return ddl_triton.init()
+    if type(comm).__module__ == "mpi4py.MPI":
+        return _from_mpi(comm)
     if not all(hasattr(comm, a) for a in ("allreduce", "broadcast", "all_gather", "rank", "size")):
         raise TypeError(f"ddl_triton.jax: comm must be a ddl_triton.Communicator (ddl_triton.init()), "
                         f"got {type(comm).__name__}")
     return comm
+
+
+def _from_mpi(mpi_comm):
+    """The world communicator for mpi4jax's ``comm=MPI.COMM_WORLD`` (or a communicator congruent
+    with it: mpi4jax's default is its clone); other mpi4py communicators are refused by name."""
+    from mpi4py import MPI
+    world = ddl_triton.init()
+    mpi_world = (MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank())
+    if not isinstance(mpi_comm, MPI.Intracomm) or MPI.Comm.Compare(mpi_comm, MPI.COMM_WORLD) not in (
+            MPI.IDENT, MPI.CONGRUENT) or mpi_world != (world.size, world.rank):
+        raise ValueError(f"rank {world.rank}: ddl_triton.jax: comm={mpi_comm!r} is not ddl_triton's world (MPI's "
+                         f"COMM_WORLD of {world.size} ranks); for a sub-communicator pass "
+                         "comm=ddl_triton.init(that_mpi_comm), made once on every rank of it")
+    return world

@@ -12,12 +12,14 @@ Horovod's does; an argument of Horovod's that ddl_triton does not honour is refu
 
 What lives here, one concept per file:
 
-    collectives.py  ``allreduce``, ``broadcast``, ``allgather``, ``broadcast_variables``; ``init``, ``rank``,
-                    ``size``, ``local_rank``, ``local_size``: eager and inside ``tf.function``, each one
+    collectives.py  ``allreduce``, ``broadcast``, ``allgather``, ``broadcast_variables``, ``barrier``; ``init``,
+                    ``rank``, ``size``, ``local_rank``, ``local_size``, ``is_initialized``, ``shutdown``:
+                    eager and inside ``tf.function``, each one
                     stateful graph op that grappler never prunes and automatic control dependencies
                     keep in program order; ``allreduce``'s gradient is an allreduce (Sum -> Sum,
                     Average -> Average)
-    horovod_args.py Horovod's spellings: ``Average``, ``Sum``, ``Min``, ``Max``, ``Compression``, and the
+    horovod_args.py Horovod's spellings: ``Average``, ``Sum``, ``Min``, ``Max``, ``Compression`` (Horovod's
+                    none and fp16, and the registry's int8, onebit, bf16, auto, ...), and the
                     arguments refused by name unless at Horovod's default
     bridge.py       how a collective becomes a TF op: dtypes (TF -> NumPy -> torch, zero copy), the
                     one-op call (the function itself when eager, ``tf.numpy_function`` in a graph),
@@ -27,7 +29,9 @@ What lives here, one concept per file:
                     (ddl_triton/compression_methods.py), with error feedback kept per reducer
     tape.py         ``DistributedGradientTape``: ``tape.gradient`` returns averaged gradients
     optimizer.py    ``DistributedOptimizer``: a Keras 3 optimizer whose ``apply`` averages first
-    callbacks.py    ``BroadcastGlobalVariablesCallback``: rank 0's variables everywhere at ``fit``'s start
+    callbacks.py    Horovod's Keras callbacks: ``BroadcastGlobalVariablesCallback`` (rank 0's variables
+                    everywhere at ``fit``'s start), ``MetricAverageCallback`` (each epoch's logs
+                    averaged over the ranks), ``LearningRateWarmupCallback`` (Horovod's warmup)
 
 It may import the rooms kernels (to load Triton before TensorFlow), planning, runtime, schedules,
 transports and tuning (ddl_triton/_rooms.py), not ddl_triton.torch nor ddl_triton.jax. Importing it without TensorFlow installed raises ImportError
@@ -50,9 +54,9 @@ except ImportError as e:  # pragma: no cover - exercised by tests/unit/test_tens
     raise ImportError("ddl_triton.tensorflow needs TensorFlow: pip install 'ddl_triton[tensorflow]' "
                       f"(tensorflow-cpu 2.21 with Keras 3); importing it failed: {e}") from e
 
-from .callbacks import BroadcastGlobalVariablesCallback
-from .collectives import (allgather, allreduce, broadcast, broadcast_variables, init, local_rank, local_size, rank,
-                          size)
+from .callbacks import BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback
+from .collectives import (allgather, allreduce, barrier, broadcast, broadcast_variables, init, is_initialized,
+                          local_rank, local_size, rank, shutdown, size)
 from .fusion import GradientReducer
 from .horovod_args import NOT_HERE as _NOT_HERE
 from .horovod_args import Average, Compression, Max, Min, Sum
@@ -60,8 +64,9 @@ from .optimizer import DistributedOptimizer
 from .tape import DistributedGradientTape
 
 __all__ = ["Average", "BroadcastGlobalVariablesCallback", "Compression", "DistributedGradientTape",
-           "DistributedOptimizer", "GradientReducer", "Max", "Min", "Sum", "allgather", "allreduce", "broadcast",
-           "broadcast_variables", "init", "local_rank", "local_size", "rank", "size"]
+           "DistributedOptimizer", "GradientReducer", "LearningRateWarmupCallback", "Max", "MetricAverageCallback",
+           "Min", "Sum", "allgather", "allreduce", "barrier", "broadcast",
+           "broadcast_variables", "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size"]
 
 
 def __getattr__(name: str):

@@ -3,6 +3,7 @@ inside ``tf.function``.
 
     init()                        the world communicator, ``ddl_triton.init(**options)`` (idempotent)
     rank(), size(), local_rank(), local_size()   this rank, the world size, this rank among its host's
+    is_initialized(), shutdown(), barrier()      Horovod's: whether init ran, finalize, a barrier (eager)
     allreduce(t, op=None)         op: Average (None: Horovod's default), Sum, Min, Max; a new tensor,
                                   every rank the same; Horovod's average=, compression=,
                                   prescale_factor= and postscale_factor= too (horovod_args.py)
@@ -55,6 +56,31 @@ def init(comm=None, process_sets=None, **options):
         raise ValueError("ddl_triton.tensorflow.init: Horovod's comm= and process_sets= are not supported (this "
                          "room runs on the world communicator; ddl_triton.init(sub_comm) makes others for the core)")
     return world.init(**options)
+
+
+def is_initialized() -> bool:
+    """Whether the world communicator exists (``init`` has run and ``shutdown`` has not), as Horovod's."""
+    return world.current() is not None
+
+
+def shutdown() -> None:
+    """Horovod's ``shutdown``: release the world communicator (``ddl_triton.finalize()``); a later call
+    of this room makes a new one. Every rank calls it, as every rank called ``init``."""
+    world.finalize()
+
+
+def barrier(process_set=None) -> None:
+    """Horovod's ``barrier``: returns once every rank has entered it (deadline-bounded); eagerly, or
+    as one stateful op in program order inside ``tf.function``. ``process_set`` refused unless None
+    (Horovod's global_process_set)."""
+    comm = bridge.comm()
+    only_defaults(comm.rank, "barrier", process_set=(process_set, None, _NO_SETS))
+
+    def run(value):
+        comm.barrier()
+        return [np.asarray(value)]
+
+    bridge.call(run, [tf.constant(0, tf.int32)], [tf.int32], [tf.TensorShape([])], "ddl_barrier")
 
 
 def rank() -> int:

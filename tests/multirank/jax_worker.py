@@ -16,6 +16,9 @@ With 64-bit JAX (every dtype the core reduces), on every rank:
 - data-parallel training through distributed(optax.sgd) inside jit = one-process full-batch
   training, exactly (integer data, a power-of-two step: every value dyadic, checked against
   Fractions), replicas bitwise identical;
+- mpi4jax's names: alltoall, barrier, bcast, gather, reduce, scatter, scan (eager and jit, sizes 0,
+  1, 7) and, under MPI, send/recv/sendrecv in a ring (status, tags, order, in jit) and
+  comm=MPI.COMM_WORLD; under env://, point-to-point refused by name;
 - bad input raising on every rank, naming it, within seconds (the shape mismatch last: it poisons).
 """
 from __future__ import annotations
@@ -277,6 +280,102 @@ def training(ck: Checks, comm, ddj, jax, jnp, optax) -> None:
     ck.identical("trained replicas identical on every rank", got)
 
 
+P2P_SIZES = (0, 1, 7)  # empty, one element, a prime
+
+
+def mpi4jax_names(ck: Checks, comm, ddj, jax, jnp) -> None:
+    """mpi4jax's names on every rank: alltoall, barrier, bcast, gather, reduce, scatter, scan (both
+    launches) and, under MPI, send/recv/sendrecv (ring, ordered, status, in jit) and comm=MPI.COMM_WORLD;
+    integer-valued data compared bit for bit, sizes 0, 1, a prime, eager and in jit."""
+    from mpi4py import MPI
+    r, n = comm.rank, comm.size
+    mpi = comm.bootstrap.kind == "mpi"
+    for m in P2P_SIZES:
+        for dt in ("int32", "float64", "bfloat16"):
+            k = f"{dt}[{m}]"
+            x = np.stack([values(r * n + q, (m,), dt) for q in range(n)])
+            want = np.stack([values(q * n + r, (m,), dt) for q in range(n)])
+            for how, f in (("eager", ddj.alltoall), ("jit", jax.jit(ddj.alltoall))):
+                ck.same(f"alltoall {how} {k}", f(jnp.asarray(x)), want)
+            for root in range(n):
+                mine = jnp.asarray(values(r, (m,), dt))
+                for how, f in (("eager", ddj.bcast), ("jit", jax.jit(ddj.bcast, static_argnums=1))):
+                    ck.same(f"bcast {how} {k} root {root}", f(mine, root), values(root, (m,), dt))
+                    ck.same(f"gather {how} {k} root {root}", (jax.jit(ddj.gather, static_argnums=1)
+                                                             if how == "jit" else ddj.gather)(mine, root),
+                            np.stack([values(q, (m,), dt) for q in range(n)]) if r == root else values(r, (m,), dt))
+                    whole = jnp.asarray(np.stack([values(q, (m,), dt) for q in range(n)]) if r == root
+                                        else np.zeros((m,), values(0, (1,), dt).dtype))
+                    ck.same(f"scatter {how} {k} root {root}", (jax.jit(ddj.scatter, static_argnums=1)
+                                                              if how == "jit" else ddj.scatter)(whole, root),
+                            values(r, (m,), dt))
+            if dt == "bfloat16":
+                continue
+            mine = jnp.asarray(values(r, (m,), dt))
+            total = sum(values(q, (m,), "int64") for q in range(n)).astype(_np_dtype(dt))
+            for root in range(n):
+                ck.same(f"reduce MPI.SUM {k} root {root}", ddj.reduce(mine, MPI.SUM, root),
+                        total if r == root else values(r, (m,), dt))
+            ck.same(f"scan MPI.SUM {k}", ddj.scan(mine, MPI.SUM),
+                    sum(values(q, (m,), "int64") for q in range(r + 1)).astype(_np_dtype(dt)))
+            ck.same(f"scan MPI.SUM jit {k}", jax.jit(lambda v: ddj.scan(v, MPI.SUM))(mine),
+                    sum(values(q, (m,), "int64") for q in range(r + 1)).astype(_np_dtype(dt)))
+            ck.same(f"scan MPI.MIN {k}", ddj.scan(mine, MPI.MIN), values(0, (m,), dt))
+            if mpi:
+                ck.same(f"allreduce comm=MPI.COMM_WORLD {k}", ddj.allreduce(mine, MPI.SUM, comm=MPI.COMM_WORLD), total)
+    ck.true("barrier returns None, eager", ddj.barrier() is None)
+    ck.same("barrier inside jit, in order with a collective",
+            jax.jit(lambda v: (ddj.barrier(), ddj.allreduce(v, "sum"))[1])(jnp.ones(3, jnp.int32)),
+            np.full(3, n, np.int32))
+    if not mpi:
+        ck.raises("point-to-point without an MPI world: refused, naming the collectives", ValueError,
+                  lambda: ddj.send(jnp.ones(2), (r + 1) % n), f"rank {r}: ddl_triton.jax point-to-point")
+        ck.raises("comm=MPI.COMM_WORLD when the world is not MPI's", ValueError,
+                  lambda: ddj.allreduce(jnp.ones(2), "sum", comm=MPI.COMM_WORLD), "is not ddl_triton's world")
+        return
+    dest, source = (r + 1) % n, (r - 1) % n
+    for m in P2P_SIZES:
+        for dt in ("int32", "float64", "bfloat16"):
+            k = f"{dt}[{m}]"
+            mine, template = jnp.asarray(values(r, (m,), dt)), jnp.zeros((m,), values(0, (1,), dt).dtype)
+            ck.same(f"sendrecv ring {k}", ddj.sendrecv(mine, template, source, dest), values(source, (m,), dt))
+            ck.same(f"sendrecv ring jit {k}", jax.jit(ddj.sendrecv, static_argnums=(2, 3))(mine, template, source,
+                                                                                              dest),
+                    values(source, (m,), dt))
+            ddj.send(mine, dest, tag=m + 1)  # small: MPI sends it before the peer receives
+            status = MPI.Status()
+            ck.same(f"send then recv (any source, any tag) {k}", ddj.recv(template, status=status),
+                    values(source, (m,), dt))
+            ck.true(f"recv's status names the sender and the tag {k}",
+                    (status.Get_source(), status.Get_tag()) == (source, m + 1), f"{status.Get_source()}, "
+                                                                                 f"{status.Get_tag()}")
+    # a jitted function of a send and a recv, called N times: N messages, received in the order sent
+    step = jax.jit(lambda v, t: (ddj.send(v, dest, tag=3), ddj.recv(t, source, tag=3))[1])
+    got = [np.asarray(step(jnp.full(5, 10 * r + i, jnp.int32), jnp.zeros(5, jnp.int32))) for i in range(N_CALLS)]
+    ck.true("jit: send/recv N times, in program order", all((g == 10 * source + i).all() for i, g in enumerate(got)),
+            f"{[g[0] for g in got]}")
+    for i in range(3):  # two tags interleaved: each tag's messages in order, whichever tag is received first
+        ddj.send(jnp.full(2, i, jnp.int64), dest, tag=20)
+        ddj.send(jnp.full(2, 100 + i, jnp.int64), dest, tag=21)
+    late = [int(ddj.recv(jnp.zeros(2, jnp.int64), source, tag=21)[0]) for _ in range(3)]
+    early = [int(ddj.recv(jnp.zeros(2, jnp.int64), source, tag=20)[0]) for _ in range(3)]
+    ck.true("messages of one tag arrive in the order sent", (early, late) == ([0, 1, 2], [100, 101, 102]),
+            f"{early}, {late}")
+    # bad input: named, with the rank, before anything is sent (or, for a mismatch, by the receiver)
+    ck.raises("send to a rank that does not exist", ValueError, lambda: ddj.send(jnp.ones(2), n),
+              f"rank {r}: ddl_triton.jax.send: dest must be a rank in [0, {n})")
+    ck.raises("recv from a negative rank", ValueError, lambda: ddj.recv(jnp.ones(2), -7),
+              f"rank {r}: ddl_triton.jax.recv: source must be a rank")
+    ck.raises("send to oneself: refused, naming sendrecv", ValueError, lambda: ddj.send(jnp.ones(2), r), "sendrecv(")
+    ck.raises("a negative tag", ValueError, lambda: ddj.send(jnp.ones(2), dest, tag=-1), f"rank {r}")
+    ddj.send(jnp.arange(7, dtype=jnp.int32), dest, tag=30)
+    ck.raises("recv with another dtype and shape than sent: both named", ValueError,
+              lambda: ddj.recv(jnp.zeros(4, jnp.float32), source, tag=30),
+              f"rank {r}: ddl_triton.jax.recv from rank {source} (tag 30): rank {source} sent int32[7] with tag 30, "
+              f"but this rank's template is float32[4]")
+    ddj.barrier()
+
+
 def bad_input(ck: Checks, comm, ddj, jax, jnp) -> None:
     r = comm.rank
     ck.raises("allreduce of int8: refused on every rank, naming it", TypeError,
@@ -312,7 +411,8 @@ def main() -> int:
     ck = Checks(comm)
     launcher = "env" if "MASTER_ADDR" in os.environ else "mpi"
     for part, args in ((exact_collectives, (torch,)), (calls_in_order, ()), (gradients, ()),
-                       (fused_equals_per_leaf, ()), (compressed_like_torch, (torch,)), (training, (optax,))):
+                       (fused_equals_per_leaf, ()), (compressed_like_torch, (torch,)), (training, (optax,)),
+                       (mpi4jax_names, ())):
         t0 = time.monotonic()
         part(ck, comm, ddj, jax, jnp, *args)
         if os.environ.get("JAX_WORKER_TIMES") and comm.rank == 0:

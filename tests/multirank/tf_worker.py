@@ -128,6 +128,7 @@ HOROVOD = {
     "allgather": [("tensor", _NONE), ("name", None), ("ignore_name_scope", False), ("process_set", None)],
     "broadcast_variables": [("variables", _NONE), ("root_rank", _NONE), ("process_set", None), ("inplace", False)],
     "init": [("comm", None), ("process_sets", None)],
+    "barrier": [("process_set", None)],
     "DistributedGradientTape": [("gradtape", _NONE), ("device_dense", ""), ("device_sparse", ""),
                                 ("compression", "Compression.none"), ("sparse_as_dense", False), ("op", "Average"),
                                 ("gradient_predivide_factor", 1.0), ("num_groups", 0), ("groups", None),
@@ -138,6 +139,9 @@ HOROVOD = {
                              ("average_aggregated_gradients", False), ("num_groups", 0), ("groups", None),
                              ("process_set", None), ("scale_local_gradients", True)],
     "BroadcastGlobalVariablesCallback": [("root_rank", _NONE), ("device", ""), ("local_variables", None)],
+    "MetricAverageCallback": [("device", "")],
+    "LearningRateWarmupCallback": [("initial_lr", _NONE), ("warmup_epochs", 5), ("momentum_correction", True),
+                                   ("steps_per_epoch", None), ("verbose", 0)],
 }
 
 
@@ -172,6 +176,9 @@ def check_horovod(ck: Checker, comm, r: int, w: int) -> None:
             f"{(dtf.local_rank(), dtf.local_size())}")
     ck.true("Compression.fp16 is the fp16 method for the reducer",
             dtf.GradientReducer(dtf.Compression.fp16).compression == "fp16")
+    for choice in ("int8", "onebit", "bf16", "auto"):  # the registry's other choices, by attribute
+        ck.true(f"Compression.{choice} is the registry's {choice} for the reducer",
+                dtf.GradientReducer(getattr(dtf.Compression, choice)).compression == choice)
     ck.true("explain takes TensorFlow's dtype spelling", comm.explain("allreduce", 1 << 16, tf.float32) ==
             comm.explain("allreduce", 1 << 16, torch.float32) and comm.explain("allreduce", 64, tf.bfloat16) ==
             comm.explain("allreduce", 64, torch.bfloat16))
@@ -360,6 +367,73 @@ def check_training(ck: Checker, r: int, w: int) -> None:
             ck.identical(f"model.fit {compression}: replicas identical, variable {i}", torch.from_numpy(v))
         ck.true(f"model.fit {compression}: one fused reduction per step", opt._ddl_reducer.calls == STEPS,
                 f"{opt._ddl_reducer.calls} calls")
+    check_callbacks(ck, r, w)
+
+
+def check_callbacks(ck: Checker, r: int, w: int) -> None:
+    """Horovod's MetricAverageCallback and LearningRateWarmupCallback inside model.fit: what the
+    callbacks after them see, on every rank."""
+    import keras
+    epochs, warmup, steps, peak = 4, 2, 4, 0.4  # steps a power of two: the warmup's epoch fractions are exact
+
+    class Probe(keras.callbacks.Callback):  # before the averaging: rank-dependent entries
+        def __init__(self):
+            super().__init__()
+            self.local_loss = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            logs["probe"] = float(r + 1 + 10 * epoch)  # integer-valued: its average is exact for 2 ranks
+            self.local_loss.append(logs["loss"])
+
+    class Seen(keras.callbacks.Callback):  # after it: what later callbacks see
+        def __init__(self):
+            super().__init__()
+            self.logs, self.lrs = [], []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.lrs.append(np.float32(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.logs.append(dict(logs))
+
+    xs, ys = make_data()
+    b = GLOBAL // w
+    x, y = xs.reshape(-1, 8)[r * steps * b:(r + 1) * steps * b], ys.reshape(-1, 4)[r * steps * b:(r + 1) * steps * b]
+    model = make_model(0)
+    model.compile(optimizer=dtf.DistributedOptimizer(keras.optimizers.SGD(LR)),
+                  loss=lambda t, p: tf.reduce_sum((p - t) ** 2, axis=1))
+    probe, seen = Probe(), Seen()
+    model.fit(x, y, batch_size=b, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[dtf.BroadcastGlobalVariablesCallback(0), dtf.LearningRateWarmupCallback(peak, warmup),
+                         probe, dtf.MetricAverageCallback(), seen])
+    ck.true("fit ran every epoch", len(seen.logs) == epochs and len(seen.lrs) == epochs * steps,
+            f"{len(seen.logs)} epochs, {len(seen.lrs)} batches")
+    for e, logs in enumerate(seen.logs):
+        want = np.float32(sum(q + 1 + 10 * e for q in range(w))) * np.float32(1 / w)
+        ck.true(f"MetricAverageCallback: epoch {e}: the probe averaged over the ranks", logs["probe"] == want,
+                f"{logs['probe']!r} != {want!r}")
+        ck.identical(f"MetricAverageCallback: epoch {e}: the loss the same on every rank",
+                     torch.tensor([float(logs["loss"])], dtype=torch.float64))
+        ck.identical(f"MetricAverageCallback: epoch {e}: every key the same on every rank",
+                     torch.tensor([len(logs)], dtype=torch.int64))
+        losses = dtf.allgather(tf.constant([probe.local_loss[e]], tf.float32)).numpy()
+        if w == 2:  # one addition and a halving: the core's average, exactly
+            ck.true(f"MetricAverageCallback: epoch {e}: the loss is the ranks' average",
+                    logs["loss"] == (losses[0] + losses[1]) * np.float32(0.5), f"{logs['loss']!r} vs {losses}")
+        ck.true(f"LearningRateWarmupCallback: epoch {e}: logs['lr'] is the rate", logs["lr"] == seen.lrs[-1 if
+                e == epochs - 1 else (e + 1) * steps - 1], f"{logs['lr']!r}")
+    for i, got in enumerate(seen.lrs):
+        e, k = divmod(i, steps)
+        if e < warmup:  # Horovod's rule: peak / w * (f * (w - 1) / warmup + 1), f = e + (k + 1) / steps
+            f = e + (k + 1) / steps
+            want = np.float32(peak * (1.0 / w * (f * (w - 1) / warmup + 1)))
+        else:
+            want = np.float32(peak)  # the warmup ends at the peak and leaves it there
+        ck.true(f"LearningRateWarmupCallback: epoch {e} batch {k}", got == want, f"{got!r} != {want!r}")
+    ck.true("LearningRateWarmupCallback: starts at peak / size", seen.lrs[0] == np.float32(
+        peak / w * ((1 / steps) * (w - 1) / warmup + 1)), f"{seen.lrs[0]!r}")
+    ck.true("LearningRateWarmupCallback: reaches the peak at the warmup's last batch",
+            seen.lrs[warmup * steps - 1] == np.float32(peak), f"{seen.lrs[warmup * steps - 1]!r}")
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -398,8 +472,35 @@ def check_errors(ck: Checker, r: int, w: int) -> None:
             ("backward_passes_per_step", ValueError,
              lambda: dtf.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2),
              "backward_passes_per_step=2"),
-            ("init(comm=...)", ValueError, lambda: dtf.init(comm=object()), "comm= and process_sets=")):
+            ("init(comm=...)", ValueError, lambda: dtf.init(comm=object()), "comm= and process_sets="),
+            ("a registry compression in allreduce", TypeError,
+             lambda: dtf.allreduce(t, compression=dtf.Compression.int8), "Compression.int8 runs only inside the fused"),
+            ("a compression neither Horovod's nor the registry's", AttributeError, lambda: dtf.Compression.zip,
+             "Compression has no 'zip'"),
+            ("MetricAverageCallback on a device", ValueError, lambda: dtf.MetricAverageCallback("/gpu:0"),
+             "device='/gpu:0'"),
+            ("the warmup without initial_lr", ValueError, lambda: dtf.LearningRateWarmupCallback(None),
+             "`initial_lr` is required"),
+            ("the warmup's momentum correction under Keras 3", ValueError,
+             lambda: _fit_with(keras.optimizers.SGD(0.1, momentum=0.9), dtf.LearningRateWarmupCallback(0.1)),
+             "pass momentum_correction=False")):
         ck.raises(f"Horovod's spelling refused: {what}", exc, fn, says)
+    from ddl_triton.tensorflow.horovod_args import NOT_HERE
+    for name, why in NOT_HERE.items():  # every Horovod name not implemented: refused, naming what to use instead
+        ck.raises(f"Horovod's {name}: refused by name", AttributeError, lambda n=name: getattr(dtf, n),
+                  f"ddl_triton.tensorflow has no {name}: {why}")
+    ck.true("NOT_HERE names an alternative for each", all(" use " in w or "; " in w for w in NOT_HERE.values()))
+    ck.true("is_initialized", dtf.is_initialized())
+    dtf.barrier()
+    tf.function(lambda: dtf.barrier())()
+    dtf.shutdown()
+    ck.true("shutdown: no longer initialized", not dtf.is_initialized())
+    dtf.init()
+    ck.true("init after shutdown", dtf.is_initialized() and dtf.size() == w)
+    lrs = _fit_with(keras.optimizers.SGD(0.1, momentum=0.9), dtf.LearningRateWarmupCallback(
+        0.2, warmup_epochs=1, momentum_correction=False, steps_per_epoch=2))
+    ck.true("the warmup with momentum_correction=False runs", lrs == [np.float32(0.2 / w * (0.5 * (w - 1) + 1)),
+                                                                        np.float32(0.2)], f"{lrs}")
     if w > 1:
         from ddl_triton.errors import CollectiveMismatch
         t0 = time.monotonic()
@@ -416,6 +517,19 @@ def check_errors(ck: Checker, r: int, w: int) -> None:
         ck.true("tf.function: the mismatch line comes first on stderr",
                 first.startswith(f"ddl_triton.errors.CollectiveMismatch: rank {r}: ranks disagree on collective #")
                 and "inside tf.function" in first, said.getvalue()[:600])
+
+
+def _fit_with(optimizer, callback) -> list:
+    """One epoch of two steps of model.fit with ``callback``: the learning rates each batch began with."""
+    import keras
+    lrs = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: lrs.append(
+        np.float32(keras.ops.convert_to_numpy(model.optimizer.learning_rate))))
+    model = make_model(0)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(np.ones((4, 8), np.float32), np.ones((4, 4), np.float32), batch_size=2, epochs=1, verbose=0,
+              callbacks=[callback, record])
+    return lrs
 
 
 MODES = {"collectives": check_collectives, "training": check_training, "errors": check_errors}
