@@ -14,7 +14,8 @@ Why this order: schedules are pure functions and transports a protocol (the two 
 which import no room); kernels know nothing of ranks; planning decides before anything runs and
 reads the tuning table's format (planning/tuning_table.py); launch, the testbed and observability
 run without torch or MPI; the runtime composes those; the tuner times communicators and the
-simulator costs what the runtime would run; the framework rooms (torch, jax, tensorflow) sit on
+simulator costs what the runtime would run; the elastic floor (the retry loop, the state's bytes,
+the world's re-forming) composes the runtime for every framework; the framework rooms (torch, jax, tensorflow) sit on
 top of them all, side by side: none imports another.
 """
 from __future__ import annotations
@@ -30,8 +31,9 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("kernels", "observability", "planning", "schedules", "transports")),
     ("tuning", ("kernels", "planning", "runtime", "schedules")),
     ("simulation", ("planning", "runtime", "schedules", "testbed", "transports")),
-    ("torch", ("planning", "runtime", "schedules", "transports", "tuning")),
-    ("jax", ("planning", "runtime", "schedules", "transports", "tuning")),
+    ("elastic", ("runtime", "transports")),
+    ("torch", ("elastic", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("jax", ("elastic", "planning", "runtime", "schedules", "transports", "tuning")),
     ("tensorflow", ("kernels", "planning", "runtime", "schedules", "transports", "tuning")),
 )
 CORE = ("_private_files", "compression_methods", "errors", "job_secret", "ops", "options", "status_files")
