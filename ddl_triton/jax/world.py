@@ -41,11 +41,22 @@ def local_size(comm=None) -> int:
     return len(resolve(comm).placement.on_node)
 
 
+_elastic_world = None  # the elastic room's stand-in for the current world (jax/elastic/world.py)
+
+
+def use_elastic_world(stand_in) -> None:
+    """Make ``stand_in`` the default communicator (``ddl_triton.jax.elastic.init``): one object that
+    forwards to whichever world is current, so jitted collectives follow every re-form."""
+    global _elastic_world
+    _elastic_world = stand_in
+
+
 def resolve(comm=None):
-    """``comm``, or the world communicator when None (created on first use). A value that is not
-    a communicator is refused here, before anything is traced or sent."""
+    """``comm``, or the world communicator when None (created on first use; in an elastic job, the
+    stand-in for the current world). A value that is not a communicator is refused here, before
+    anything is traced or sent."""
     if comm is None:
-        return ddl_triton.init()
+        return _elastic_world if _elastic_world is not None else ddl_triton.init()
     if not all(hasattr(comm, a) for a in ("allreduce", "broadcast", "all_gather", "rank", "size")):
         raise TypeError(f"ddl_triton.jax: comm must be a ddl_triton.Communicator (ddl_triton.init()), "
                         f"got {type(comm).__name__}")
