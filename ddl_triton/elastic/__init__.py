@@ -8,7 +8,8 @@ What lives here (one concept per file):
                 as raw bytes and a JSON manifest (a room's state adds its arrays)
     world.py    ``ElasticWorld``: the store, the membership (ddl_triton/runtime/membership.py decides
                 who is in each generation), the ddl communicator of the current generation, how a
-                generation is re-formed, and its ``records`` (one per change)
+                generation is re-formed, and its ``records`` (one per change); ``CURRENT``, the
+                stand-in for the world communicator of the moment
     run.py      the retry loop behind ``@elastic.run`` (``make_run``: each room's own decorator)
 
 This room may import the runtime, transports and the core modules; never a framework room
@@ -20,6 +21,6 @@ from __future__ import annotations
 
 from .run import make_run, run
 from .state import State
-from .world import ElasticWorld, HostsUpdated, current
+from .world import CURRENT, ElasticWorld, HostsUpdated, current
 
-__all__ = ["ElasticWorld", "HostsUpdated", "State", "current", "make_run", "run"]
+__all__ = ["CURRENT", "ElasticWorld", "HostsUpdated", "State", "current", "make_run", "run"]

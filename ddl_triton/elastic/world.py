@@ -179,6 +179,27 @@ class ElasticWorld:
               f"{t_resumed - t_rebuilt:.2f} s", file=sys.stderr, flush=True)
 
 
+class _CurrentWorld:
+    """Stands for the world communicator of the moment: every attribute is the current
+    communicator's (``ddl_triton.runtime.world.current()``), looked up at each use. One object for
+    the life of the process: code that keeps a communicator (a compiled step's host callback, a
+    cache keyed by communicator) keeps this one, and reaches each generation's in turn."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        comm = ddl_world.current()
+        if comm is None:
+            raise ValueError("elastic: no world is formed right now (between generations, or before the elastic "
+                             "room's init)")
+        return getattr(comm, name)
+
+    def __repr__(self) -> str:
+        return f"<the current elastic world: {ddl_world.current()!r}>"
+
+
+CURRENT = _CurrentWorld()
+
 _WORLD: ElasticWorld | None = None
 
 

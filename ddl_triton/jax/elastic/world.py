@@ -8,9 +8,9 @@ communicator with ``ddl_triton.init(store=<the generation's namespace>, rank=, s
 members the store agreed on (runtime/membership.py). No torch process group exists.
 
 How a jitted step reaches the current world after a re-form, without re-tracing: ``init()`` makes
-``ddl_triton.jax``'s default communicator (``jax/world.py: resolve(None)``) ``CURRENT``, one object
-for the life of the process that forwards every attribute to the world communicator of the moment
-(``ddl_triton.runtime.world.current()``). The room's jitted collectives are cached per
+``ddl_triton.jax``'s default communicator (``jax/world.py: resolve(None)``) the floor's ``CURRENT``,
+one object for the life of the process that forwards every attribute to the world communicator of
+the moment (``ddl_triton.runtime.world.current()``). The room's jitted collectives are cached per
 communicator object and close over it (collectives.py), and their ordered io_callbacks call it on
 the host at run time: with ``CURRENT`` they find the current generation's communicator at every
 execution, and the mean's divisor (``op="avg"``) is the communicator's size at that moment.
@@ -29,24 +29,7 @@ from ...runtime import world as ddl_world
 from ...runtime.membership import Decision
 
 
-class _CurrentWorld:
-    """Stands for the world communicator of the moment (the module doc): every attribute is the
-    current communicator's, looked up at each use."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        comm = ddl_world.current()
-        if comm is None:
-            raise ValueError("ddl_triton.jax.elastic: no world is formed right now (between generations, or "
-                             "before ddl_triton.jax.elastic.init())")
-        return getattr(comm, name)
-
-    def __repr__(self) -> str:
-        return f"<the current elastic world: {ddl_world.current()!r}>"
-
-
-CURRENT = _CurrentWorld()
+CURRENT = floor.CURRENT  # the stand-in for the world of the moment (ddl_triton/elastic/world.py)
 
 
 class JaxElasticWorld(floor.ElasticWorld):
