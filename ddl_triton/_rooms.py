@@ -34,7 +34,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("elastic", ("runtime", "transports")),
     ("torch", ("elastic", "planning", "runtime", "schedules", "transports", "tuning")),
     ("jax", ("elastic", "planning", "runtime", "schedules", "transports", "tuning")),
-    ("tensorflow", ("kernels", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("tensorflow", ("elastic", "kernels", "planning", "runtime", "schedules", "transports", "tuning")),
 )
 CORE = ("_private_files", "compression_methods", "errors", "job_secret", "ops", "options", "status_files")
 COMMANDS = ("simulate", "trace", "tune")
