@@ -17,8 +17,9 @@ run without torch or MPI; the runtime composes those; the tuner times communicat
 simulator costs what the runtime would run; the gradient-reduction floor (gradients: buckets,
 compression choices, error feedback) composes the runtime's collectives and the tuner's rule for
 every framework, importing torch as the runtime does but never JAX, TensorFlow or a framework
-room (tests/unit/test_house.py checks that too); the framework rooms (torch, jax, tensorflow) sit
-on top of them all, side by side: none imports another.
+room (tests/unit/test_house.py checks that too); the elastic floor (the retry loop, the state's
+bytes, the world's re-forming) composes the runtime for every framework; the framework rooms
+(torch, jax, tensorflow) sit on top of them all, side by side: none imports another.
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tuning", ("kernels", "planning", "runtime", "schedules")),
     ("simulation", ("planning", "runtime", "schedules", "testbed", "transports")),
     ("gradients", ("runtime", "tuning")),
-    ("torch", ("gradients", "planning", "runtime", "schedules", "transports", "tuning")),
-    ("jax", ("gradients", "planning", "runtime", "schedules", "transports", "tuning")),
-    ("tensorflow", ("gradients", "kernels", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("elastic", ("runtime", "transports")),
+    ("torch", ("elastic", "gradients", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("jax", ("elastic", "gradients", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("tensorflow", ("elastic", "gradients", "kernels", "planning", "runtime", "schedules", "transports", "tuning")),
 )
 CORE = ("_private_files", "compression_methods", "errors", "job_secret", "ops", "options", "status_files")
 COMMANDS = ("simulate", "trace", "tune")

@@ -19,7 +19,7 @@ _KIB = 1024
 # The DDL_* variables read elsewhere than by this object, and who reads each (none else may exist:
 # tests/unit/test_options.py checks every DDL_ name the repository reads against known_variables()).
 OTHER_VARIABLES = {
-    "DDL_ELASTIC_JOIN": "ddl_triton/torch/elastic/world.py: 1 starts this process as a joiner of a running "
+    "DDL_ELASTIC_JOIN": "ddl_triton/elastic/world.py: 1 starts this process as a joiner of a running "
                         "elastic job (docs/elastic.md)",
 }
 

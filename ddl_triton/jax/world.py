@@ -57,13 +57,24 @@ def no_token(token, what: str) -> None:
                            "(no (result, token) pair)")
 
 
+_elastic_world = None  # the elastic room's stand-in for the current world (jax/elastic/world.py)
+
+
+def use_elastic_world(stand_in) -> None:
+    """Make ``stand_in`` the default communicator (``ddl_triton.jax.elastic.init``): one object that
+    forwards to whichever world is current, so jitted collectives follow every re-form."""
+    global _elastic_world
+    _elastic_world = stand_in
+
+
 def resolve(comm=None):
-    """``comm``, or the world communicator when None (created on first use). mpi4jax's spelling
+    """``comm``, or the world communicator when None (created on first use; in an elastic job, the
+    stand-in for the current world, ``use_elastic_world``). mpi4jax's spelling
     ``comm=MPI.COMM_WORLD`` (or a clone of it, mpi4jax's default) is the world communicator; any
     other mpi4py communicator is refused, naming ``ddl_triton.init(that_comm)``. A value that is not
     a communicator is refused here, before anything is traced or sent."""
     if comm is None:
-        return ddl_triton.init()
+        return _elastic_world if _elastic_world is not None else ddl_triton.init()
     if type(comm).__module__ == "mpi4py.MPI":
         return _from_mpi(comm)
     if not all(hasattr(comm, a) for a in ("allreduce", "broadcast", "all_gather", "rank", "size")):

@@ -37,6 +37,9 @@ def comm():
     """The world communicator: the one ``ddl_triton.init()`` made, else made now (ddlrun/mpiexec,
     or env:// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Called when a collective is written
     (eagerly, or while ``tf.function`` traces), so MPI starts on the user's thread, not TF's."""
+    from ..elastic import world as elastic_world
+    if elastic_world.current() is not None:  # an elastic job: the stand-in that follows every re-form
+        return elastic_world.CURRENT
     return world.current() or world.init()
 
 

@@ -142,6 +142,7 @@ def test_run_refuses_a_model_without_its_optimizer(monkeypatch):
     refused before training, and min_size larger than the world too."""
     import torch.distributed as dist
 
+    from ddl_triton.elastic import world as floor_world
     from ddl_triton.runtime.membership import Membership
     from ddl_triton.torch.elastic import world as world_module
 
@@ -149,7 +150,7 @@ def test_run_refuses_a_model_without_its_optimizer(monkeypatch):
     membership = Membership(store, 0, "h0", 5.0)
     membership.start(0, 1)
     fake = world_module.ElasticWorld(store, membership, None, "ddl", joiner=False)
-    monkeypatch.setattr(world_module, "_WORLD", fake)
+    monkeypatch.setattr(floor_world, "_WORLD", fake)  # the elastic floor keeps the process's world
     net, opt = _net_and_opt()
     with pytest.raises(ValueError, match="a model but no optimizer"):
         elastic.run(lambda state: None)(elastic.TorchState(net))

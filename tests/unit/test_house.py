@@ -314,3 +314,12 @@ def test_no_pickling_mpi_call_in_the_library_or_the_examples_and_no_mktemp_anywh
         if lines:
             found[str(path.relative_to(ROOT))] = sorted(lines)
     assert not found, f"pickling MPI calls or tempfile.mktemp (racy: use mkdtemp/NamedTemporaryFile): {found}"
+
+
+def test_the_elastic_floor_imports_no_framework_room_nor_jax_nor_tensorflow():
+    """ddl_triton/elastic/ is every framework's floor: torch's process groups, JAX and TensorFlow stay
+    in their rooms (torch itself it uses as the runtime does: tensors as bytes, the store's client)."""
+    wrong = [f"{p.relative_to(ROOT)} imports {m}" for p in sorted((ROOT / "ddl_triton" / "elastic").glob("*.py"))
+             for m in _imported_modules(p) if m.split(".")[0] in ("jax", "jaxlib", "tensorflow", "optax")
+             or m.startswith(("ddl_triton.torch", "ddl_triton.jax", "ddl_triton.tensorflow", "torch.nn"))]
+    assert not wrong, wrong

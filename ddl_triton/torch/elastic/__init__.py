@@ -13,8 +13,11 @@ comes back grows the world again.
         ...                                      # train; state.commit() after each step
     train(state)
 
-world.py re-forms the world (ddl_triton/runtime/membership.py decides who is in it), state.py keeps
-and synchronizes the state, run.py is the retry loop. docs/elastic.md tells the whole story.
+The framework-neutral part is the elastic floor's (ddl_triton/elastic/: the retry loop, the state's
+counters and byte transfer, the world's re-forming; ddl_triton/runtime/membership.py decides who is
+in it). Here: world.py adds torch's default group, DDP and torchrun's exit barrier, state.py the
+model's and optimizer's state, run.py the decorator over TorchState. docs/elastic.md tells the
+whole story.
 """
 from __future__ import annotations
 

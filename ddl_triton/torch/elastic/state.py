@@ -21,25 +21,26 @@ Semantics (Horovod's ``hvd.elastic.TorchState``):
   residuals, sized by the world, start again from zero when its size changes: hooks.py.)
 
 What crosses the network is raw tensor bytes and a JSON manifest (names, dtypes, shapes, the
-optimizer's hyper-parameters): nothing is unpickled.
+optimizer's hyper-parameters): nothing is unpickled. The counters, the commits, the choice of the
+source and the byte transfer are the elastic floor's (ddl_triton/elastic/state.py); this module says
+what a torch model and optimizer add to them.
 """
 from __future__ import annotations
 
 import copy
-import json
-import time
 
 import torch
 
+from ...elastic.state import State, _pack, _unpack  # noqa: F401 - _pack, _unpack: this module's names before
 from ...errors import DDLError
 
-_COUNTER_TYPES = (int, float)
 
-
-class TorchState:
+class TorchState(State):
     """The state of an elastic training job: ``model`` (an ``nn.Module`` or its DDP wrapper),
     ``optimizer`` (a ``torch.optim.Optimizer`` or None) and counters, each a keyword argument that
     becomes an attribute (``TorchState(model, opt, epoch=0, batch=0)``; ``state.epoch += 1``)."""
+
+    _reserved = ("model", "optimizer")
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **counters):
@@ -50,11 +51,7 @@ class TorchState:
                             f"{type(optimizer).__name__}")
         if model is None and optimizer is None and not counters:
             raise ValueError("elastic.TorchState: nothing to keep: give a model, an optimizer or counters")
-        for name, value in counters.items():
-            if name.startswith("_") or name in ("model", "optimizer", "commits"):
-                raise ValueError(f"elastic.TorchState: counter name {name!r} is reserved")
-            if not isinstance(value, _COUNTER_TYPES) or isinstance(value, bool):
-                raise TypeError(f"elastic.TorchState: counter {name}={value!r} must be an int or a float")
+        super().__init__(**counters)
         if model is not None and optimizer is not None:
             owned = {id(p) for p in model.parameters()}
             if not any(id(p) in owned for g in optimizer.param_groups for p in g["params"]):
@@ -62,52 +59,26 @@ class TorchState:
                                  "(give the optimizer made from this model's parameters)")
         self.model = model
         self.optimizer = optimizer
-        self._counter_names = tuple(counters)
-        for name, value in counters.items():
-            setattr(self, name, value)
-        self.commits = 0          # how many commits this rank's current state has seen
-        self._saved: dict | None = None
-        self._reset_callbacks: list = []
-        self._world = None        # set by elastic.run: the job's ElasticWorld
 
-    # -- the user's calls -------------------------------------------------------------------------
-    def register_reset_callbacks(self, callbacks) -> None:
-        """Functions called (no arguments) after every change of the world, once the state is
-        synchronized: re-shard the data for ``elastic.rank()`` of ``elastic.size()`` there."""
-        callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        for cb in callbacks:
-            if not callable(cb):
-                raise TypeError(f"elastic.TorchState.register_reset_callbacks: {cb!r} is not callable")
-        self._reset_callbacks.extend(callbacks)
+    # -- what the floor's State asks of a torch state ----------------------------------------------
+    def _check_runnable(self) -> None:
+        """``elastic.run``'s refusal of a model trained without its optimizer in the state."""
+        if self.optimizer is None and self.model is not None and any(p.requires_grad for p in self.model.parameters()):
+            raise ValueError("elastic.run: the state has a model but no optimizer: pass TorchState(model, "
+                             "optimizer), or a rolled-back step would leave the optimizer's state ahead")
 
-    def commit(self) -> None:
-        """Save the state in memory, then admit waiting joiners (the world may grow here: the call
-        then does not return; ``elastic.run`` re-forms the world and calls the function again)."""
-        self.commits += 1
-        self.save()
-        if self._world is not None:
-            self._world.admit_joiners()
-
-    def save(self) -> None:
-        """Copy the current state aside (``restore`` brings it back); no communication."""
+    def _save_extra(self, saved: dict) -> None:
         module = _module(self.model)
-        saved = self._saved or {}
         saved["model"] = _copy_into(saved.get("model"), module.state_dict()) if module is not None else None
         if self.optimizer is not None:
             saved["optimizer"] = _optimizer_copy(self.optimizer.state_dict())
-        saved["counters"] = {n: getattr(self, n) for n in self._counter_names}
-        saved["commits"] = self.commits
         # The commit before too: ranks are at most one commit apart (a commit follows a collective
         # every rank took part in), and a rank synced back to the previous one takes its residuals.
         saved["residuals_before"] = saved.get("residuals", [])
         saved["residuals"] = [h.residuals_snapshot() for h in _hook_states(self.model)]
-        self._saved = saved
 
-    def restore(self) -> None:
-        """Put the last saved state back (the model's parameters and buffers in place)."""
-        if self._saved is None:
-            raise DDLError("elastic.TorchState.restore: nothing was saved yet")
-        saved = self._saved
+    def _restore_extra(self, saved: dict) -> None:
+        """The model's parameters and buffers in place, the optimizer's state, the hooks' residuals."""
         module = _module(self.model)
         if module is not None:
             with torch.no_grad():
@@ -115,52 +86,14 @@ class TorchState:
             module.zero_grad(set_to_none=True)  # a failed backward's partial gradients
         if self.optimizer is not None:
             self.optimizer.load_state_dict(_optimizer_copy(saved["optimizer"]))  # a copy: loading aliases tensors
-        for name, value in saved["counters"].items():
-            setattr(self, name, value)
-        self.commits = saved["commits"]
         for hooks, snapshot in zip(_hook_states(self.model), saved["residuals"]):
             hooks.load_residuals(snapshot)
 
-    def sync(self, comm, manifest_key: str, store, joined: frozenset[int] = frozenset()) -> int:
-        """Make every rank of ``comm`` hold the state of the rank with the fewest commits among the
-        ranks not in ``joined`` (see the module doc); returns that rank. Collective over ``comm``.
-        ``store`` and ``manifest_key`` carry the source's JSON manifest (shapes and hyper-parameters
-        a joiner cannot know). ``joined``: the ranks admitted by this change of the world."""
-        commits = torch.zeros(comm.size, dtype=torch.int64)
-        mine = self.commits if self._saved is not None and comm.rank not in joined else -1
-        comm.all_gather(commits, torch.tensor([mine]))
-        # Every rank knows from the decision which ranks joined: what those send is not read.
-        known = [(int(c), r) for r, c in enumerate(commits.tolist()) if c >= 0 and r not in joined]
-        if not known:
-            raise DDLError(f"rank {comm.rank}: elastic: no rank of the new world holds a state (every one is a "
-                           "joiner)")
-        source_commits, source = min(known)
-        if self._saved is not None and self.commits == source_commits + 1:
-            # This rank committed a step the source did not: the step is redone, so this rank's own
-            # error feedback goes back one commit too (the module doc's rule for residuals).
-            for hooks, snapshot in zip(_hook_states(self.model), self._saved["residuals_before"]):
-                hooks.load_residuals(snapshot)
-        if comm.rank == source:
-            tensors, manifest = self._packed()
-            store.set(manifest_key, json.dumps(manifest))
-        else:
-            manifest = _read_manifest(store, manifest_key, comm.options.timeout, comm.rank, source)
-            tensors = self._receiving(manifest, comm.rank, source)
-        words = torch.empty((manifest["nbytes"] + 3) // 4, dtype=torch.int32)  # the bytes, as a dtype ddl moves
-        flat = words.view(torch.uint8)
-        if comm.rank == source:
-            _pack(tensors, flat)
-        comm.broadcast(words, root=source)
-        if comm.rank != source:
-            _unpack(flat, tensors)
-            self._load(manifest, tensors)
-        self.save()
-        return source
-
-    def reset(self) -> None:
-        """Run the reset callbacks (after a world change)."""
-        for cb in self._reset_callbacks:
-            cb()
+    def _one_commit_back(self) -> None:
+        # The step is redone, so this rank's own error feedback goes back one commit too (the
+        # module doc's rule for residuals).
+        for hooks, snapshot in zip(_hook_states(self.model), self._saved["residuals_before"]):
+            hooks.load_residuals(snapshot)
 
     # -- the manifest and the bytes ------------------------------------------------------------------
     def _packed(self) -> tuple[list[torch.Tensor], dict]:
@@ -168,8 +101,8 @@ class TorchState:
         module = _module(self.model)
         model = module.state_dict() if module is not None else {}
         names, tensors = list(model), [model[n].detach() for n in model]
-        manifest: dict = {"counters": {n: getattr(self, n) for n in self._counter_names}, "commits": self.commits,
-                          "model": [[n, str(t.dtype), list(t.shape)] for n, t in zip(names, tensors)]}
+        manifest = self._manifest()
+        manifest["model"] = [[n, str(t.dtype), list(t.shape)] for n, t in zip(names, tensors)]
         if self.optimizer is not None:
             sd = self.optimizer.state_dict()
             entries = []
@@ -218,10 +151,7 @@ class TorchState:
             for index, key, kind, value in manifest["optimizer"]["state"]:
                 state.setdefault(index, {})[key] = next(rest) if kind != "value" else value
             self.optimizer.load_state_dict({"state": state, "param_groups": manifest["optimizer"]["param_groups"]})
-        for name in self._counter_names:
-            if name in manifest["counters"]:
-                setattr(self, name, manifest["counters"][name])
-        self.commits = int(manifest["commits"])
+        super()._load(manifest, tensors)
 
 
 def _module(model):
@@ -273,34 +203,3 @@ def _dtype(name: str, rank: int) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise DDLError(f"rank {rank}: elastic: the state manifest names an unknown dtype {name!r:.40}")
     return dtype
-
-
-def _read_manifest(store, key: str, timeout: float, rank: int, source: int) -> dict:
-    deadline = time.monotonic() + timeout
-    while not store.check([key]):
-        if time.monotonic() > deadline:
-            raise DDLError(f"rank {rank}: elastic: rank {source} did not publish its state within {timeout:g} s")
-        time.sleep(0.005)
-    try:
-        manifest = json.loads(store.get(key).decode())
-    except (UnicodeDecodeError, ValueError):
-        manifest = None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("nbytes"), int) or manifest["nbytes"] < 0:
-        raise DDLError(f"rank {rank}: elastic: rank {source}'s state manifest is malformed")
-    return manifest
-
-
-def _pack(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
-    at = 0
-    for t in tensors:
-        n = t.numel() * t.element_size()
-        flat[at:at + n].copy_(t.contiguous().reshape(-1).view(torch.uint8))
-        at += n
-
-
-def _unpack(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    at = 0
-    for t in tensors:
-        n = t.numel() * t.element_size()
-        t.reshape(-1).view(torch.uint8).copy_(flat[at:at + n])
-        at += n

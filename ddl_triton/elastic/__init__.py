@@ -1,0 +1,26 @@
+"""The elastic floor: what every framework's elastic room shares (Horovod's ``hvd.elastic``
+without a framework). The rooms over it: ``ddl_triton.torch.elastic`` (TorchState, DDP) and
+``ddl_triton.jax.elastic`` (JaxState, pytrees).
+
+What lives here (one concept per file):
+
+    state.py    ``State``: counters and commits, saved, restored, and synchronized to a new world
+                as raw bytes and a JSON manifest (a room's state adds its arrays)
+    world.py    ``ElasticWorld``: the store, the membership (ddl_triton/runtime/membership.py decides
+                who is in each generation), the ddl communicator of the current generation, how a
+                generation is re-formed, and its ``records`` (one per change); ``CURRENT``, the
+                stand-in for the world communicator of the moment
+    run.py      the retry loop behind ``@elastic.run`` (``make_run``: each room's own decorator)
+
+This room may import the runtime, transports and the core modules; never a framework room
+(``ddl_triton.torch``, ``ddl_triton.jax``, ``ddl_triton.tensorflow``), nor JAX or TensorFlow.
+It uses torch only as the runtime does (tensors as byte buffers, torch's TCPStore client).
+docs/elastic.md tells the whole story.
+"""
+from __future__ import annotations
+
+from .run import make_run, run
+from .state import State
+from .world import CURRENT, ElasticWorld, HostsUpdated, current
+
+__all__ = ["CURRENT", "ElasticWorld", "HostsUpdated", "State", "current", "make_run", "run"]
