@@ -53,28 +53,21 @@ Nothing read from the store runs: values are JSON of ints and short strings, che
 """
 from __future__ import annotations
 
-import atexit
 import json
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from ..errors import CoordinatorLost, DDLError, ExcludedFromWorld, PeersLost
 from ..transports import failure_notice
 from .. import job_secret
+from .members.store_calls import _PREFIX, StoreCalls
+from .members.watcher import _MOVED, RevocationWatch, notice_key
 
 JOINER_BASE = 1_000_000   # member ids of processes that joined after the launch start here
-_PREFIX = "ddl_triton/elastic"
 _POLL_S = 0.05            # a joiner's store polls (joiners only: members block on keys)
-_WATCH_FLOOR_S = 60.0     # the watcher re-arms its wait at least this long (a wait that times out
-                          # costs two messages and two lines of torch's warnings on stderr)
-_MOVED, _CLOSING = "moved", "closing"  # what a process writes on its own notice to wake its watcher
 _MAX_MEMBERS = 1 << 16
-# After one, torch's TCPStore client fails every call (it never reconnects), each printing ~15 lines of
-# C++ frames: no store call is tried again (``_call``, ``_watch``).
-_BREAKS_CLIENT = "DistNetworkError"
 
 
 @dataclass
@@ -98,7 +91,7 @@ class Decision:
         return f"{_PREFIX}/g{self.generation}/{what}"
 
 
-class Membership:
+class Membership(StoreCalls, RevocationWatch):
     """This process's view of the job's generations. ``store``: the job's store; ``member``: this
     process's id; ``host``: its host name (for errors); ``timeout``: the job's deadline (DDL_TIMEOUT),
     which bounds every wait here; ``grace``: how long survivors wait for each other's word;
@@ -259,11 +252,11 @@ class Membership:
                            f"revoking generation {g}")
         # One process tells every member (one request, whatever the world's size): the first to revoke,
         # or a later one that finds its own notice missing (the first may have died in between).
-        if first != mine.encode() and self._call(lambda: self.store.check([_notice(g, self.member)]),
+        if first != mine.encode() and self._call(lambda: self.store.check([notice_key(g, self.member)]),
                                                  f"revoking generation {g}"):
             pass
         else:
-            keys = [_notice(g, m) for m in current.members]
+            keys = [notice_key(g, m) for m in current.members]
             self._call(lambda: self.store.multi_set(keys, [first.decode(errors="replace")] * len(keys)),
                        f"revoking generation {g}")
         self.say_here()
@@ -300,93 +293,6 @@ class Membership:
         if self._call(lambda: self.store.add(f"{_PREFIX}/g{nxt}/answered/{member}", 1), what) == 1 and \
                 self._call(lambda: self.store.add(f"{_PREFIX}/g{nxt}/answered", 1), what) == len(current.members):
             self._call(lambda: self.store.set(f"{_PREFIX}/g{nxt}/ready", "all"), what)
-
-    def watch(self) -> None:
-        """Start the watcher thread: it revokes this process's waits as soon as the store says the
-        current generation failed, and says this process is here for the next one."""
-        if self._watcher is not None:
-            return
-        # The agreement's own connection (``_wait``), made now: made at a failure, every survivor's at
-        # once, they overflowed the store's listen queue (32 processes: 5 s of SYN retries).
-        try:
-            self._blocking_client()
-        except CoordinatorLost:
-            pass  # said by the next store call of the rank's own (the client broke: ``_broken``)
-        self._watcher = threading.Thread(target=self._watch, name="ddl_triton-elastic-watch", daemon=True)
-        self._watcher.start()
-        # Stopped before the interpreter finalizes: a daemon thread that comes back from a store call
-        # (C++, the GIL released) while the interpreter is finalizing is unwound by the runtime, and
-        # the unwinding through the store's C++ frames aborts the process ("terminate called without
-        # an active exception"): seen once in three runs, as a job that did nothing wrong exited.
-        atexit.register(self.close)
-
-    def close(self) -> None:
-        """Stop the watcher thread: it is woken from its wait (this process writes its own notice)."""
-        self._stop.set()
-        self._wake_watcher(_CLOSING, bound=1.0)
-        if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(timeout=max(1.0, 20 * _POLL_S))
-
-    def _wake_watcher(self, why: str, bound: float | None = None) -> None:
-        """Wake the watcher from its wait on this process's notice (``current`` changed, or closing):
-        ``compare_set``, so a revocation written there first is never overwritten."""
-        self._moved.set()
-        with self._lock:
-            key = self._watching
-        if not key or self._broken:
-            return
-        try:
-            self._call(lambda: self.store.compare_set(key, "", why), "waking the watcher", bound)
-        except CoordinatorLost:
-            pass  # the store is gone: the watcher's wait fails too, and the next call here says so
-
-    def _watch(self) -> None:
-        """Block on this process's notice for the current generation; act once per generation."""
-        if self._broken:
-            return
-        try:
-            client = self.store.clone() if hasattr(self.store, "clone") else self.store
-        except RuntimeError as e:  # a store that cannot be reached: the main thread's next store call says so
-            self._broken = self._broken or str(e).splitlines()[0][:200]
-            return
-        rearm = timedelta(seconds=max(self.timeout, _WATCH_FLOOR_S))
-        handled = None  # the generation whose end this watcher has seen
-        while not self._stop.is_set():
-            self._moved.clear()
-            current = self.current
-            if current is None or current is handled:
-                self._moved.wait(rearm.total_seconds())
-                continue
-            key = _notice(current.generation, self.member)
-            with self._lock:  # published before ``current`` is read again: a change is never missed
-                if self._stop.is_set():
-                    return
-                self._watching = key
-            try:
-                if self.current is not current:
-                    continue
-                client.wait([key], rearm)
-                raw = client.get(key)
-            except RuntimeError as e:
-                if type(e).__name__ == _BREAKS_CLIENT:  # for good: each call would print torch's C++ frames
-                    self._broken = self._broken or str(e).splitlines()[0][:200]
-                    return
-                if not str(e).startswith("wait timeout"):
-                    self._stop.wait(_POLL_S)  # the store is gone: the main thread's next store call says so
-                continue
-            finally:
-                with self._lock:
-                    self._watching = ""
-            handled = current
-            if raw in (_MOVED.encode(), _CLOSING.encode()):
-                continue
-            # This process's revocation of the generation before is cleared as this one is built (world.py):
-            # wait for that (locally), so that this revocation is not cleared with it.
-            while self.current is current and failure_notice.revoked() is not None and not self._stop.is_set():
-                self._stop.wait(_POLL_S)
-            if self.current is current and not self._stop.is_set():
-                failure_notice.revoke(f"generation {current.generation} revoked: {_reason(raw)}")
-                self.say_here()
 
     # -- deciding the next generation -----------------------------------------------------------------
     def agree(self, reason: str, min_size: int = 1) -> Decision:
@@ -464,35 +370,6 @@ class Membership:
         present = [m for m in old.members if m in here]
         return present + [j for j in joiners if self._wait(f"{_PREFIX}/g{g}/here/{j}", until)]
 
-    def _blocking_client(self):
-        if self._blocking is None:
-            self._blocking = self._call(lambda: self.store.clone() if hasattr(self.store, "clone") else self.store,
-                                        "connecting to the store")
-        return self._blocking
-
-    def _wait(self, key: str, until: float) -> bool:
-        """Block until ``key`` exists (True) or the monotonic time ``until`` (False), on a store
-        connection of its own: torch's TCPStore client serves one call at a time, and the watcher and
-        the grace's timer still call the store meanwhile."""
-        client = self._blocking_client()
-
-        def attempt(seconds: float) -> bool:
-            try:
-                client.wait([key], timedelta(seconds=seconds))
-                return True
-            except RuntimeError as e:
-                if str(e).lower().startswith("wait timeout"):
-                    return False
-                raise
-        while True:
-            left = until - time.monotonic()
-            if left <= 0:
-                return bool(self._call(lambda: client.check([key]), f"waiting for {key}"))
-            # Bounded below the deadline that bounds the call itself; the loop waits the rest.
-            seconds = min(left, self.timeout / 2)
-            if self._call(lambda: attempt(seconds), f"waiting for {key}"):
-                return True
-
     def _decision(self, g: int, members: list[int], old: Decision | None, reason: str) -> Decision:
         rank = members.index(self.member) if self.member in members else -1
         if old is None:
@@ -533,54 +410,6 @@ class Membership:
             self._hosts[member] = raw.decode(errors="replace")[:100].split("|")[0]
         return self._hosts[member]
 
-    def _set(self, key: str, value: str) -> None:
-        self._call(lambda: self.store.set(key, value), f"writing {key}")
-
-    def _call(self, call, what: str, bound: float | None = None):
-        """A store call, bounded by the deadline; a store that went away or cannot be reached is the
-        coordinator lost (once the client broke, _BREAKS_CLIENT, no call is tried again). Bounded on a
-        thread of its own because torch's TCPStore client does not bound every call by its timeout: on
-        a link cut both ways, ``check``, ``get`` and ``compare_set`` were seen still blocked 15 s past
-        a 2 s timeout (only ``set`` returned). A call left behind stays blocked on its daemon thread;
-        this process ends with the error."""
-        if self._broken:
-            raise self._lost(what, self._broken)
-        box, done = {}, threading.Event()
-
-        def run() -> None:
-            try:
-                box["value"] = call()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                box["error"] = e
-            done.set()
-
-        threading.Thread(target=run, name="ddl_triton-elastic-store", daemon=True).start()
-        if not done.wait(self.timeout if bound is None else bound):
-            raise CoordinatorLost(
-                f"member {self.member} on {self.host}: elastic job: the store did not answer within "
-                f"{self.timeout if bound is None else bound:g} s ({what}): this host is cut off from the job's coordinator (the store's "
-                "host: rank 0's process under env://, torchrun's agent on the first host), or it is gone; "
-                "either way this rank cannot take part in the job any more, and ends")
-        error = box.get("error")
-        if isinstance(error, RuntimeError) and not isinstance(error, CoordinatorLost):
-            reason = str(error).splitlines()[0][:200]  # the first line: torch's C++ frames stay out of it
-            self._broken = self._broken or (reason if type(error).__name__ == _BREAKS_CLIENT else "")
-            raise self._lost(what, reason) from None
-        if error is not None:
-            raise error
-        return box.get("value")
-
-    def _lost(self, what: str, reason: str) -> CoordinatorLost:
-        return CoordinatorLost(f"member {self.member} on {self.host}: elastic job: lost the store ({what}: {reason}); "
-                               "the store's host is the job's coordinator (rank 0's process under env://, torchrun's "
-                               "agent on the first host): without it the world cannot be re-formed, so the job ends")
-
-
-def _notice(generation: int, member: int) -> str:
-    """The key that tells ``member`` that ``generation`` ended: its watcher blocks on it."""
-    return f"{_PREFIX}/g{generation}/tell/{member}"
-
-
 def _member_list(raw: bytes, what: str) -> list[int]:
     try:
         value = json.loads(raw.decode())
@@ -591,14 +420,6 @@ def _member_list(raw: bytes, what: str) -> list[int]:
         raise CoordinatorLost(f"elastic job: the store holds a malformed {what} ({raw[:100]!r}); the store is the "
                               "job's own, so something else writes to it")
     return value
-
-
-def _reason(raw: bytes) -> str:
-    try:
-        member, reason = json.loads(raw.decode())
-        return f"member {int(member)}: {str(reason)[:300]}"
-    except (UnicodeDecodeError, ValueError, TypeError):
-        return "(unreadable reason)"
 
 
 def _ranks_on(d: Decision) -> str:
