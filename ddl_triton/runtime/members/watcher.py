@@ -109,13 +109,20 @@ class RevocationWatch:
             handled = current
             if raw in (_MOVED.encode(), _CLOSING.encode()):
                 continue
+            if self.current is not current:
+                continue
+            why = f"generation {current.generation} revoked: {_reason(raw)}"
+            if failure_notice.revoked() is None:
+                failure_notice.revoke(why)  # first: the waits give up at once
+                self.say_here()
+                continue
+            self.say_here()  # alive, whatever revoked this process's waits already
             # This process's revocation of the generation before is cleared as this one is built (world.py):
             # wait for that (locally), so that this revocation is not cleared with it.
             while self.current is current and failure_notice.revoked() is not None and not self._stop.is_set():
                 self._stop.wait(_POLL_S)
             if self.current is current and not self._stop.is_set():
-                failure_notice.revoke(f"generation {current.generation} revoked: {_reason(raw)}")
-                self.say_here()
+                failure_notice.revoke(why)
 
 
 def notice_key(generation: int, member: int) -> str:
