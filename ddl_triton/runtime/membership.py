@@ -15,15 +15,25 @@ can never build different worlds. A process missing from that list (stopped or c
 others decided) raises ``ExcludedFromWorld`` when it comes back, and touches nothing of the new world.
 
 How generation G ends:
-- ``revoke(reason)``: a rank whose collective failed writes ``g<G>/revoked``; every process's watcher
-  thread sees it within ``_POLL_S`` and revokes the process's waits (transports/failure_notice.py),
-  so a survivor stuck on another survivor stops too, instead of waiting out the deadline.
-- Each live process says it is here for G+1 (``g<G+1>/here/<id>``): the watcher thread does it at
-  once, so a rank still computing its backward is counted as alive.
-- ``agree`` decides: once every member of G (and every pending joiner) is here or known gone, or
-  ``grace`` seconds after the first of them arrived, whichever comes first. A member whose process
-  ended is known gone when a survivor saw it (its pid gone on the same host, its sockets closed:
-  ``mark_gone``); one that is cut off or stopped does not post, and is left out after ``grace``.
+- ``revoke(reason)``: a rank whose collective failed writes ``g<G>/revoked`` (``compare_set``: the first
+  reason stays) and, in one ``multi_set``, a notice to each member (``g<G>/tell/<id>``). Each
+  process's watcher thread is blocked on its own notice (``wait``, on a store connection of its own),
+  so it wakes as soon as the notice is written and revokes the process's waits
+  (transports/failure_notice.py): a survivor stuck on another survivor stops too, instead of waiting
+  out the deadline. While nothing fails the watcher sends one request per ``max(deadline, 60 s)``,
+  whatever the world's size (it used to poll the store 20 times a second).
+- Each live process says it is here for G+1 (``g<G+1>/here/<id>``, appended to ``g<G+1>/word``): the
+  watcher thread does it at once, so a rank still computing its backward is counted as alive.
+- ``agree`` decides: once every member of G is here or known gone (a counter, ``add``: whoever
+  accounts for the last member writes ``g<G+1>/ready``), or ``grace`` seconds after the first of them
+  arrived (its timer writes ``ready``), whichever comes first; every process blocks on ``ready``. A
+  member whose process ended is known gone when a survivor saw it (its pid gone on the same host,
+  its sockets closed: ``mark_gone``); one that is cut off or stopped does not post, and is left out
+  after ``grace``. Then one process (the first to ``add`` to ``g<G+1>/proposers``) reads the answers
+  (one ``get`` of ``word``) and proposes; the others block on the decided list, and propose
+  themselves if it has not come ``grace`` later (the proposer died). Each process makes a number of
+  store requests that does not grow with the world's size (joiners aside: each pending one is
+  checked).
 - A second failure during the agreement or the build of G+1 is handled the same way: the build fails
   (its bootstrap times out or a peer dies), G+1 is revoked, and the survivors agree on G+2.
 
@@ -43,7 +53,6 @@ Nothing read from the store runs: values are JSON of ints and short strings, che
 """
 from __future__ import annotations
 
-import atexit
 import json
 import sys
 import threading
@@ -53,14 +62,12 @@ from dataclasses import dataclass, field
 from ..errors import CoordinatorLost, DDLError, ExcludedFromWorld, PeersLost
 from ..transports import failure_notice
 from .. import job_secret
+from .members.store_calls import _PREFIX, StoreCalls
+from .members.watcher import _MOVED, RevocationWatch, notice_key
 
 JOINER_BASE = 1_000_000   # member ids of processes that joined after the launch start here
-_PREFIX = "ddl_triton/elastic"
-_POLL_S = 0.05            # the watcher's and the agreement's store polls
+_POLL_S = 0.05            # a joiner's store polls (joiners only: members block on keys)
 _MAX_MEMBERS = 1 << 16
-# After one, torch's TCPStore client fails every call (it never reconnects), each printing ~15 lines of
-# C++ frames: no store call is tried again (``_call``, ``_watch``).
-_BREAKS_CLIENT = "DistNetworkError"
 
 
 @dataclass
@@ -84,7 +91,7 @@ class Decision:
         return f"{_PREFIX}/g{self.generation}/{what}"
 
 
-class Membership:
+class Membership(StoreCalls, RevocationWatch):
     """This process's view of the job's generations. ``store``: the job's store; ``member``: this
     process's id; ``host``: its host name (for errors); ``timeout``: the job's deadline (DDL_TIMEOUT),
     which bounds every wait here; ``grace``: how long survivors wait for each other's word;
@@ -95,13 +102,26 @@ class Membership:
         self.timeout, self.grace = float(timeout), float(grace)
         self._secret = secret
         self._verdicts: dict[int, str] = {}  # joiner id -> "" (its proof holds) or why it is refused
-        self.current: Decision | None = None
         self._hosts: dict[int, str] = {}
         self._lock = threading.Lock()
         self._said_here: set[int] = set()
         self._watcher: threading.Thread | None = None
+        self._watching = ""              # the notice key the watcher is blocked on ("" when none)
+        self._moved = threading.Event()  # set when ``current`` changes: the watcher looks again
         self._stop = threading.Event()
         self._broken = ""  # why the store client broke for good (_BREAKS_CLIENT)
+        self._blocking = None  # the agreement's own store connection (``_wait``)
+        self._current: Decision | None = None
+
+    @property
+    def current(self) -> Decision | None:
+        """The generation this process is in (None: a joiner not admitted yet)."""
+        return self._current
+
+    @current.setter
+    def current(self, decision: Decision | None) -> None:
+        self._current = decision
+        self._wake_watcher(_MOVED)
 
     # -- the first world and joiners ---------------------------------------------------------------
     def start(self, rank: int, size: int) -> Decision:
@@ -225,10 +245,20 @@ class Membership:
     def revoke(self, reason: str) -> None:
         """Tell every process that the current generation failed (the first reason stays)."""
         failure_notice.revoke(reason)
-        g = self.current.generation
-        key = f"{_PREFIX}/g{g}/revoked"
-        self._call(lambda: self.store.compare_set(key, "", json.dumps([self.member, reason[:300]])),
-                   f"revoking generation {g}")
+        current = self.current
+        g = current.generation
+        mine = json.dumps([self.member, reason[:300]])
+        first = self._call(lambda: self.store.compare_set(f"{_PREFIX}/g{g}/revoked", "", mine),
+                           f"revoking generation {g}")
+        # One process tells every member (one request, whatever the world's size): the first to revoke,
+        # or a later one that finds its own notice missing (the first may have died in between).
+        if first != mine.encode() and self._call(lambda: self.store.check([notice_key(g, self.member)]),
+                                                 f"revoking generation {g}"):
+            pass
+        else:
+            keys = [notice_key(g, m) for m in current.members]
+            self._call(lambda: self.store.multi_set(keys, [first.decode(errors="replace")] * len(keys)),
+                       f"revoking generation {g}")
         self.say_here()
 
     def mark_gone(self, members: list[int]) -> None:
@@ -237,6 +267,8 @@ class Membership:
         nxt = self.current.generation + 1
         for m in members:
             self._call(lambda m=m: self.store.set(f"{_PREFIX}/g{nxt}/gone/{m}", "1"), f"noting member {m} gone")
+            self._call(lambda m=m: self.store.append(f"{_PREFIX}/g{nxt}/word", f"-{m},"), f"noting member {m} gone")
+            self._account(nxt, m)
 
     def say_here(self) -> None:
         """Post that this process is alive and will take part in the next generation (idempotent)."""
@@ -245,44 +277,22 @@ class Membership:
             if nxt in self._said_here:
                 return
             self._said_here.add(nxt)
-        self._call(lambda: self.store.set(f"{_PREFIX}/g{nxt}/here/{self.member}", "1"),
-                   f"saying this rank is alive for generation {nxt}")
+        what = f"saying this rank is alive for generation {nxt}"
+        self._call(lambda: self.store.set(f"{_PREFIX}/g{nxt}/here/{self.member}", "1"), what)
+        self._call(lambda: self.store.append(f"{_PREFIX}/g{nxt}/word", f"+{self.member},"), what)
+        self._account(nxt, self.member)
 
-    def watch(self) -> None:
-        """Start the watcher thread: it revokes this process's waits as soon as the store says the
-        current generation failed, and says this process is here for the next one."""
-        if self._watcher is not None:
+    def _account(self, nxt: int, member: int) -> None:
+        """Count ``member`` of the current generation as answered for generation ``nxt`` (here or
+        gone, once however many say it); whoever counts the last one writes ``ready``: the members
+        block on that key instead of reading one key per member."""
+        current = self.current
+        if member not in current.members:
             return
-        self._watcher = threading.Thread(target=self._watch, name="ddl_triton-elastic-watch", daemon=True)
-        self._watcher.start()
-        # Stopped before the interpreter finalizes: a daemon thread that comes back from a store call
-        # (C++, the GIL released) while the interpreter is finalizing is unwound by the runtime, and
-        # the unwinding through the store's C++ frames aborts the process ("terminate called without
-        # an active exception"): seen once in three runs, as a job that did nothing wrong exited.
-        atexit.register(self.close)
-
-    def close(self) -> None:
-        """Stop the watcher thread (it is between two polls within ``_POLL_S``)."""
-        self._stop.set()
-        if self._watcher is not None and self._watcher is not threading.current_thread():
-            self._watcher.join(timeout=max(1.0, 20 * _POLL_S))
-
-    def _watch(self) -> None:
-        while not self._stop.wait(_POLL_S):
-            current = self.current
-            if current is None or failure_notice.revoked() is not None:
-                continue
-            try:
-                raw = self.store.check([f"{_PREFIX}/g{current.generation}/revoked"]) and \
-                    self.store.get(f"{_PREFIX}/g{current.generation}/revoked")
-            except RuntimeError as e:  # the store is gone: the main thread's next store call says so
-                if type(e).__name__ == _BREAKS_CLIENT:  # for good: each poll would print torch's C++ frames
-                    self._broken = self._broken or str(e).splitlines()[0][:200]
-                    return
-                continue
-            if raw and self.current is current:
-                failure_notice.revoke(f"generation {current.generation} revoked: {_reason(raw)}")
-                self.say_here()
+        what = f"agreeing on generation {nxt}"
+        if self._call(lambda: self.store.add(f"{_PREFIX}/g{nxt}/answered/{member}", 1), what) == 1 and \
+                self._call(lambda: self.store.add(f"{_PREFIX}/g{nxt}/answered", 1), what) == len(current.members):
+            self._call(lambda: self.store.set(f"{_PREFIX}/g{nxt}/ready", "all"), what)
 
     # -- deciding the next generation -----------------------------------------------------------------
     def agree(self, reason: str, min_size: int = 1) -> Decision:
@@ -310,35 +320,55 @@ class Membership:
 
     def _propose(self, old: Decision, g: int) -> list[int]:
         """Wait for the others' word (at most ``grace`` after the first arrival, ``timeout`` in all),
-        then propose who answered; return the list that won."""
-        expected = list(old.members) + [j for j in self.pending_joiners() if j not in old.members]
-        here_key, gone_key = f"{_PREFIX}/g{g}/here/", f"{_PREFIX}/g{g}/gone/"
-        start = time.monotonic()
-        first_seen = start
-        while True:
-            # A member known gone (its process ended: mark_gone) will not answer: no need to wait for it.
-            # Read before the answers: a live member says it is here before it closes anything (revoke
-            # comes before the teardown), so one wrongly called gone is then always seen here too.
-            gone = [m for m in expected if self._call(lambda m=m: self.store.check([gone_key + str(m)]),
-                                                      f"agreeing on generation {g}")]
-            present = [m for m in expected if self._call(lambda m=m: self.store.check([here_key + str(m)]),
-                                                         f"agreeing on generation {g}")]
-            gone = [m for m in gone if m not in present]
-            decided = self._members_of(g)
-            if decided is not None:
-                return decided
-            now = time.monotonic()
-            if len(present) + len(gone) == len(expected) or now - first_seen >= self.grace or \
-                    now - start >= self.timeout:
-                break
-            time.sleep(_POLL_S)
-        proposal = json.dumps(present)
-        won = _member_list(self._call(lambda: self.store.compare_set(f"{_PREFIX}/g{g}/members", "", proposal),
+        then propose who answered (one process does; the others read its list); return the list that won."""
+        joiners = [j for j in self.pending_joiners() if j not in old.members]
+        end = time.monotonic() + self.timeout
+        ready = f"{_PREFIX}/g{g}/ready"
+        # Everyone's word, or the grace of the first to get here: its timer writes ``ready`` for all.
+        timer = threading.Timer(self.grace, self._grace_ended, args=(ready,))
+        timer.daemon = True
+        timer.start()
+        try:
+            self._wait(ready, end)
+        finally:
+            timer.cancel()
+        decided = self._members_of(g)
+        if decided is not None:
+            return decided
+        if self._call(lambda: self.store.add(f"{_PREFIX}/g{g}/proposers", 1), f"deciding generation {g}") != 1:
+            # Another proposes: wait for its list, and propose too if it never comes (it died meanwhile).
+            if self._wait(f"{_PREFIX}/g{g}/members", min(end, time.monotonic() + self.grace)):
+                decided = self._members_of(g)
+                if decided is not None:
+                    return decided
+        present = self._answered(g, old, joiners, min(end, time.monotonic() + self.grace))
+        won = _member_list(self._call(lambda: self.store.compare_set(f"{_PREFIX}/g{g}/members", "", json.dumps(present)),
                                       f"deciding generation {g}"), f"generation {g}'s members")
-        for member in expected:
-            if member >= JOINER_BASE and member not in won:  # silent through an agreement: never waited for again
+        self._set(ready, "decided")  # late arrivals still blocked on it read the decided list at once
+        for member in joiners:
+            if member not in won:  # silent through an agreement: never waited for again
                 self._set(f"{_PREFIX}/gone/{member}", "1")
         return won
+
+    def _grace_ended(self, ready: str) -> None:
+        try:
+            self._call(lambda: self.store.compare_set(ready, "", "grace"), "ending the grace")
+        except CoordinatorLost:
+            pass  # the main thread's wait says so
+
+    def _answered(self, g: int, old: Decision, joiners: list[int], until: float) -> list[int]:
+        """The members of ``old`` that said they are here for ``g`` (one read of the appended word),
+        then the pending joiners that did (each waited for until ``until``), in that order."""
+        raw = self._call(lambda: self.store.get(f"{_PREFIX}/g{g}/word"), f"agreeing on generation {g}")
+        here = set()
+        for token in raw.decode(errors="replace").split(",")[:4 * _MAX_MEMBERS]:
+            if token.startswith("+") and token[1:].isdigit():
+                here.add(int(token[1:]))
+            elif not (token == "" or token.startswith("-") and token[1:].isdigit()):
+                raise CoordinatorLost(f"elastic job: the store holds a malformed answer for generation {g} "
+                                      f"({token[:50]!r}); the store is the job's own, so something else writes to it")
+        present = [m for m in old.members if m in here]
+        return present + [j for j in joiners if self._wait(f"{_PREFIX}/g{g}/here/{j}", until)]
 
     def _decision(self, g: int, members: list[int], old: Decision | None, reason: str) -> Decision:
         rank = members.index(self.member) if self.member in members else -1
@@ -380,49 +410,6 @@ class Membership:
             self._hosts[member] = raw.decode(errors="replace")[:100].split("|")[0]
         return self._hosts[member]
 
-    def _set(self, key: str, value: str) -> None:
-        self._call(lambda: self.store.set(key, value), f"writing {key}")
-
-    def _call(self, call, what: str):
-        """A store call, bounded by the deadline; a store that went away or cannot be reached is the
-        coordinator lost (once the client broke, _BREAKS_CLIENT, no call is tried again). Bounded on a
-        thread of its own because torch's TCPStore client does not bound every call by its timeout: on
-        a link cut both ways, ``check``, ``get`` and ``compare_set`` were seen still blocked 15 s past
-        a 2 s timeout (only ``set`` returned). A call left behind stays blocked on its daemon thread;
-        this process ends with the error."""
-        if self._broken:
-            raise self._lost(what, self._broken)
-        box, done = {}, threading.Event()
-
-        def run() -> None:
-            try:
-                box["value"] = call()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                box["error"] = e
-            done.set()
-
-        threading.Thread(target=run, name="ddl_triton-elastic-store", daemon=True).start()
-        if not done.wait(self.timeout):
-            raise CoordinatorLost(
-                f"member {self.member} on {self.host}: elastic job: the store did not answer within "
-                f"{self.timeout:g} s ({what}): this host is cut off from the job's coordinator (the store's "
-                "host: rank 0's process under env://, torchrun's agent on the first host), or it is gone; "
-                "either way this rank cannot take part in the job any more, and ends")
-        error = box.get("error")
-        if isinstance(error, RuntimeError) and not isinstance(error, CoordinatorLost):
-            reason = str(error).splitlines()[0][:200]  # the first line: torch's C++ frames stay out of it
-            self._broken = self._broken or (reason if type(error).__name__ == _BREAKS_CLIENT else "")
-            raise self._lost(what, reason) from None
-        if error is not None:
-            raise error
-        return box.get("value")
-
-    def _lost(self, what: str, reason: str) -> CoordinatorLost:
-        return CoordinatorLost(f"member {self.member} on {self.host}: elastic job: lost the store ({what}: {reason}); "
-                               "the store's host is the job's coordinator (rank 0's process under env://, torchrun's "
-                               "agent on the first host): without it the world cannot be re-formed, so the job ends")
-
-
 def _member_list(raw: bytes, what: str) -> list[int]:
     try:
         value = json.loads(raw.decode())
@@ -433,14 +420,6 @@ def _member_list(raw: bytes, what: str) -> list[int]:
         raise CoordinatorLost(f"elastic job: the store holds a malformed {what} ({raw[:100]!r}); the store is the "
                               "job's own, so something else writes to it")
     return value
-
-
-def _reason(raw: bytes) -> str:
-    try:
-        member, reason = json.loads(raw.decode())
-        return f"member {int(member)}: {str(reason)[:300]}"
-    except (UnicodeDecodeError, ValueError, TypeError):
-        return "(unreadable reason)"
 
 
 def _ranks_on(d: Decision) -> str:

@@ -168,8 +168,11 @@ def test_a_revocation_reaches_every_process_through_its_watcher():
     (b,) = [m for m in _members(store, 2) if m.member == 1]
     b.watch()
     try:
-        # What another process's revoke() writes (in this process it would also revoke b's waits itself).
+        # What another process's revoke() writes: the reason, and a notice to each member, which its
+        # watcher blocks on (in this process it would also revoke b's waits itself).
         store.set("ddl_triton/elastic/g0/revoked", '[0, "rank 0: allreduce #7 failed: rank 1 died"]')
+        store.multi_set(["ddl_triton/elastic/g0/tell/0", "ddl_triton/elastic/g0/tell/1"],
+                        ['[0, "rank 0: allreduce #7 failed: rank 1 died"]'] * 2)
         deadline = time.monotonic() + 5
         while not store.check(["ddl_triton/elastic/g1/here/1"]) and time.monotonic() < deadline:
             time.sleep(0.01)

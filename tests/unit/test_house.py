@@ -123,7 +123,7 @@ def test_every_subpackage_says_what_lives_there():
 
 
 # ---- runtime's rooms (ddl_triton/runtime/__init__.py): each imports only the rooms below it -------
-RUNTIME_ROOMS = ("compression", "calls", "setup", "lanes")  # highest first; the communicator and world above all
+RUNTIME_ROOMS = ("compression", "calls", "setup", "lanes", "members")  # highest first; the communicator and world above all
 RUNTIME_ROOM_MAX_FILES = 10  # a room that outgrows this is two concerns
 
 
