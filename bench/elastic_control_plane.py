@@ -1,7 +1,7 @@
 """The elastic control plane's store traffic: requests per process per second while nothing fails,
 and the time (and requests) to agree on a new world after a process is killed.
 
-Only ddl_triton/runtime/membership.py runs here, over a real TCPStore served by this (parent)
+Only ddl_triton/elastic/membership.py runs here, over a real TCPStore served by this (parent)
 process, as rank 0's process serves it under ``env://``: no process group, no DDP, no training, so
 that 32 or 64 processes fit on a small machine. Each child is one member: ``Membership.start``,
 ``watch()``, then an idle window, then the parent SIGKILLs the last member (a child it started) and
@@ -58,7 +58,7 @@ class _Counting:
 def _child(port: int, rank: int, size: int, idle: float, grace: float) -> None:
     import torch.distributed as dist
 
-    from ddl_triton.runtime.membership import Membership
+    from ddl_triton.elastic.membership import Membership
     from ddl_triton.transports import failure_notice
 
     timeout = timedelta(seconds=_TIMEOUT_S)

@@ -6,7 +6,7 @@ ranks that call different collectives raise ``CollectiveMismatch``, and a rank w
 collective that a peer left without issuing (finalize, close, a destroyed group, exit) raises its
 subclass ``CollectiveSkipped``; one waiting in a collective that a peer ran, saw fail and then
 left raises ``CollectiveTimeout`` at once (``peer_failed_there``). An elastic job (ddl_triton/
-runtime/membership.py) recovers from a ``CollectiveTimeout`` by re-forming its world; what ends it
+elastic/membership.py) recovers from a ``CollectiveTimeout`` by re-forming its world; what ends it
 is ``PeersLost`` (too few survivors), ``ExcludedFromWorld`` (this rank came back too late) or
 ``CoordinatorLost`` (the store is gone). Every ``CollectiveTimeout``
 text here reads the same way, whichever layer noticed the failure (the executor's step, the call

@@ -81,7 +81,7 @@ def ignore_from_now_on() -> None:
 
 
 # -- revocation: "this communicator's world has failed", from the job itself --------------------------
-# An elastic job (ddl_triton/runtime/membership.py) learns through its store that a rank somewhere
+# An elastic job (ddl_triton/elastic/membership.py) learns through its store that a rank somewhere
 # failed. Every wait then gives up at its next liveness check, whatever it waits on (a survivor stuck
 # on a survivor would otherwise wait out the whole deadline), as ncclCommRevoke makes NCCL's
 # operations return. Unlike the launcher's notice this is cleared once a new world is built.
@@ -110,7 +110,7 @@ def clear_revocation() -> None:
 
 # Ranks of the current world whose process is known to have ended: a wait found its pid gone (same
 # host), or gloo failed an operation with it otherwise than by a timeout (its sockets closed). An
-# elastic job tells the others (ddl_triton/runtime/membership.py: they need not wait for its word).
+# elastic job tells the others (ddl_triton/elastic/membership.py: they need not wait for its word).
 _gone: set[int] = set()
 
 

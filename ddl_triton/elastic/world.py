@@ -4,7 +4,7 @@ ddl communicator of the current generation, and how they are re-made when it cha
 A room's world (``ddl_triton.torch.elastic``: torch's default group and DDP too;
 ``ddl_triton.jax.elastic``: the communicator alone) subclasses ``ElasticWorld`` and says how a
 generation is built (``_build_group``), torn down (``_tear_down``) and followed by the state
-(``_follow``). ddl_triton/runtime/membership.py decides who is in each generation; state.py says how
+(``_follow``). ddl_triton/elastic/membership.py decides who is in each generation; state.py says how
 the state follows:
 
     detect    a collective fails here, or the store says another rank's did (revoked)
@@ -29,7 +29,7 @@ from ..errors import CollectiveTimeout, CommunicatorPoisoned, CoordinatorLost, D
     PeersLost, this_host
 from ..options import Options
 from ..runtime import world as ddl_world
-from ..runtime.membership import Decision, Membership
+from .membership import Decision, Membership
 from ..runtime.setup.bootstrap import BootstrapError, launched_by_mpi, store_from_env
 from ..transports import failure_notice
 

@@ -310,7 +310,7 @@ class Communicator:
     def peers_gone(self) -> list[int]:
         """Ranks whose process is known to have ended: seen gone by a wait, or their call-lane
         connection closed (ranks that met through a store). An elastic job tells the others
-        (ddl_triton/runtime/membership.py), so that nobody waits for their word."""
+        (ddl_triton/elastic/membership.py), so that nobody waits for their word."""
         closed = self._lane.closed_peers() if self._lane is not None else []
         return sorted(failure_notice.gone() | set(closed))
 

@@ -1,4 +1,4 @@
-"""Who may join a running elastic job (ddl_triton/runtime/membership.py, ddl_triton/job_secret.py), on
+"""Who may join a running elastic job (ddl_triton/elastic/membership.py, ddl_triton/job_secret.py), on
 one host: two members (env://, examples/elastic_train.py) started with DDL_JOB_SECRET, then three
 processes asking to join at once:
 

@@ -1,4 +1,4 @@
-"""The elastic control plane's store traffic does not grow with the world (ddl_triton/runtime/membership.py):
+"""The elastic control plane's store traffic does not grow with the world (ddl_triton/elastic/membership.py):
 members in one process, each with its own client of a real TCPStore, whose calls are counted.
 
 What must hold: while nothing fails, a member's watcher sends (next to) nothing, at 2 members as at 6
@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from ddl_triton.runtime.membership import Membership
+from ddl_triton.elastic.membership import Membership
 from ddl_triton.transports import failure_notice
 
 

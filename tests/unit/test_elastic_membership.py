@@ -1,4 +1,4 @@
-"""The membership agreement of elastic jobs (ddl_triton/runtime/membership.py), in one process: members
+"""The membership agreement of elastic jobs (ddl_triton/elastic/membership.py), in one process: members
 are Membership objects on one in-memory store, each agreeing on its own thread as a process would.
 
 What must hold: every member that takes part in a generation learns the same list; a silent member
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ddl_triton.errors import CoordinatorLost, ExcludedFromWorld, PeersLost
 from ddl_triton.errors import DDLError
 from ddl_triton import job_secret
-from ddl_triton.runtime.membership import JOINER_BASE, Membership
+from ddl_triton.elastic.membership import JOINER_BASE, Membership
 from ddl_triton.transports import failure_notice
 
 
@@ -223,7 +223,7 @@ class _BrokenStore:
 def test_a_broken_store_client_is_called_once_and_the_coordinator_lost_leads_with_its_cause():
     """Once torch's client broke (it never reconnects), neither the watcher's polls nor the rank's own
     calls touch it again: the job ended under about 90 lines of C++ frames, one warning per poll."""
-    from ddl_triton.runtime.membership import Decision
+    from ddl_triton.elastic.membership import Decision
 
     store = _BrokenStore()
     m = Membership(store, 1, "h1", timeout=5.0)
@@ -254,7 +254,7 @@ class _SilentStore:
 
 def test_a_store_that_never_answers_ends_the_rank_at_the_deadline():
     m = Membership(_SilentStore(), 1, "h1", timeout=0.5)
-    m.current = __import__("ddl_triton.runtime.membership", fromlist=["Decision"]).Decision(0, [0, 1], 1)
+    m.current = __import__("ddl_triton.elastic.membership", fromlist=["Decision"]).Decision(0, [0, 1], 1)
     start = time.monotonic()
     with pytest.raises(CoordinatorLost, match="did not answer within 0.5 s .*cut off"):
         m.revoke("rank 1: allreduce #3 timed out")

@@ -143,7 +143,7 @@ def test_run_refuses_a_model_without_its_optimizer(monkeypatch):
     import torch.distributed as dist
 
     from ddl_triton.elastic import world as floor_world
-    from ddl_triton.runtime.membership import Membership
+    from ddl_triton.elastic.membership import Membership
     from ddl_triton.torch.elastic import world as world_module
 
     store = dist.HashStore()

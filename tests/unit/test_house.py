@@ -123,7 +123,7 @@ def test_every_subpackage_says_what_lives_there():
 
 
 # ---- runtime's rooms (ddl_triton/runtime/__init__.py): each imports only the rooms below it -------
-RUNTIME_ROOMS = ("compression", "calls", "setup", "lanes", "members")  # highest first; the communicator and world above all
+RUNTIME_ROOMS = ("compression", "calls", "setup", "lanes")  # highest first; the communicator and world above all
 RUNTIME_ROOM_MAX_FILES = 10  # a room that outgrows this is two concerns
 
 
@@ -174,7 +174,7 @@ def test_each_runtime_room_imports_only_the_rooms_below_it():
 def test_runtime_rooms_stay_small_and_say_what_lives_there():
     runtime = ROOT / "ddl_triton" / "runtime"
     top = sorted(p.name for p in runtime.glob("*.py") if p.name != "__init__.py")
-    assert top == ["arrays.py", "communicator.py", "membership.py", "world.py"], top
+    assert top == ["arrays.py", "communicator.py", "world.py"], top
     for room in RUNTIME_ROOMS:
         files = sorted(p.name for p in (runtime / room).glob("*.py") if p.name != "__init__.py")
         assert 0 < len(files) <= RUNTIME_ROOM_MAX_FILES, (room, files)

@@ -151,7 +151,7 @@ def test_a_process_confined_to_some_cores_never_counts_on_a_spare_one(monkeypatc
 
 
 def test_a_revoked_world_makes_every_wait_give_up_within_a_liveness_period():
-    """An elastic job's revocation (another rank's collective failed, ddl_triton/runtime/membership.py):
+    """An elastic job's revocation (another rank's collective failed, ddl_triton/elastic/membership.py):
     a wait on a peer that is alive but will never send gives up at its next liveness check, not at
     its deadline; once the new world is built, waits wait again."""
     from ddl_triton.transports import failure_notice

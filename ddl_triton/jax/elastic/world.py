@@ -5,7 +5,7 @@ How the JAX room bootstraps without torch.distributed: ``init()`` meets the othe
 ``env://`` variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; rank 0's process serves the
 store), as ddl_triton's own env:// bootstrap does; for each generation the floor makes the world
 communicator with ``ddl_triton.init(store=<the generation's namespace>, rank=, size=)`` over the
-members the store agreed on (runtime/membership.py). No torch process group exists.
+members the store agreed on (elastic/membership.py). No torch process group exists.
 
 How a jitted step reaches the current world after a re-form, without re-tracing: ``init()`` makes
 ``ddl_triton.jax``'s default communicator (``jax/world.py: resolve(None)``) the floor's ``CURRENT``,
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ...elastic import world as floor
 from ...runtime import world as ddl_world
-from ...runtime.membership import Decision
+from ...elastic.membership import Decision
 
 
 CURRENT = floor.CURRENT  # the stand-in for the world of the moment (ddl_triton/elastic/world.py)

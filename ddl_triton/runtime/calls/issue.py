@@ -43,7 +43,7 @@ def peers_lost() -> bool:
 
 
 def forget_lost_peers() -> None:
-    """An elastic job re-formed its world without the lost ranks (ddl_triton/runtime/membership.py):
+    """An elastic job re-formed its world without the lost ranks (ddl_triton/elastic/membership.py):
     those losses no longer make the exit guard end the process with exit code 1."""
     _LOST_PEERS.clear()
 

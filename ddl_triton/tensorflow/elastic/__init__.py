@@ -25,7 +25,7 @@ from ...elastic import world as _floor
 from ...elastic.run import make_run
 from ...elastic.world import HostsUpdated, current as _current
 from ...runtime import world as _ddl_world
-from ...runtime.membership import Decision as _Decision
+from ...elastic.membership import Decision as _Decision
 from .callbacks import CommitStateCallback, UpdateEpochStateCallback
 from .state import TensorFlowKerasState
 

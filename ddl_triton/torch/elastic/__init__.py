@@ -14,7 +14,7 @@ comes back grows the world again.
     train(state)
 
 The framework-neutral part is the elastic floor's (ddl_triton/elastic/: the retry loop, the state's
-counters and byte transfer, the world's re-forming; ddl_triton/runtime/membership.py decides who is
+counters and byte transfer, the world's re-forming; ddl_triton/elastic/membership.py decides who is
 in it). Here: world.py adds torch's default group, DDP and torchrun's exit barrier, state.py the
 model's and optimizer's state, run.py the decorator over TorchState. docs/elastic.md tells the
 whole story.

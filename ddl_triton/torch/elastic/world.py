@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ...elastic import world as floor
 from ...elastic.world import HostsUpdated, WorldEnded as _WorldEnded  # noqa: F401 - this module's names before
 from ...runtime import world as ddl_world
-from ...runtime.membership import Decision
+from ...elastic.membership import Decision
 from . import torchrun_exit
 
 _JOIN_VARIABLE = floor.JOIN_VARIABLE

@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 from ..errors import CoordinatorLost, DDLError, ExcludedFromWorld, PeersLost
 from ..transports import failure_notice
 from .. import job_secret
-from .members.store_calls import _PREFIX, StoreCalls
-from .members.watcher import _MOVED, RevocationWatch, notice_key
+from .store_calls import _PREFIX, StoreCalls
+from .watcher import _MOVED, RevocationWatch, notice_key
 
 JOINER_BASE = 1_000_000   # member ids of processes that joined after the launch start here
 _POLL_S = 0.05            # a joiner's store polls (joiners only: members block on keys)

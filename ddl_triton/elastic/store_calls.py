@@ -1,4 +1,4 @@
-"""The elastic membership's store calls (ddl_triton/runtime/membership.py): each bounded by the
+"""The elastic membership's store calls (ddl_triton/elastic/membership.py): each bounded by the
 job's deadline, a store that cannot be reached raised as ``CoordinatorLost``, and blocking waits on
 a connection of their own.
 
@@ -12,7 +12,7 @@ import threading
 import time
 from datetime import timedelta
 
-from ...errors import CoordinatorLost
+from ..errors import CoordinatorLost
 
 # After one, torch's TCPStore client fails every call (it never reconnects), each printing ~15 lines of
 # C++ frames: no store call is tried again (``_call``, ``_watch``).

@@ -1,4 +1,4 @@
-"""The elastic watcher thread (ddl_triton/runtime/membership.py): it blocks on this process's own
+"""The elastic watcher thread (ddl_triton/elastic/membership.py): it blocks on this process's own
 notice of the current generation, ``g<G>/tell/<id>``, and revokes the process's waits
 (transports/failure_notice.py) and says the process is here for the next generation as soon as a
 revoker writes it.
@@ -16,8 +16,8 @@ import json
 import threading
 from datetime import timedelta
 
-from ...errors import CoordinatorLost
-from ...transports import failure_notice
+from ..errors import CoordinatorLost
+from ..transports import failure_notice
 from .store_calls import _BREAKS_CLIENT, _PREFIX
 
 _POLL_S = 0.05            # how often the watcher looks at this process's own revocation, while it waits for it to clear
