@@ -55,8 +55,8 @@ from .gradients import GradientCompression, allreduce_gradients
 from .mpi4jax_names import NOT_HERE as _NOT_HERE
 from .mpi4jax_names import bcast, gather, reduce, scan, scatter
 from .optimizer import broadcast_params, distributed
-from .point_to_point import recv, send, sendrecv
-from .world import init, local_rank, local_size, rank, size
+from .point_to_point import init, recv, send, sendrecv
+from .world import local_rank, local_size, rank, size
 
 __all__ = ["GradientCompression", "allgather", "allreduce", "allreduce_gradients", "alltoall", "barrier", "bcast",
            "broadcast", "broadcast_params", "distributed", "gather", "init", "local_rank", "local_size", "rank",

@@ -50,7 +50,7 @@ from . import world
 from .collectives import concrete, ordered
 from ..errors import peer_failed
 
-__all__ = ["recv", "send", "sendrecv"]
+__all__ = ["init", "recv", "send", "sendrecv"]
 
 _NAME_BYTES = 16  # a dtype's name ("bfloat16", "complex128") in ASCII, zero-padded
 _MAX_DIMS = 64
@@ -114,6 +114,16 @@ def sendrecv(sendbuf, recvbuf, source, dest, *, sendtag=0, recvtag=MPI.ANY_TAG, 
     if concrete([sendbuf, recvbuf]):
         return jnp.asarray(exchange(sendbuf))
     return ordered(exchange, (sendbuf,), [like])[0]
+
+
+def init(**kwargs):
+    """``ddl_triton.jax.init``: the world communicator (world.py's ``init``: ``ddl_triton.init(**kwargs)``,
+    created at the first call, the same object afterwards); under MPI it also sets up the world's
+    point-to-point channel, collectively, on every rank (so that no rank's first send waits for it)."""
+    comm = world.init(**kwargs)
+    if getattr(comm.bootstrap, "kind", None) == "mpi":
+        channel(comm)
+    return comm
 
 
 def channel(comm):

@@ -16,13 +16,9 @@ __all__ = ["init", "local_rank", "local_size", "rank", "size"]
 
 def init(**kwargs):
     """The world communicator (``ddl_triton.init(**kwargs)``: options as keywords, e.g.
-    ``schedule="ring"``); created at the first call, the same object afterwards. Under MPI it also
-    sets up the world's point-to-point channel (point_to_point.py), collectively, on every rank."""
-    comm = ddl_triton.init(**kwargs)
-    if getattr(comm.bootstrap, "kind", None) == "mpi":
-        from .point_to_point import channel  # imported here: point_to_point imports this module
-        channel(comm)
-    return comm
+    ``schedule="ring"``); created at the first call, the same object afterwards. The public
+    ``ddl_triton.jax.init`` (point_to_point.py) also sets up the world's point-to-point channel."""
+    return ddl_triton.init(**kwargs)
 
 
 def rank(comm=None) -> int:
