@@ -11,6 +11,7 @@ What lives here (one concept per file):
                 generation is re-formed, and its ``records`` (one per change); ``CURRENT``, the
                 stand-in for the world communicator of the moment
     run.py      the retry loop behind ``@elastic.run`` (``make_run``: each room's own decorator)
+    entry.py    each room's ``init`` body (``start``) and its questions (rank, size, generation, recoveries)
     membership.py  who is in each generation: the agreement through the job's store, joiners'
                 admission, revocation (moved here from the runtime: only elastic jobs use it)
     store_calls.py the membership's bounded store calls and blocking waits, on connections of

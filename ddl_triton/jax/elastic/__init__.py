@@ -27,7 +27,8 @@ This room may import the elastic floor, the runtime and the JAX room. docs/elast
 from __future__ import annotations
 
 from ...elastic.run import make_run
-from ...elastic.world import HostsUpdated, current as _current
+from ...elastic.entry import questions
+from ...elastic.world import HostsUpdated
 from .state import JaxState
 from .world import CURRENT, init
 
@@ -36,28 +37,4 @@ __all__ = ["CURRENT", "HostsUpdated", "JaxState", "generation", "init", "rank", 
 run = make_run(JaxState, "ddl_triton.jax.elastic.init()")
 
 
-def _world():
-    world = _current()
-    if world is None:
-        raise ValueError("ddl_triton.jax.elastic: call elastic.init() first")
-    return world
-
-
-def rank() -> int:
-    """This process's rank in the current world."""
-    return _world().decision.rank
-
-
-def size() -> int:
-    """The current world's size."""
-    return _world().decision.size
-
-
-def generation() -> int:
-    """The current world's generation: 0 at launch, +1 at each change (-1: a joiner not yet admitted)."""
-    return _world().decision.generation
-
-
-def recoveries() -> list[dict]:
-    """One record per world change this process took part in (ddl_triton/elastic/world.py)."""
-    return list(_world().records)
+rank, size, generation, recoveries = questions("ddl_triton.jax.elastic", "elastic.init()")

@@ -25,8 +25,7 @@ recovered), so the next generation's barriers start clean.
 from __future__ import annotations
 
 from ...elastic import world as floor
-from ...runtime import world as ddl_world
-from ...elastic.membership import Decision
+from ...elastic.entry import start
 
 
 CURRENT = floor.CURRENT  # the stand-in for the world of the moment (ddl_triton/elastic/world.py)
@@ -67,17 +66,5 @@ def init(*, grace: float = 1.0) -> None:
     failure wait for each other's word before deciding. From here on ``ddl_triton.jax``'s
     collectives run on the current world by default (``CURRENT``)."""
     from .. import world as jax_world
-    what = "ddl_triton.jax.elastic.init"
-    if ddl_world.current() is not None:
-        raise ValueError(f"{what}: a ddl_triton world communicator already exists in this process (ddl_triton.init() "
-                         "or ddl_triton.jax.init() was called): call elastic.init() instead, first")
-    options, store, membership, joiner, _ = floor.open_membership(
-        what, grace, "a launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT")
-    world = JaxElasticWorld(store, membership, options, joiner)
-    if joiner:
-        # A world of one until admitted: the application can build its parameters and trace its step.
-        world._build_group(Decision(-1, [membership.member], 0), prefix=floor.solo_prefix(membership))
-    else:
-        world._build_group(membership.current)
-    floor.install(world)
+    start(JaxElasticWorld, "ddl_triton.jax.elastic.init", grace, "ddl_triton.jax.init()")
     jax_world.use_elastic_world(CURRENT)

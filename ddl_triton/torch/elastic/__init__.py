@@ -24,33 +24,9 @@ from __future__ import annotations
 from .run import run
 from .state import TorchState
 from .world import HostsUpdated, init_process_group
-from .world import current as _current
+from ...elastic.entry import questions
 
 __all__ = ["HostsUpdated", "TorchState", "generation", "init_process_group", "rank", "recoveries", "run", "size"]
 
 
-def _world():
-    world = _current()
-    if world is None:
-        raise ValueError("ddl_triton.torch.elastic: call elastic.init_process_group() first")
-    return world
-
-
-def rank() -> int:
-    """This process's rank in the current world."""
-    return _world().decision.rank
-
-
-def size() -> int:
-    """The current world's size."""
-    return _world().decision.size
-
-
-def generation() -> int:
-    """The current world's generation: 0 at launch, +1 at each change (-1: a joiner not yet admitted)."""
-    return _world().decision.generation
-
-
-def recoveries() -> list[dict]:
-    """One record per world change this process took part in (world.py: ``ElasticWorld._record``)."""
-    return list(_world().records)
+rank, size, generation, recoveries = questions("ddl_triton.torch.elastic", "elastic.init_process_group()")
