@@ -20,7 +20,7 @@ How generation G ends:
   process's watcher thread is blocked on its own notice (``wait``, on a store connection of its own),
   so it wakes as soon as the notice is written and revokes the process's waits
   (transports/failure_notice.py): a survivor stuck on another survivor stops too, instead of waiting
-  out the deadline. While nothing fails the watcher sends one request per ``max(deadline, 60 s)``,
+  out the deadline. While nothing fails the watcher sends one request per hour (or per deadline, if longer),
   whatever the world's size (it used to poll the store 20 times a second).
 - Each live process says it is here for G+1 (``g<G+1>/here/<id>``, appended to ``g<G+1>/word``): the
   watcher thread does it at once, so a rank still computing its backward is counted as alive.

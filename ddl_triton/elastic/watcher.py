@@ -4,10 +4,12 @@ notice of the current generation, ``g<G>/tell/<id>``, and revokes the process's 
 revoker writes it.
 
 Semantics. The wait is on a store connection of the watcher's own (torch's TCPStore client serves
-one call at a time). It is re-armed every ``max(deadline, 60 s)``: while nothing fails a process
-sends the store two messages (the wait and its cancel) that often, whatever the world's size. When
-``current`` changes, or at ``close``, the process writes its own notice itself (``compare_set``, so a
-revocation written there first stays) to wake the watcher. One notice is acted on once.
+one call at a time). It is re-armed once an hour (or per deadline, if longer): while nothing fails a
+process sends the store two messages (the wait and its cancel) that often, whatever the world's
+size. Nothing needs the wait to end sooner: when ``current`` changes, or at ``close``, the process
+writes its own notice itself (``compare_set``, so a revocation written there first stays) to wake
+the watcher, and a store that goes away breaks the wait's connection at once. One notice is acted
+on once.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from ..transports import failure_notice
 from .store_calls import _BREAKS_CLIENT, _PREFIX
 
 _POLL_S = 0.05            # how often the watcher looks at this process's own revocation, while it waits for it to clear
-_WATCH_FLOOR_S = 60.0     # the watcher re-arms its wait at least this long (a wait that times out
-                          # costs two messages and two lines of torch's warnings on stderr)
+_WATCH_FLOOR_S = 3600.0   # the watcher re-arms its wait at least this long: a wait that times out
+                          # costs two messages and prints two lines of torch's warnings on stderr
+                          # (every 60 s, as first written, that was 120 lines an hour in every job)
 _MOVED, _CLOSING = "moved", "closing"  # what a process writes on its own notice to wake its watcher
 
 
