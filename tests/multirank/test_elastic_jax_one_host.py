@@ -11,72 +11,24 @@ jitted step, traced once, runs on each world in turn. What must hold, read from 
   shared memory is left behind."""
 from __future__ import annotations
 
-import json
-import os
-import secrets
 import signal
-import socket
-import subprocess
-import sys
-import time
 
-from support.launch import TESTS, ddl_segments, torch_launcher_env
+from support.elastic_drill import lose_one_then_join, record_lines
+from support.launch import TESTS, ddl_segments
 
 EXAMPLE = TESTS.parent / "examples" / "elastic_train_jax.py"
 STEPS, KILL_AT = 160, 8  # steps enough for a joiner to start (JAX's import: seconds) and be admitted
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _lines(path) -> list[dict]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
-
-
 def test_a_jax_rank_lost_then_a_joiner_world_3_2_3(tmp_path):
     before = ddl_segments()
     record = tmp_path / "record.jsonl"
-    port = str(_free_port())
-    env = torch_launcher_env(DDL_TIMEOUT="20", DDL_TUNING_FILE="off", PYTHONFAULTHANDLER="1", JAX_PLATFORMS="cpu",
-                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port, DDL_JOB_SECRET=secrets.token_hex(32))
     args = [str(EXAMPLE), "--steps", str(STEPS), "--record", str(record), "--step-seconds", "0.05"]
-    logs = {r: open(tmp_path / f"rank{r}.log", "w+") for r in range(4)}
-    procs = {r: subprocess.Popen([sys.executable, *args], env={**env, "RANK": str(r), "WORLD_SIZE": "3"},
-                                 stdout=logs[r], stderr=subprocess.STDOUT) for r in range(3)}
-    try:
-        deadline = time.monotonic() + 150
-        victim = None
-        while victim is None and time.monotonic() < deadline:  # rank 2 dies once it has committed step 8
-            victim = next((x["pid"] for x in _lines(record) if x.get("rank") == 2 and x.get("step") == KILL_AT
-                           and "reset" not in x and "final" not in x), None)
-            time.sleep(0.02)
-        assert victim is not None and victim == procs[2].pid, "rank 2 never reached step 8"
-        os.kill(victim, signal.SIGKILL)  # ours: the pid of the process this test started as rank 2
-        while time.monotonic() < deadline and not any(x.get("generation") == 1 and "step" in x
-                                                       for x in _lines(record)):
-            time.sleep(0.05)
-        procs[3] = subprocess.Popen([sys.executable, *args], env={**env, "DDL_ELASTIC_JOIN": "1"},
-                                    stdout=logs[3], stderr=subprocess.STDOUT)
-        codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-    out = ""
-    for r, log in logs.items():
-        log.seek(0)
-        out += f"--- rank {r}\n{log.read()[-6000:]}\n"
-        log.close()
+    codes, out = lose_one_then_join(  # rank 2 dies once it has committed step 8
+        tmp_path, args, lambda x: x.get("step") == KILL_AT and "reset" not in x and "final" not in x,
+        lambda x: "step" in x, 150, DDL_TIMEOUT="20", JAX_PLATFORMS="cpu")
     assert codes == {0: 0, 1: 0, 2: -signal.SIGKILL, 3: 0}, out
-    lines = _lines(record)
+    lines = record_lines(record)
     steps = [x for x in lines if "loss" in x]
     resets = [x for x in lines if x.get("reset")]
     finals = [x for x in lines if x.get("final")]

@@ -211,3 +211,41 @@ def test_bench_collectives_exits_nonzero_on_a_wrong_element(capsys):
     assert bench._verdict(rows[:1], ["ddl", "mpi"], speak=True) == 0
     assert bench._verdict(rows, ["ddl", "mpi"], speak=True) == 1
     assert "WRONG RESULTS (exit 1): ddl at 64 B: 3 wrong elements" in capsys.readouterr().out
+
+
+def _imports_tensorflow_when_collected(path: Path) -> bool:
+    """Whether ``path``'s module-level statements (what pytest runs as it collects the file) import
+    TensorFlow: an ``import``/``from`` of it, or ``pytest.importorskip("tensorflow")``, outside any
+    function or class."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] in ("tensorflow", "keras") for a in node.names):
+                return True
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("tensorflow", "keras"):
+                return True
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip" and node.args and \
+                    isinstance(node.args[0], ast.Constant) and str(node.args[0].value).split(".")[0] in ("tensorflow", "keras"):
+                return True
+    return False
+
+
+def test_no_test_file_imports_tensorflow_into_the_suites_process_as_it_is_collected(tmp_path):
+    """TensorFlow loaded into the pytest process before Triton makes Triton's later load there abort
+    the whole run (LLVM's command-line options registered twice: docs/tensorflow.md), so a test file
+    may ask whether TensorFlow is installed (``importlib.util.find_spec``), never import it at module
+    level: its TensorFlow work runs in processes of its own."""
+    bad = tmp_path / "test_bad.py"
+    bad.write_text('import pytest\n\npytest.importorskip("tensorflow")\n')
+    assert _imports_tensorflow_when_collected(bad)  # the check can fail
+    fine = tmp_path / "test_fine.py"
+    fine.write_text('import importlib.util\n\ndef test_x():\n    import tensorflow\n')
+    assert not _imports_tensorflow_when_collected(fine)
+    tests = ROOT / "tests"
+    found = [str(p.relative_to(ROOT)) for p in sorted(tests.rglob("*.py"))
+             if (p.name.startswith("test_") or p.name == "conftest.py") and _imports_tensorflow_when_collected(p)]
+    assert not found, f"these test files import TensorFlow as pytest collects them: {found}"

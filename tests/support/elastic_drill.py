@@ -1,0 +1,71 @@
+"""The one-host elastic drill the JAX and Keras rooms share (test_elastic_jax_one_host.py,
+test_elastic_tf_one_host.py): an example started as 3 env:// ranks, rank 2 SIGKILLed once the
+example's record shows it reached ``kill_when``, then a fourth process joining (DDL_ELASTIC_JOIN=1)
+once generation 1 trains; every process waited for within the drill's deadline, and killed (ours:
+the processes started here) if still running past it."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from support.launch import torch_launcher_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def record_lines(path) -> list[dict]:
+    """The example's record (one JSON object per complete line; none yet: [])."""
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
+def lose_one_then_join(tmp_path, args: list[str], kill_when, trained, deadline_s: float, **env_vars):
+    """Run the drill (module doc). ``args``: the example and its arguments; ``kill_when(line)``: the
+    record line of rank 2 after which it is killed; ``trained(line)``: a line of generation 1's
+    training (then the joiner starts). Returns ``(codes, out)``: each process's exit status (rank 3:
+    the joiner) and the tail of each one's output."""
+    env = torch_launcher_env(DDL_TUNING_FILE="off", PYTHONFAULTHANDLER="1", MASTER_ADDR="127.0.0.1",
+                             MASTER_PORT=str(free_port()), DDL_JOB_SECRET=secrets.token_hex(32), **env_vars)
+    record = args[args.index("--record") + 1]
+    logs = {r: open(tmp_path / f"rank{r}.log", "w+") for r in range(4)}
+    procs = {r: subprocess.Popen([sys.executable, *args], env={**env, "RANK": str(r), "WORLD_SIZE": "3"},
+                                 stdout=logs[r], stderr=subprocess.STDOUT) for r in range(3)}
+    codes: dict = {}
+    try:
+        deadline = time.monotonic() + deadline_s
+        victim = None
+        while victim is None and time.monotonic() < deadline:
+            victim = next((x["pid"] for x in record_lines(record) if x.get("rank") == 2 and kill_when(x)), None)
+            time.sleep(0.02)
+        assert victim is not None and victim == procs[2].pid, "rank 2 never reached the point where it is killed"
+        os.kill(victim, signal.SIGKILL)  # ours: the pid of the process this drill started as rank 2
+        while time.monotonic() < deadline and not any(x.get("generation") == 1 and trained(x)
+                                                       for x in record_lines(record)):
+            time.sleep(0.05)
+        procs[3] = subprocess.Popen([sys.executable, *args], env={**env, "DDL_ELASTIC_JOIN": "1"},
+                                    stdout=logs[3], stderr=subprocess.STDOUT)
+        codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        out = ""
+        for r, log in logs.items():
+            log.seek(0)
+            out += f"--- rank {r}\n{log.read()[-6000:]}\n"
+            log.close()
+    return codes, out
