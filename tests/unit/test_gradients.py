@@ -1,6 +1,6 @@
 """The framework-neutral gradient floor (ddl_triton/gradients/) without ranks: the planner, the
 residual store's reset rules, and the reducer's choices, byte rule and input checks, on fake
-communicators. tests/multirank/test_gradients.py runs it through the three rooms at 2 ranks."""
+communicators. tests/multirank/test_gradients_across_frameworks.py runs it through the three rooms at 2 ranks."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -249,3 +249,17 @@ def test_no_test_file_imports_tensorflow_into_the_suites_process_as_it_is_collec
     found = [str(p.relative_to(ROOT)) for p in sorted(tests.rglob("*.py"))
              if (p.name.startswith("test_") or p.name == "conftest.py") and _imports_tensorflow_when_collected(p)]
     assert not found, f"these test files import TensorFlow as pytest collects them: {found}"
+
+
+def test_every_test_file_has_a_name_of_its_own():
+    """pytest imports test files by their base name (the test folders are not packages): two files of
+    one name in different folders stop the whole run at collection, which ``make check`` (the unit
+    tier alone) would not show."""
+    seen: dict[str, str] = {}
+    twice = []
+    for p in sorted((ROOT / "tests").rglob("test_*.py")):
+        rel = str(p.relative_to(ROOT))
+        if p.name in seen:
+            twice.append(f"{seen[p.name]} and {rel}")
+        seen[p.name] = rel
+    assert not twice, f"test files sharing a name: {twice}"
