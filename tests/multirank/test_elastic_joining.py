@@ -13,35 +13,20 @@ processes asking to join at once:
 Every process that did nothing wrong exits 0; no shared memory is left behind."""
 from __future__ import annotations
 
-import json
 import math
 import secrets
-import socket
 import subprocess
 import sys
 import time
 
 import torch
 
+from support.elastic_drill import free_port, record_lines
 from support.launch import TESTS, ddl_segments, torch_launcher_env
 
 EXAMPLE = TESTS.parent / "examples" / "elastic_train.py"
 PLANTED = TESTS / "multirank" / "elastic_planted_joiner.py"
 STEPS = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _lines(path) -> list[dict]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
 
 
 def _planted_hash() -> str:
@@ -60,7 +45,7 @@ def _planted_hash() -> str:
 
 def test_only_a_process_with_the_jobs_secret_joins_and_it_never_brings_its_own_state(tmp_path):
     before = ddl_segments()
-    record, port, secret = tmp_path / "record.jsonl", str(_free_port()), secrets.token_hex(32)
+    record, port, secret = tmp_path / "record.jsonl", str(free_port()), secrets.token_hex(32)
     env = torch_launcher_env(DDL_TIMEOUT="20", DDL_TUNING_FILE="off", DDL_JOB_SECRET=secret,
                              MASTER_ADDR="127.0.0.1", MASTER_PORT=port, PYTHONFAULTHANDLER="1")
     args = ["--steps", str(STEPS), "--record", str(record), "--step-seconds", "0.03"]
@@ -71,7 +56,7 @@ def test_only_a_process_with_the_jobs_secret_joins_and_it_never_brings_its_own_s
     joiner = {**env, "DDL_ELASTIC_JOIN": "1"}
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(x.get("step", 0) >= 5 for x in _lines(record)):
+        while time.monotonic() < deadline and not any(x.get("step", 0) >= 5 for x in record_lines(record)):
             time.sleep(0.05)
         procs["wrong"] = subprocess.Popen([sys.executable, str(EXAMPLE), *args], stdout=logs["wrong"],
                                           stderr=subprocess.STDOUT, env={**joiner, "DDL_JOB_SECRET": "w" * 32})
@@ -98,7 +83,7 @@ def test_only_a_process_with_the_jobs_secret_joins_and_it_never_brings_its_own_s
     assert f"step {STEPS}/{STEPS}: loss " in out["rank0"] and ", world 3, 1 world change(s)" in out["rank0"], \
         everything  # the example's progress line (rank 0 stays rank 0: ranks keep their order)
 
-    lines = _lines(record)
+    lines = record_lines(record)
     steps = [x for x in lines if "step" in x and "reset" not in x]
     resets = [x for x in lines if x.get("reset")]
     # The refused ones changed nothing: one change of the world only, the planted joiner's.

@@ -14,39 +14,24 @@ joining (DDL_ELASTIC_JOIN=1, outside torchrun). The world goes
 The same drill across real hosts, with cuts and stops: tests/multirank/test_elastic_faults.py."""
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from support.elastic_drill import free_port, record_lines
 from support.launch import TESTS, TORCHRUN, ddl_segments, torch_launcher_env
 
 EXAMPLE = TESTS.parent / "examples" / "elastic_train.py"
 STEPS, KILL_AT = 200, 8  # steps enough for a joiner to start (imports: seconds, more on a loaded machine) and be admitted
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _lines(path) -> list[dict]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except FileNotFoundError:
-        return []
-
-
 def test_a_rank_lost_then_a_joiner_world_3_2_3(tmp_path):
     before = ddl_segments()
     record = tmp_path / "record.jsonl"
-    port = str(_free_port())
+    port = str(free_port())
     env = torch_launcher_env(DDL_TIMEOUT="20", DDL_TUNING_FILE="off", PYTHONFAULTHANDLER="1",
                              DDL_JOB_SECRET=secrets.token_hex(32))  # the joiner proves it holds it
     args = [str(EXAMPLE), "--steps", str(STEPS), "--compression", "int8", "--record", str(record),
@@ -63,13 +48,13 @@ def test_a_rank_lost_then_a_joiner_world_3_2_3(tmp_path):
         deadline = time.monotonic() + 120
         victim = None
         while victim is None and time.monotonic() < deadline:  # rank 2 dies once it has committed step 8
-            victim = next((x["pid"] for x in _lines(record) if x.get("rank") == 2 and x.get("step") == KILL_AT
+            victim = next((x["pid"] for x in record_lines(record) if x.get("rank") == 2 and x.get("step") == KILL_AT
                            and "reset" not in x and "final" not in x), None)
             time.sleep(0.02)
         assert victim is not None, "rank 2 never reached step 8"
         os.kill(victim, signal.SIGKILL)
         while time.monotonic() < deadline and not any(x.get("generation") == 1 and "step" in x
-                                                       for x in _lines(record)):
+                                                       for x in record_lines(record)):
             time.sleep(0.05)
         procs[3] = subprocess.Popen([sys.executable, *args], env={**env, "DDL_ELASTIC_JOIN": "1", "MASTER_ADDR":
                                                                    "127.0.0.1", "MASTER_PORT": port},
@@ -90,7 +75,7 @@ def test_a_rank_lost_then_a_joiner_world_3_2_3(tmp_path):
         out += f"--- rank {r}\n{log.read()[-6000:]}\n"
         log.close()
     assert codes == {0: 0, 1: 0, 2: 1, 3: 0}, out  # 2: the agent whose rank was killed reports the failure
-    lines = _lines(record)
+    lines = record_lines(record)
     steps = [x for x in lines if "loss" in x]
     resets = [x for x in lines if x.get("reset")]
     finals = [x for x in lines if x.get("final")]
