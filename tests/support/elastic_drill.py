@@ -1,5 +1,6 @@
-"""The one-host elastic drill the JAX and Keras rooms share, and the record reading every one-host elastic test uses (test_elastic_jax_one_host.py,
-test_elastic_tf_one_host.py): an example started as 3 env:// ranks, rank 2 SIGKILLed once the
+"""The one-host elastic drill the JAX and Keras rooms share (test_elastic_jax_one_host.py,
+test_elastic_tf_one_host.py), and the record reading and port picking of every one-host elastic
+test: an example started as 3 env:// ranks, rank 2 SIGKILLed once the
 example's record shows it reached ``kill_when``, then a fourth process joining (DDL_ELASTIC_JOIN=1)
 once generation 1 trains; every process waited for within the drill's deadline, and killed (ours:
 the processes started here) if still running past it."""
