@@ -14,14 +14,12 @@ joining (DDL_ELASTIC_JOIN=1, outside torchrun). The world goes
 The same drill across real hosts, with cuts and stops: tests/multirank/test_elastic_faults.py."""
 from __future__ import annotations
 
-import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
 
-from support.elastic_drill import free_port, record_lines
+from support.elastic_drill import free_port, kill_rank_2, parent_of, record_lines
 from support.launch import TESTS, TORCHRUN, ddl_segments, torch_launcher_env
 
 EXAMPLE = TESTS.parent / "examples" / "elastic_train.py"
@@ -46,16 +44,8 @@ def test_a_rank_lost_then_a_joiner_world_3_2_3(tmp_path):
                                  env=env, stdout=logs[r], stderr=subprocess.STDOUT) for r in range(3)}
     try:
         deadline = time.monotonic() + 120
-        victim = None
-        while victim is None and time.monotonic() < deadline:  # rank 2 dies once it has committed step 8
-            victim = next((x["pid"] for x in record_lines(record) if x.get("rank") == 2 and x.get("step") == KILL_AT
-                           and "reset" not in x and "final" not in x), None)
-            time.sleep(0.02)
-        assert victim is not None, "rank 2 never reached step 8"
-        os.kill(victim, signal.SIGKILL)
-        while time.monotonic() < deadline and not any(x.get("generation") == 1 and "step" in x
-                                                       for x in record_lines(record)):
-            time.sleep(0.05)
+        kill_rank_2(record, lambda x: x.get("step") == KILL_AT and "reset" not in x and "final" not in x,
+                    lambda x: "step" in x, deadline, lambda pid: parent_of(pid) == procs[2].pid)  # torchrun's child
         procs[3] = subprocess.Popen([sys.executable, *args], env={**env, "DDL_ELASTIC_JOIN": "1", "MASTER_ADDR":
                                                                    "127.0.0.1", "MASTER_PORT": port},
                                     stdout=logs[3], stderr=subprocess.STDOUT)

@@ -33,6 +33,31 @@ def record_lines(path) -> list[dict]:
         return []
 
 
+def kill_rank_2(record, kill_when, trained, deadline: float, ours) -> None:
+    """SIGKILL rank 2 once the record shows ``kill_when(line)`` for it, if ``ours(pid)`` (a process
+    this test started, or its launcher's child), then wait until generation 1 trains (``trained``),
+    both before ``deadline`` (``time.monotonic()``)."""
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        victim = next((x["pid"] for x in record_lines(record) if x.get("rank") == 2 and kill_when(x)), None)
+        time.sleep(0.02)
+    assert victim is not None, "rank 2 never reached the point where it is killed"
+    assert ours(victim), f"rank 2's recorded pid {victim} is not a process this test started"
+    os.kill(victim, signal.SIGKILL)
+    while time.monotonic() < deadline and not any(x.get("generation") == 1 and trained(x)
+                                                   for x in record_lines(record)):
+        time.sleep(0.05)
+
+
+def parent_of(pid: int) -> int:
+    """``pid``'s parent (from /proc; -1 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def lose_one_then_join(tmp_path, args: list[str], kill_when, trained, deadline_s: float, **env_vars):
     """Run the drill (module doc). ``args``: the example and its arguments; ``kill_when(line)``: the
     record line of rank 2 after which it is killed; ``trained(line)``: a line of generation 1's
@@ -47,15 +72,7 @@ def lose_one_then_join(tmp_path, args: list[str], kill_when, trained, deadline_s
     codes: dict = {}
     try:
         deadline = time.monotonic() + deadline_s
-        victim = None
-        while victim is None and time.monotonic() < deadline:
-            victim = next((x["pid"] for x in record_lines(record) if x.get("rank") == 2 and kill_when(x)), None)
-            time.sleep(0.02)
-        assert victim is not None and victim == procs[2].pid, "rank 2 never reached the point where it is killed"
-        os.kill(victim, signal.SIGKILL)  # ours: the pid of the process this drill started as rank 2
-        while time.monotonic() < deadline and not any(x.get("generation") == 1 and trained(x)
-                                                       for x in record_lines(record)):
-            time.sleep(0.05)
+        kill_rank_2(record, kill_when, trained, deadline, lambda pid: pid == procs[2].pid)
         procs[3] = subprocess.Popen([sys.executable, *args], env={**env, "DDL_ELASTIC_JOIN": "1"},
                                     stdout=logs[3], stderr=subprocess.STDOUT)
         codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
