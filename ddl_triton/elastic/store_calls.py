@@ -48,8 +48,10 @@ class StoreCalls:
             left = until - time.monotonic()
             if left <= 0:
                 return bool(self._call(lambda: client.check([key]), f"waiting for {key}"))
-            # Bounded below the deadline that bounds the call itself; the loop waits the rest.
-            seconds = min(left, self.timeout / 2)
+            # Bounded below the deadline that bounds the call itself; the loop waits the rest. At least
+            # a millisecond: torch's stores count the wait in whole milliseconds, and 0 ms means "no
+            # limit" to them (a wait begun 0.4 ms before ``until`` blocked until the deadline).
+            seconds = max(min(left, self.timeout / 2), 0.001)
             if self._call(lambda: attempt(seconds), f"waiting for {key}"):
                 return True
 

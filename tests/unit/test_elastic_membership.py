@@ -261,6 +261,19 @@ def test_a_store_that_never_answers_ends_the_rank_at_the_deadline():
     assert time.monotonic() - start < 3
 
 
+def test_a_wait_that_begins_less_than_a_millisecond_before_its_end_returns_then(monkeypatch):
+    """torch's stores count waits in whole milliseconds and take 0 ms as "no limit": a wait begun
+    0.4 ms before its end once blocked until the job's deadline (the grace's joiner wait, under load)."""
+    from ddl_triton.elastic import store_calls
+    m = Membership(dist.HashStore(), 0, "h0", timeout=5.0)
+    m._blocking_client()
+    readings = iter([100.0 - 0.0004])  # the clock as the wait reads it: 0.4 ms left, then past its end
+    monkeypatch.setattr(store_calls.time, "monotonic", lambda: next(readings, 101.0))
+    start = time.perf_counter()
+    assert m._wait("ddl_triton/elastic/never", 100.0) is False  # not CoordinatorLost at the deadline
+    assert time.perf_counter() - start < 2.0  # not the 5 s deadline
+
+
 # ---- who may join: only a process that proves it holds the job's secret ------------------------------
 def _ask(store, secret: str, timeout: float = 5.0) -> tuple[Membership, dict]:
     """A joiner asking on its own thread; the dict gets its Decision or its error."""
