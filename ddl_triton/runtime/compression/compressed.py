@@ -100,9 +100,10 @@ from .layout import ONEBIT_ALIGN, chunk_bounds, chunk_elems, nbytes, segments, s
 from ...kernels import sixteen_bit
 from ...kernels import (dequantize_int8, quantize_int8, quantize_int8_keep_error, reduce_int8, sign_compress,
                        sign_decompress)
+from ...kernels.int4 import dequantize_int4, quantize_int4, quantize_int4_keep_error, reduce_int4
 from ..calls.work import Work
 
-__all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps", "wire_bytes"]
+__all__ = ["allreduce_16bit", "allreduce_int4", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps", "wire_bytes"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -188,6 +189,68 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
 
     return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
                      f"allreduce_int8({op}, {n} x {tensor.dtype}, block {block})", async_op)
+
+
+def allreduce_int4(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 256,
+                   residual: torch.Tensor | None = None, async_op: bool = False):
+    """Allreduce ``tensor`` in place with 4-bit block quantization on the wire (see module doc):
+    ``allreduce_int8``'s two-shot with ``kernels.int4``'s compressor, two values a byte.
+
+    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU; a non-contiguous tensor
+    goes through a contiguous copy, written back. op: "avg" or "sum". block: quantization
+    block, a power of two in [4, 65536]. residual: fp32 with tensor.numel() elements on the
+    tensor's device, the worker error feedback, updated in place (None: none). No server
+    residual: the server's requantization error is not re-sent. Returns ``tensor``, or a Work.
+    Example (2 ranks, no residual, block 4): rank 0 x = [7, -7, 0, 1], rank 1 x = [7, 7, 7, 7]: both
+             blocks are whole multiples of their absmax/7 (1.0), so both ranks end with the exact
+             mean [7.0, 0.0, 3.5, 4.0]. On more ranks the server requantizes that mean (s_r = 1):
+             3.5 ties to even, [7.0, 0.0, 4.0, 4.0], within s_r/2.
+    """
+    flat, size, n = _prepare(comm, tensor, op, "allreduce_int4", residual)
+    if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
+        raise ValueError(f"rank {comm.rank}: allreduce_int4: block must be a power of two in [4, 65536], "
+                         f"got {block!r}")
+    if n == 0:
+        return _done(tensor, async_op)
+    if size == 2:
+        return gathered.int4(comm, tensor, flat, op, block, residual, async_op)
+    align = compression_methods.get("int4").align(block)  # whole blocks and whole words of 8 values
+    c = chunk_elems(n, size, align)
+    words = slot_words("int4", c, block)
+    sq = c // 8  # where a slot's scales start, in words
+    bounds = chunk_bounds(n, size, align)
+    buffers, send, recv, gin, gout = _message_buffers(size, words, torch.int32, flat.device)
+    sb, sf = send.view(torch.uint8), send.view(torch.float32)
+
+    def slot(bytes_view, floats_view, p: int, length: int):
+        """Slot p's packed values and scales, for a chunk of ``length`` elements."""
+        return (bytes_view[p * words * 4: p * words * 4 + (length + 1) // 2],
+                floats_view[p * words + sq: p * words + sq + -(-length // block)])
+
+    if residual is not None:
+        residual.add_(flat)  # v = x + residual: x upcast exactly
+    for p, (a, b) in enumerate(bounds):  # chunk p straight into slot p
+        if residual is not None:
+            quantize_int4_keep_error(residual[a:b], block=block, out=slot(sb, sf, p, b - a))  # re-sent next call
+        else:
+            quantize_int4(flat[a:b], block=block, out=slot(sb, sf, p, b - a))
+    a, b = bounds[comm.rank]
+    mine = b - a
+    scale = 1.0 / size if op == "avg" else None
+
+    def server() -> None:
+        rb, rf = recv.view(torch.uint8), recv.view(torch.float32)
+        ins = [slot(rb, rf, p, mine) for p in range(size)]
+        reduce_int4([i[0] for i in ins], [i[1] for i in ins], numel=mine, block=block, scale=scale,
+                    out=slot(gin.view(torch.uint8), gin.view(torch.float32), 0, mine))
+
+    def finish() -> None:
+        ob, of = gout.view(torch.uint8), gout.view(torch.float32)
+        for p, (a, b) in enumerate(bounds):
+            dequantize_int4(*slot(ob, of, p, b - a), out=flat[a:b], block=block)
+
+    return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
+                     f"allreduce_int4({op}, {n} x {tensor.dtype}, block {block})", async_op)
 
 
 def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: torch.Tensor | None = None,

@@ -32,6 +32,7 @@ import torch
 from ..calls import scratch_pool
 from .layout import ONEBIT_ALIGN, chunk_elems, nbytes, segments, slot_words
 from ...kernels import dequantize_int8, quantize_int8, quantize_int8_keep_error, sign_compress, sign_decompress
+from ...kernels.int4 import dequantize_int4, quantize_int4, quantize_int4_keep_error
 from ..calls.work import Work
 
 
@@ -59,6 +60,32 @@ def int8(comm, tensor, flat, op, block, residual, async_op):
     # "avg" is in the scales (module doc): the sum is not scaled again
     return _exchange(comm, tensor, flat, gin, gout, decompress, "sum",
                      f"allreduce_int8({op}, {n} x {tensor.dtype}, block {block}, gathered)", async_op)
+
+
+def int4(comm, tensor, flat, op, block, residual, async_op):
+    """``allreduce_int4`` on two ranks: as ``int8``, with 4-bit values two a byte."""
+    n = flat.numel()
+    c = chunk_elems(n, 1, max(block, 8))
+    words, sq, nb = slot_words("int4", c, block), c // 8, -(-n // block)
+    gin, gout = _buffers(comm.size, words, torch.int32, flat.device)
+    packed, sf = gin.view(torch.uint8)[: (n + 1) // 2], gin.view(torch.float32)[sq: sq + nb]
+    if residual is not None:
+        residual.add_(flat)  # v = x + residual, as the two-shot worker
+        quantize_int4_keep_error(residual, block=block, out=(packed, sf))  # what it lost is sent next call
+    else:
+        quantize_int4(flat, block=block, out=(packed, sf))
+
+    half = torch.tensor(0.5, dtype=torch.float32, device=flat.device) if op == "avg" else None
+
+    def decompress(p: int, out: torch.Tensor) -> None:
+        ob, of = gout.view(torch.uint8), gout.view(torch.float32)
+        scales = of[p * words + sq: p * words + sq + nb]
+        dequantize_int4(ob[p * words * 4: p * words * 4 + (n + 1) // 2], scales if half is None else scales * half,
+                        out=out, block=block)
+
+    # "avg" is in the scales (as int8's): the sum is not scaled again
+    return _exchange(comm, tensor, flat, gin, gout, decompress, "sum",
+                     f"allreduce_int4({op}, {n} x {tensor.dtype}, block {block}, gathered)", async_op)
 
 
 def onebit(comm, tensor, flat, op, residual, groups, async_op):
