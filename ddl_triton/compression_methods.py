@@ -137,10 +137,10 @@ def _int4() -> Method:
         roundtrip="ddl_triton.kernels.int4:roundtrip_int4",
         align=lambda block: max(block, 8), slot_words=lambda c, block, scales: c // 8 + c // block, word_bytes=4,
         bits=lambda block: 4 + 32 / block,
-        error="within (s_w + s_r)(1/2 + 2**-16) of the mean of the ranks' x + residual, s_w the mean over "
-              "ranks and s_r the reduced value's block absmax/7 (up to 32 ranks; two ranks: s_w(1/2 + 2**-16)); "
-              "what the worker lost is re-sent, the server's requantization error is not",
-        worker_residual=True, takes_block=True)
+        error="within (s_w + s_r)(1/2 + 2**-16) of the mean of the ranks' x + residual (+ server residual), "
+              "s_w the ranks' mean and s_r the reduced value's block absmax/7 (up to 32 ranks; two ranks: "
+              "s_w(1/2 + 2**-16)); what the worker and the server lost is re-sent",
+        worker_residual=True, server_residual=True, takes_block=True)
 
 
 _TABLE: dict[str, Method] = {m.name: m for m in (

@@ -1,6 +1,6 @@
 """Compressed allreduce on two ranks: one all_gather of each rank's whole compressed tensor.
 
-Semantics (``compressed.allreduce_int8`` / ``_onebit`` / ``_16bit`` call these when
+Semantics (``compressed.allreduce_int8`` / ``_int4`` / ``_onebit`` / ``_16bit`` call these when
 ``comm.size == 2``; compressed.py's module doc has the compressors):
 
     1. compress this rank's whole tensor, as the two-shot worker compresses a chunk (error
@@ -10,12 +10,12 @@ Semantics (``compressed.allreduce_int8`` / ``_onebit`` / ``_16bit`` call these w
        the caller's tensor (16-bit: rounded to the wire dtype first, as the two-shot server rounds)
 
 Both ranks run step 3 on the same bytes with the same operations: bitwise identical results.
-Nothing is compressed twice, so int8 loses only the workers' s_w(1/2 + 2**-16) per element and
-1-bit needs no server residual. Why: on two ranks the two-shot's all_to_all and all_gather each
+Nothing is compressed twice, so int8 and int4 lose only the workers' s_w(1/2 + 2**-16) per element
+and 1-bit and int4 need no server residual. Why: on two ranks the two-shot's all_to_all and all_gather each
 move half of the compressed tensor, so one all_gather of all of it sends the same bytes with
 one exchange's latency and machinery fewer, and no server step.
 
-int8 "avg" multiplies each slot's scales by the fp32(1/2) instead of the sum: a power of two, so
+int8 (and int4) "avg" multiplies each slot's scales by the fp32(1/2) instead of the sum: a power of two, so
 every product is the same number (but for blocks of scale below 2**-125, whose halves are
 subnormal and may differ in the last bit; both ranks compute the same bits either way), and the
 sum costs one pass over the tensor fewer (the two decompresses and their sum of a 2.1 MB
