@@ -9,8 +9,9 @@ chain, abs/amax/div/round for int8 (and int4, with a shift/or packing two values
 a where/sum for the sign bits.
 
 The cases come in sections, which ``--sections`` selects: reduce, int8 (quantize, dequantize,
-reduce_int8), int4 (quantize_int4, dequantize_int4, reduce_int4), onebit (sign_compress, sign_decompress), pack (pack, unpack) and copy (a clone at each
-size, the CPU's stand-in for a roofline). Every time comes from ddl_triton/kernels/bandwidth.py, the
+reduce_int8), int4 (quantize_int4, dequantize_int4, reduce_int4), onebit (sign_compress,
+sign_decompress), pack (pack, unpack) and copy (a clone at each size, the CPU's stand-in for a
+roofline). Every time comes from ddl_triton/kernels/bandwidth.py, the
 measurement bench/gpu_check.py uses too: CUDA events on a GPU (L2 flushed before each call),
 time.perf_counter on a CPU, ours and the torch ops alternating call by call. On a GPU the script
 also measures device copy bandwidth (clone of a 1 GiB tensor) as the roofline.

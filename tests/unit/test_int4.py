@@ -28,6 +28,7 @@ from ddl_triton import compression_methods as cm
 from ddl_triton.kernels import int4 as K4
 from ddl_triton.runtime.calls.work import Work
 from ddl_triton.runtime.compression import compressed
+from ddl_triton.runtime.compression.int4 import allreduce_int4
 from support.kernel_checks import (DTYPES, assert_bitwise, assert_within, backend, bits_of, make,  # noqa: F401
                                    poison_empty, poisoned)
 
@@ -330,7 +331,7 @@ def test_allreduce_int4_is_exact_where_the_inputs_are_representable(size):
           .double().repeat_interleave(block)[:n] for r in range(size)]
     xs = [(k * m).float() for m in ms]
     for op in ("sum", "avg"):
-        ys = _on_ranks(_world(size), lambda c: compressed.allreduce_int4(c, xs[c.rank].clone(), op=op, block=block))
+        ys = _on_ranks(_world(size), lambda c: allreduce_int4(c, xs[c.rank].clone(), op=op, block=block))
         want = k * sum(ms) / (size if op == "avg" else 1)
         if op == "sum" or size in (2, 4):
             for r, y in enumerate(ys):
@@ -345,9 +346,9 @@ def test_allreduce_int4_through_the_triton_kernels():
 
     def call(c):
         residual = torch.linspace(-0.1, 0.1, 77)
-        server = torch.full((compressed.chunk_bounds(77, 3, 8)[c.rank][1] - compressed.chunk_bounds(77, 3, 8)[c.rank][0],),
-                            0.01)
-        y = compressed.allreduce_int4(c, xs[c.rank].clone(), block=8, residual=residual, server_residual=server)
+        a, b = compressed.chunk_bounds(77, 3, 8)[c.rank]
+        server = torch.full((b - a,), 0.01)
+        y = allreduce_int4(c, xs[c.rank].clone(), block=8, residual=residual, server_residual=server)
         return y, residual, server
 
     got = {}
@@ -364,13 +365,13 @@ def test_allreduce_int4_through_the_triton_kernels():
 
 def test_allreduce_int4_handles_non_contiguous_tensors():
     base = [make(64, torch.float32, 50 + r).view(8, 8) for r in range(3)]
-    contiguous = _on_ranks(_world(3), lambda c: compressed.allreduce_int4(c, base[c.rank].t().contiguous(),
+    contiguous = _on_ranks(_world(3), lambda c: allreduce_int4(c, base[c.rank].t().contiguous(),
                                                                           block=8))
 
     def strided(c):
         t = base[c.rank].clone().t()  # a transposed view: copied in, the result written back through it
         assert not t.is_contiguous()
-        return compressed.allreduce_int4(c, t, block=8)
+        return allreduce_int4(c, t, block=8)
 
     for a, b in zip(contiguous, _on_ranks(_world(3), strided)):
         assert torch.equal(a, b)
@@ -379,18 +380,18 @@ def test_allreduce_int4_handles_non_contiguous_tensors():
 def test_allreduce_int4_refuses_bad_input_naming_the_rank():
     c = _world(3)[1]  # validation comes before any exchange: one rank alone raises
     with pytest.raises(TypeError, match="rank 1: allreduce_int4: tensor must be float32, float16 or bfloat16"):
-        compressed.allreduce_int4(c, torch.ones(8, dtype=torch.int32))
+        allreduce_int4(c, torch.ones(8, dtype=torch.int32))
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: residual must be contiguous with 8 elements, "
                                          "has 7"):
-        compressed.allreduce_int4(c, torch.ones(8), residual=torch.zeros(7))
+        allreduce_int4(c, torch.ones(8), residual=torch.zeros(7))
     with pytest.raises(TypeError, match="rank 1: allreduce_int4: residual must be an fp32 tensor"):
-        compressed.allreduce_int4(c, torch.ones(8), residual=torch.zeros(8, dtype=torch.float64))
+        allreduce_int4(c, torch.ones(8), residual=torch.zeros(8, dtype=torch.float64))
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: server_residual must be contiguous with 8"):
-        compressed.allreduce_int4(c, torch.ones(20), block=8, server_residual=torch.zeros(3))
+        allreduce_int4(c, torch.ones(20), block=8, server_residual=torch.zeros(3))
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: block must be a power of two in \\[4, 65536\\]"):
-        compressed.allreduce_int4(c, torch.ones(8), block=2)
+        allreduce_int4(c, torch.ones(8), block=2)
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: op must be 'avg' or 'sum'"):
-        compressed.allreduce_int4(c, torch.ones(8), op="max")
+        allreduce_int4(c, torch.ones(8), op="max")
     with pytest.raises(TypeError, match="rank 1: compression 'int4' takes float32, float16, bfloat16 tensors, "
                                         "got float64"):
         cm.get("int4").run(c, torch.ones(8, dtype=torch.float64))
@@ -409,7 +410,7 @@ def _running_drift(size: int, feedback: bool, steps: int = 40, server_feedback: 
         x = torch.full((n,), 0.3 + 0.01 * c.rank)
         x[::block] = 7.0 + c.rank
         x *= 1 + t % 3
-        y = compressed.allreduce_int4(c, x.clone(), op="avg", block=block,
+        y = allreduce_int4(c, x.clone(), op="avg", block=block,
                                       residual=worker[c.rank] if feedback else None,
                                       server_residual=server[c.rank] if feedback and server_feedback else None)
         return x, y
