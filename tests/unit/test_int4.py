@@ -13,7 +13,8 @@ mpiexec:
   the rank;
 - error feedback: over repeated calls the running sum of the outputs tracks the running sum of
   the exact means (drift within the residuals' bound), and without residuals it does not;
-- the registry's users: the gradients floor's Reducer and ``compress_hook("int4")``.
+- the registry's users: the gradients floor's Reducer, ``compress_hook("int4")`` and per-level
+  compression (one rank per host: int4 between hosts, with the residuals it sizes).
 tests/multirank/test_int4_across_ranks.py runs the allreduce on real ranks.
 """
 from __future__ import annotations
@@ -477,3 +478,27 @@ def test_compress_hook_int4_reduces_a_bucket_on_two_ranks():
     (y0, payload, sent), (y1, _, _) = _on_ranks(_world(2), hook)
     assert torch.equal(y0, y1) and y0.tolist() == [7.0, 0.0, 3.5, 4.0] * 64  # representable: exact
     assert payload == sent == compressed.wire_bytes("int4", 256, 2) == 128 + 4
+
+
+def test_per_level_compression_runs_int4_between_hosts():
+    # One rank per host (the threads' placement): the per-level allreduce is int4 between hosts,
+    # with the residuals residual_sizes gives (the worker's, and the server's chunk).
+    from ddl_triton.runtime.compression import per_level
+
+    size, n = 3, 1000
+    xs = [make(n, torch.float32, 80 + r, spread=2) for r in range(size)]
+
+    def call(c):
+        levels = per_level.Levels(c)
+        w, s = per_level.residual_sizes(levels, "int4", n, block=64)
+        assert w == n
+        x = xs[c.rank].clone()
+        per_level.allreduce(levels, x, method="int4", block=64, residual=torch.zeros(w),
+                            server_residual=torch.zeros(s))
+        return x, s, per_level.wire_bytes(levels, "int4", n, block=64)["inter"]
+
+    out = _on_ranks(_world(size), call)
+    assert all(torch.equal(x, out[0][0]) for x, _, _ in out)
+    assert [s for _, s, _ in out] == [b - a for a, b in compressed.chunk_bounds(n, size, 64)]
+    assert out[0][2] == compressed.wire_bytes("int4", n, size, block=64)
+    _check_bound(out[0][0], xs, 64, size, "per-level int4")
