@@ -54,7 +54,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous
+from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous, compiled
 from ._dispatch import use_triton
 from ._lazy_kernels import LazyKernels, cdiv
 
@@ -79,7 +79,7 @@ def _grid(n_blocks: int, block: int) -> tuple[int]:
 def _compile_options(t: torch.Tensor) -> dict:
     # num_warps and fma contraction off (an fma of out + q*s rounds once where torch rounds twice);
     # the interpreter takes neither.
-    return {"num_warps": _NUM_WARPS, "enable_fp_fusion": False} if t.is_cuda else {}
+    return {"num_warps": _NUM_WARPS, "enable_fp_fusion": False} if compiled(t) else {}
 
 
 # --------------------------------------------------------------------------------------------

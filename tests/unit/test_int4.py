@@ -364,6 +364,14 @@ def test_allreduce_int4_through_the_triton_kernels():
             assert_bitwise(b, a, f"rank {r}: triton vs torch")
 
 
+def test_allreduce_int4_async_returns_a_work_with_the_same_result():
+    xs = [make(300, torch.float32, 60 + r) for r in range(3)]
+    sync = _on_ranks(_world(3), lambda c: allreduce_int4(c, xs[c.rank].clone(), block=8))
+    works = _on_ranks(_world(3), lambda c: allreduce_int4(c, xs[c.rank].clone(), block=8, async_op=True))
+    for y, w in zip(sync, works):
+        assert torch.equal(w.wait(), y)
+
+
 def test_allreduce_int4_handles_non_contiguous_tensors():
     base = [make(64, torch.float32, 50 + r).view(8, 8) for r in range(3)]
     contiguous = _on_ranks(_world(3), lambda c: allreduce_int4(c, base[c.rank].t().contiguous(),
