@@ -510,3 +510,14 @@ def test_per_level_compression_runs_int4_between_hosts():
     assert [s for _, s, _ in out] == [b - a for a, b in compressed.chunk_bounds(n, size, 64)]
     assert out[0][2] == compressed.wire_bytes("int4", n, size, block=64)
     _check_bound(out[0][0], xs, 64, size, "per-level int4")
+
+
+def test_the_torch_paths_two_packings_give_the_same_bytes(monkeypatch):
+    # The torch path packs with int16 ops on a little-endian host and strided uint8 ops elsewhere.
+    x = make(1001, torch.float32, 8)
+    fast = K4.quantize_int4_reference(x, block=8)
+    fast_d = K4.dequantize_int4_reference(*fast, numel=1001, block=8)
+    monkeypatch.setattr(K4, "_INT16_PAIRS", not K4._INT16_PAIRS)
+    other = K4.quantize_int4_reference(x, block=8)
+    assert_bitwise(other[0], fast[0], "packed")
+    assert_bitwise(K4.dequantize_int4_reference(*other, numel=1001, block=8), fast_d, "dequantized")
