@@ -54,8 +54,8 @@ def allreduce_int4(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
     error feedback on that side. Returns ``tensor``, or a Work resolving to it.
     Example (2 ranks, no residual, block 4): rank 0 x = [7, -7, 0, 1], rank 1 x = [7, 7, 7, 7]: both
              blocks are whole multiples of their absmax/7 (1.0), so both ranks end with the exact
-             mean [7.0, 0.0, 3.5, 4.0]. On more ranks the server requantizes that mean (s_r = 1):
-             3.5 ties to even, [7.0, 0.0, 4.0, 4.0], within s_r/2.
+             mean [7.0, 0.0, 3.5, 4.0]. A server step (3+ ranks) requantizing that mean (s_r = 1)
+             would round 3.5 to even: [7.0, 0.0, 4.0, 4.0], within s_r/2.
     """
     flat, size, n = _prepare(comm, tensor, op, "allreduce_int4", residual)
     if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
