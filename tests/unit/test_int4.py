@@ -447,6 +447,7 @@ def test_error_feedback_keeps_the_running_sum_on_track(size):
     assert drift > 3 * bound, f"{size} ranks, without residuals the drift should grow: {drift} vs {bound}"
 
 
+@pytest.mark.slow
 def test_without_the_server_residual_the_servers_rounding_drifts():
     # Why the int4 row keeps a server residual: on 3+ ranks the server requantizes the mean, and
     # a mean that rounds the same way every call is lost every call, however well the workers
