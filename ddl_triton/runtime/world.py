@@ -210,7 +210,7 @@ def _given(opts: Options) -> str:
         found = detect(launcher=opts.launcher)
     except ValueError:
         found = None
-    return f"{line}; the environment's {found.explain()}" if found is not None else line
+    return f"{line}; {found.explain()}" if found is not None else line
 
 
 def _found(bootstrap, how: str):
