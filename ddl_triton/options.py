@@ -26,7 +26,7 @@ OTHER_VARIABLES = {
 
 # The launchers whose variables ddl_triton reads, in the order it tries them (Options.launcher;
 # ddl_triton/launch/launchers.py has one detector for each).
-LAUNCHERS = ("torchrun", "kubeflow-pytorchjob", "jobset", "env", "mpi", "open-mpi", "slurm", "kubeflow-trainer")
+LAUNCHERS = ("torchrun", "kubeflow-pytorchjob", "jobset", "mpi", "env", "open-mpi", "slurm", "kubeflow-trainer")
 
 
 def launcher_from_env(environ=None) -> str:

@@ -14,9 +14,10 @@ malformed raises ``LauncherError`` naming the variable, the launcher it looked l
                        the pod's index and its WORLD_SIZE counts pods (operator <= 1.6) or pods x
                        PET_NPROC_PER_NODE (>= 1.7): read as such, never as a process's rank
   3. jobset            a Kubernetes Indexed Job (JobSet's Jobs are): JOB_COMPLETION_INDEX, no RANK
-  4. env               env:// as torch reads it: RANK or WORLD_SIZE (mp.spawn, hand-set, wrappers)
-  5. mpi               PMI_RANK/PMI_SIZE (hydra's mpiexec, ddlrun, Intel MPI, srun --mpi=pmi2) or
-                       MV2_COMM_WORLD_SIZE (MVAPICH): MPI's world, as ddl_triton always did
+  4. mpi               PMI_RANK/PMI_SIZE (hydra's mpiexec, ddlrun, Intel MPI, srun --mpi=pmi2) or
+                       MV2_COMM_WORLD_SIZE (MVAPICH): MPI's world, as ddl_triton always did (a
+                       RANK/WORLD_SIZE beside them must agree with MPI's: torch/rendezvous.py)
+  5. env               env:// as torch reads it: RANK or WORLD_SIZE (mp.spawn, hand-set, wrappers)
   6. open-mpi          OMPI_COMM_WORLD_RANK/SIZE (Open MPI's mpirun): a store at the launcher's
                        host, read from OMPI_MCA_orte_hnp_uri (ORTE) or PMIX_SERVER_URI* (PRRTE)
   7. slurm             SLURM_PROCID in a job step (plain srun, srun --mpi=pmix): a store on the first
@@ -26,8 +27,9 @@ malformed raises ``LauncherError`` naming the variable, the launcher it looked l
 Why this order: a launcher started inside another sees both's variables, and the inner one
 (the one that started this very process) must win: torchrun sets RANK over a pod's or a Slurm
 task's; a PyTorchJob pod also holds env://'s names with other meanings, so it comes before env://;
-explicit RANK/WORLD_SIZE (a user's wrapper) beat the scheduler's; an MPI launcher inside a Slurm
-allocation beats Slurm's SLURM_PROCID (which mpirun's daemons inherit).
+explicit RANK/WORLD_SIZE (a user's wrapper) beat a scheduler's, but not an MPI launch's (MPI's
+ranks are the ranks, as always); an MPI launcher inside a Slurm allocation beats Slurm's
+SLURM_PROCID (which mpirun's daemons inherit).
 
 MPI only where MPI's library speaks the launcher's protocol: the project's MPI (the MPICH wheel)
 speaks PMI, which hydra, Intel MPI and srun --mpi=pmi2 serve. Under Open MPI's mpirun or
@@ -53,7 +55,7 @@ from .launcher_detectors import (EnvInit, FoundWorld, JobSet, KubeflowPyTorchJob
 
 __all__ = ["DETECTORS", "FoundWorld", "LauncherError", "claiming", "detect", "mpi_launched"]
 
-DETECTORS = (Torchrun(), KubeflowPyTorchJob(), JobSet(), EnvInit(), Mpi(), OpenMpi(), Slurm(), KubeflowTrainer())
+DETECTORS = (Torchrun(), KubeflowPyTorchJob(), JobSet(), Mpi(), EnvInit(), OpenMpi(), Slurm(), KubeflowTrainer())
 
 
 def detect(environ=None, launcher: str = "") -> FoundWorld | None:

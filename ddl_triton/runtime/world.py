@@ -186,7 +186,8 @@ def _world_bootstrap(opts: Options, store, rank, size):
     if store is None:
         from mpi4py import MPI
         if mpi_launched(launcher=opts.launcher):
-            return _found(MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout), detect(launcher=opts.launcher).explain())
+            how = detect(launcher=opts.launcher).explain()
+            return _found(MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout), how)
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             from torch.distributed.distributed_c10d import _get_default_store

@@ -228,6 +228,7 @@ def test_order_is_the_options_list():
     ({**TRAINER, **TORCHRUN}, "torchrun"),           # torchrun in a Trainer v2 pod
     ({**SRUN, "RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "a", "MASTER_PORT": "1"}, "env"),  # a wrapper's RANK
     ({**SRUN, **HYDRA}, "mpi"),                       # mpiexec (hydra) inside an allocation
+    ({**HYDRA, "RANK": "1", "WORLD_SIZE": "4"}, "mpi"),  # under MPI, MPI's ranks (RANK must agree)
     ({**SRUN, **OMPI4}, "open-mpi"),                  # Open MPI's mpirun inside an allocation
     (SRUN_PMIX, "slurm"),                             # srun --mpi=pmix: the MPICH wheel cannot speak PMIx
     ({**SRUN, "PMI_RANK": "2", "PMI_SIZE": "4", "PMI_FD": "5"}, "mpi"),  # srun --mpi=pmi2: MPI's world
