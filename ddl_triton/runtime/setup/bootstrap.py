@@ -16,13 +16,14 @@ more:
 
 Two implementations:
 
-- ``MpiBootstrap``: an MPI communicator (launched by ``mpiexec``/``ddlrun``/``srun``), as
+- ``MpiBootstrap``: an MPI communicator (launched by ``mpiexec``/``ddlrun``/``srun --mpi=pmi2``), as
   ddl_triton always did. Hosts come from ``Split_type(COMM_TYPE_SHARED)``; the inter-node
   transport is MPI (transports/mpi.py).
 - ``StoreBootstrap``: a ``torch.distributed.Store`` (TCPStore, FileStore, HashStore, or any
   store torch hands to a backend), with the rank and size the launcher gave. This is how
-  ddl_triton runs under ``torchrun``, ``torch.multiprocessing.spawn``, SLURM with ``env://``
-  and torch's test harnesses, whose processes MPI sees as singletons of size 1. Hosts come
+  ddl_triton runs under ``torchrun``, ``torch.multiprocessing.spawn``, plain ``srun``, Open MPI's
+  ``mpirun``, Kubeflow, ``env://`` and torch's test harnesses, whose processes MPI sees as
+  singletons of size 1. Hosts come
   from the host name and boot id every rank posts; the inter-node transport is torch's gloo
   (transports/gloo.py), on a process group over the same store.
 
@@ -38,8 +39,8 @@ key (or the MPI step) and this rank. Every step of either bootstrap is bounded b
 (MPI's through nonblocking collectives), so a rank that fails init cannot hang the others.
 
 ``ddl_triton.init`` picks the bootstrap (see its docstring): an MPI launch means MPI;
-otherwise an explicit store, torch's default process group's store, or the standard
-``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables (``store_from_env``).
+otherwise an explicit store, torch's default process group's store, or the store the launcher's
+own variables describe (ddl_triton/launch/launchers.py; ``store_of_launcher``, over ``store_from_env``).
 """
 from __future__ import annotations
 
