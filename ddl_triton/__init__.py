@@ -36,6 +36,13 @@ _SUBPACKAGES = {"kernels", "launch", "observability", "planning", "runtime", "sc
                 "torch", "transports", "tuning"}
 
 
+# MPI starts at the first import of mpi4py.MPI: as the launcher's world, or as a world of one where
+# the world comes from elsewhere (ddl_triton/launch/launchers.py; light: no torch, no MPI).
+from .launch.mpi_start import install_mpi_start  # noqa: E402
+
+install_mpi_start()
+
+
 def __getattr__(name: str):
     if name in _HOMES:
         value = getattr(importlib.import_module(_HOMES[name]), name)

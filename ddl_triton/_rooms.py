@@ -31,7 +31,7 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("launch", ()),
     ("testbed", ()),
     ("observability", ("schedules", "transports")),
-    ("runtime", ("kernels", "observability", "planning", "schedules", "transports")),
+    ("runtime", ("kernels", "launch", "observability", "planning", "schedules", "transports")),
     ("tuning", ("kernels", "planning", "runtime", "schedules")),
     ("simulation", ("planning", "runtime", "schedules", "testbed", "transports")),
     ("gradients", ("runtime", "tuning")),

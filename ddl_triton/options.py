@@ -24,6 +24,21 @@ OTHER_VARIABLES = {
 }
 
 
+# The launchers whose variables ddl_triton reads, in the order it tries them (Options.launcher;
+# ddl_triton/launch/launchers.py has one detector for each).
+LAUNCHERS = ("torchrun", "kubeflow-pytorchjob", "jobset", "mpi", "env", "open-mpi", "slurm", "kubeflow-trainer")
+
+
+def launcher_from_env(environ=None) -> str:
+    """DDL_LAUNCHER alone (``Options.launcher``), for its one reader that runs before any Options
+    exist: MPI's start (ddl_triton/launch/launchers.py). ValueError for a name not in LAUNCHERS."""
+    value = (os.environ if environ is None else environ).get("DDL_LAUNCHER", "")
+    if value and value not in LAUNCHERS:
+        raise ValueError(f"Options.launcher (DDL_LAUNCHER) must be '' (find it) or one of {', '.join(LAUNCHERS)}, "
+                         f"got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Options:
     """Configuration of a communicator. Unknown names are rejected.
@@ -78,6 +93,10 @@ class Options:
                                           proving it holds it (ddl_triton/job_secret.py). ddlrun
                                           draws one for its ranks; under torchrun or env:// set the same
                                           value for every process. "" (default): no process may join
+    launcher (DDL_LAUNCHER)               "" (default): find the world from the launcher's variables, trying
+                                          each of LAUNCHERS in order (ddl_triton/launch/launchers.py);
+                                          a name of LAUNCHERS: read that launcher's variables only ("mpi":
+                                          MPI's world, for an mpi4py built on Open MPI under its mpirun)
     """
 
     timeout: float = 300.0
@@ -101,6 +120,7 @@ class Options:
     compression: str = "none"
     link_probe: bool = True
     job_secret: str = dataclasses.field(default="", repr=False)  # a credential: never printed
+    launcher: str = ""
 
     def __post_init__(self) -> None:
         if not self.timeout > 0:
@@ -121,6 +141,9 @@ class Options:
         if self.kernels not in ("auto", "torch", "triton"):
             raise ValueError(f"Options.kernels must be 'auto', 'torch' or 'triton', got {self.kernels!r}")
         compression_methods.check_choice(self.compression, "Options.compression (DDL_COMPRESSION)")
+        if self.launcher and self.launcher not in LAUNCHERS:
+            raise ValueError(f"Options.launcher (DDL_LAUNCHER) must be '' (find it) or one of {', '.join(LAUNCHERS)}, "
+                             f"got {self.launcher!r}")
         if self.job_secret and len(self.job_secret) < 16:
             # the length only: an error message must not quote a credential
             raise ValueError(f"Options.job_secret (DDL_JOB_SECRET) must be at least 16 characters, got "

@@ -1,8 +1,10 @@
 """The communicator JAX code runs on, and Horovod's questions about it: ``rank()``, ``size()``, ...
 
-``init()`` is ``ddl_triton.init()``: under ddlrun, mpiexec or srun (PMI) the MPI world; otherwise
-the standard variables RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a TCPStore on rank 0, gloo
-between hosts); with neither, a world of one. It is idempotent, and every function of
+``init()`` is ``ddl_triton.init()``: under ddlrun, mpiexec or srun --mpi=pmi2 the MPI world;
+otherwise the world the launcher's variables describe (torchrun or env:// RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT; plain srun; Open MPI's mpirun; Kubeflow; JobSet:
+ddl_triton/launch/launchers.py), over a TCPStore on rank 0 and gloo between hosts; with
+none, a world of one. It is idempotent, and every function of
 ``ddl_triton.jax`` uses that world communicator unless given ``comm=`` (another
 ``ddl_triton.Communicator``, e.g. ``ddl_triton.init(sub_comm)``). No torch.distributed call is
 needed, or made, in the user's script.

@@ -47,13 +47,14 @@ class Plan:
     grid: tuple[int, ...] | None = None        # for topology-aware schedules
     algos: tuple[str, ...] | None = None       # per grid dimension (multidim / hierarchical)
     estimates: tuple[tuple[str, float], ...] = ()  # modelled seconds of every candidate
+    world: str = ""  # how the communicator's world was found (Communicator.explain; ddl_triton/launch/launchers.py)
 
     def __str__(self) -> str:
         extra = f", grid {'x'.join(map(str, self.grid))}" if self.grid else ""
         extra += f", per-dimension {'/'.join(self.algos)}" if self.algos else ""
         est = "; ".join(f"{n} {t * 1e6:.0f} us" for n, t in self.estimates)
         return (f"{self.schedule} (chunk {self.chunk_elems} elements{extra}): {self.reason}"
-                + (f" [model: {est}]" if est else ""))
+                + (f" [model: {est}]" if est else "") + (f"\nworld: {self.world}" if self.world else ""))
 
 
 # The planner never costs more than this many chunks: timing a 64 MiB schedule step by step

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import functools
 import weakref
 
@@ -229,13 +230,14 @@ class Communicator:
         dtype = torch_dtype(self.rank, dtype)
         plan = self._planner.plan(collective, nbytes, dtype)
         small = self._runner.small
+        world = self._bootstrap.launcher  # the launcher line: how this world was found
         if collective == "allreduce" and self._runner.plans.takes_small_path(small, nbytes // dtype.itemsize, dtype):
             where = ("every peer on shm", "small_allreduce.py") if isinstance(small, SmallAllreduce) else \
                 (f"every peer through the call lane on {self._lane.counter.name}", "small_allreduce_two_sided.py")
             return Plan(plan.schedule, plan.chunk_elems, plan.reason + f"; runs the small-message path "
                         f"({where[0]} and {nbytes} B <= {small.limit} B: ddl_triton/runtime/lanes/{where[1]})",
-                        estimates=plan.estimates)
-        return plan
+                        estimates=plan.estimates, world=world)
+        return dataclasses.replace(plan, world=world)
 
     def close(self, how: Leaving = Leaving.CLOSED) -> None:
         """Finish queued work, tell the peers that this rank left (``how``: farewell.py; a peer waiting

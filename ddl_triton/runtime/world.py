@@ -102,11 +102,13 @@ def init(mpi_comm=None, options: Options | None = None, *, store=None, rank: int
     1. ``mpi_comm``: that MPI communicator (a sub-group: ``ddl_triton.init(sub_comm)``).
     2. ``store``, ``rank``, ``size``: a ``torch.distributed.Store`` (TCPStore, FileStore, ...)
        and this process's place in a world of ``size`` ranks: the world communicator.
-    3. The world, launched by MPI (mpiexec, ddlrun, srun with PMI): ``MPI.COMM_WORLD``.
+    3. The world, launched by MPI (mpiexec, ddlrun, srun --mpi=pmi2): ``MPI.COMM_WORLD``.
     4. The world, not launched by MPI: torch's default process group, when one is
-       initialized (its store, ranks and size); else the standard variables RANK, WORLD_SIZE,
-       MASTER_ADDR and MASTER_PORT (torchrun sets them; rank 0 serves a TCPStore on
-       MASTER_PORT); else a world of one.
+       initialized (its store, ranks and size); else the world the launcher's variables
+       describe (ddl_triton/launch/launchers.py: torchrun, a Kubeflow PyTorchJob, a
+       JobSet, env:// RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Open MPI's mpirun, Slurm's srun,
+       Kubeflow Trainer; rank 0 serves a TCPStore where they say); else a world of one.
+       ``Options.launcher`` (DDL_LAUNCHER) names the launcher instead of finding it.
 
     Under MPI the inter-node transport is MPI; over a store it is gloo (a gloo process
     group on the same store). Within a host it is shared memory either way.
@@ -177,23 +179,45 @@ _store_worlds = 0  # world communicators made over stores in this process: each 
 def _world_bootstrap(opts: Options, store, rank, size):
     """The world's bootstrap, chosen as ``init`` documents (steps 2-4)."""
     global _store_worlds
-    from .setup.bootstrap import MpiBootstrap, StoreBootstrap, launched_by_mpi, store_from_env
+    from ..launch.launchers import detect, mpi_launched
+    from .setup.bootstrap import MpiBootstrap, StoreBootstrap, store_of_launcher
 
+    found = None
     if store is None:
-        if launched_by_mpi():
-            from mpi4py import MPI
-            return MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout)
+        from mpi4py import MPI
+        if mpi_launched(launcher=opts.launcher):
+            how = detect(launcher=opts.launcher).explain()
+            return _found(MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout), how)
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             from torch.distributed.distributed_c10d import _get_default_store
             store, rank, size = _get_default_store(), dist.get_rank(), dist.get_world_size()
-        elif any(v in os.environ for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
-            store, rank, size = store_from_env(opts.timeout)
         else:
-            from mpi4py import MPI
-            return MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout)  # a world of one (an MPI singleton)
+            found = detect(launcher=opts.launcher)
+            if found is None:  # a world of one (an MPI singleton)
+                return _found(MpiBootstrap(MPI.COMM_WORLD, timeout=opts.timeout),
+                              "no launcher's variables: a world of one")
+            store, rank, size = store_of_launcher(found, opts.timeout)
     _store_worlds += 1
-    return StoreBootstrap(store, rank, size, timeout=opts.timeout, prefix=f"ddl_triton/world{_store_worlds}")
+    made = StoreBootstrap(store, rank, size, timeout=opts.timeout, prefix=f"ddl_triton/world{_store_worlds}")
+    return _found(made, found.explain() if found is not None else _given(opts))
+
+
+def _given(opts: Options) -> str:
+    """The launcher line of a world over a store handed to ``init`` (torch's default group's, say)."""
+    from ..launch.launchers import detect
+    line = "store, rank and size given (torch's default process group, or ddl_triton.init(store=...))"
+    try:
+        found = detect(launcher=opts.launcher)
+    except ValueError:
+        found = None
+    return f"{line}; {found.explain()}" if found is not None else line
+
+
+def _found(bootstrap, how: str):
+    """``bootstrap``, saying how its world was found (``Communicator.explain`` reports it)."""
+    bootstrap.launcher = how
+    return bootstrap
 
 
 def _check_same_options(world: Communicator, options: Options | None, overrides: dict) -> None:

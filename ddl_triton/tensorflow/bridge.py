@@ -35,7 +35,7 @@ _DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int32, tf.int64) 
 
 def comm():
     """The world communicator: the one ``ddl_triton.init()`` made, else made now (ddlrun/mpiexec,
-    or env:// RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Called when a collective is written
+    or the launcher's variables: ddl_triton/launch/launchers.py). Called when a collective is written
     (eagerly, or while ``tf.function`` traces), so MPI starts on the user's thread, not TF's."""
     from ..elastic import world as elastic_world
     if elastic_world.current() is not None:  # an elastic job: the stand-in that follows every re-form

@@ -49,8 +49,9 @@ _NO_SETS = "ddl_triton has no process sets: every call runs on the world"
 
 
 def init(comm=None, process_sets=None, **options):
-    """The world communicator: ``ddl_triton.init(**options)`` (ddlrun/mpiexec, or env:// RANK,
-    WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no torch.distributed call needed). Idempotent. Horovod's
+    """The world communicator: ``ddl_triton.init(**options)`` (ddlrun/mpiexec, or the world the
+    launcher's variables describe: torchrun/env://, plain srun, Open MPI's mpirun, Kubeflow, JobSet;
+    ddl_triton/launch/launchers.py; no torch.distributed call needed). Idempotent. Horovod's
     ``comm`` (an MPI sub-communicator) and ``process_sets`` are refused unless None."""
     if comm is not None or process_sets is not None:
         raise ValueError("ddl_triton.tensorflow.init: Horovod's comm= and process_sets= are not supported (this "

@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 
 import torch.distributed as dist
 
-from ..runtime.setup.bootstrap import launched_by_mpi
 from ..options import Options
+from ..runtime.setup.bootstrap import launched_by_mpi, launcher_world, store_of_launcher
 from ..runtime.setup.bootstrap_values import BootstrapError, mpi_allgather, mpi_bcast, mpi_dup, mpi_wait, shaped
 from ..transports.job_network import job_address, serve_store
 
@@ -97,14 +97,37 @@ def mpi_rendezvous(url: str, timeout: timedelta = timedelta(minutes=30), **kwarg
     raise RuntimeError("ddl:// rendezvous cannot re-rendezvous")
 
 
+def launcher_rendezvous(found, url: str, timeout: timedelta):
+    """Yields (TCPStore, rank, size) of the world a launcher's variables describe (Slurm, Open MPI,
+    Kubeflow, JobSet: launchers.py), where torch's ``env://`` would find no RANK, or the wrong one."""
+    limit = min(timeout.total_seconds(), Options.from_env().timeout)
+    query = dict(p.split("=", 1) for p in urlparse(url).query.split("&") if "=" in p)
+    for name, mine in (("rank", found.rank), ("world_size", found.size)):
+        if int(query.get(name, -1)) not in (-1, mine):
+            raise ValueError(f"rank {found.rank}: ddl backend: init_process_group was given {name}={query[name]}, but "
+                             f"the launcher's variables say {mine} ({found.explain()})")
+    store, rank, size = store_of_launcher(found, limit)
+    yield store, rank, size
+    raise RuntimeError("the launcher's rendezvous cannot re-rendezvous")
+
+
 def _env_or_mpi(original):
-    """Wrap torch's ``env://`` handler: unchanged when MASTER_ADDR is set or MPI did not launch this
-    process; otherwise (where torch would fail) rendezvous over MPI."""
+    """Wrap torch's ``env://`` handler: unchanged under torchrun and env:// variables, or MPI with
+    MASTER_ADDR set; over MPI under an MPI launcher; otherwise, where torch would find no RANK (or a
+    pod's index as RANK), at the store the launcher's variables describe (launchers.py)."""
     def handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs):
-        if os.environ.get("MASTER_ADDR") or not launched_by_mpi():
+        launcher = Options.from_env().launcher
+        if launched_by_mpi():
+            if os.environ.get("MASTER_ADDR"):
+                yield from original(url, timeout=timeout, **kwargs)
+            else:
+                yield from mpi_rendezvous(url, timeout=timeout, **kwargs)
+            return
+        found = launcher_world(launcher)
+        if found is None or found.launcher in ("torchrun", "env"):
             yield from original(url, timeout=timeout, **kwargs)
         else:
-            yield from mpi_rendezvous(url, timeout=timeout, **kwargs)
+            yield from launcher_rendezvous(found, url, timeout)
     handler._ddl_wraps = original
     return handler
 

@@ -16,13 +16,14 @@ more:
 
 Two implementations:
 
-- ``MpiBootstrap``: an MPI communicator (launched by ``mpiexec``/``ddlrun``/``srun``), as
+- ``MpiBootstrap``: an MPI communicator (launched by ``mpiexec``/``ddlrun``/``srun --mpi=pmi2``), as
   ddl_triton always did. Hosts come from ``Split_type(COMM_TYPE_SHARED)``; the inter-node
   transport is MPI (transports/mpi.py).
 - ``StoreBootstrap``: a ``torch.distributed.Store`` (TCPStore, FileStore, HashStore, or any
   store torch hands to a backend), with the rank and size the launcher gave. This is how
-  ddl_triton runs under ``torchrun``, ``torch.multiprocessing.spawn``, SLURM with ``env://``
-  and torch's test harnesses, whose processes MPI sees as singletons of size 1. Hosts come
+  ddl_triton runs under ``torchrun``, ``torch.multiprocessing.spawn``, plain ``srun``, Open MPI's
+  ``mpirun``, Kubeflow, ``env://`` and torch's test harnesses, whose processes MPI sees as
+  singletons of size 1. Hosts come
   from the host name and boot id every rank posts; the inter-node transport is torch's gloo
   (transports/gloo.py), on a process group over the same store.
 
@@ -38,8 +39,8 @@ key (or the MPI step) and this rank. Every step of either bootstrap is bounded b
 (MPI's through nonblocking collectives), so a rank that fails init cannot hang the others.
 
 ``ddl_triton.init`` picks the bootstrap (see its docstring): an MPI launch means MPI;
-otherwise an explicit store, torch's default process group's store, or the standard
-``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables (``store_from_env``).
+otherwise an explicit store, torch's default process group's store, or the store the launcher's
+own variables describe (ddl_triton/launch/launchers.py; ``store_of_launcher``, over ``store_from_env``).
 """
 from __future__ import annotations
 
@@ -56,14 +57,12 @@ from ...errors import DDLError
 from ...transports.job_network import serve_store
 from .bootstrap_values import (BootstrapError, BootstrapTimeout, checked, decode, encode, mpi_allgather,
                                mpi_barrier, mpi_bcast, mpi_wait, shaped)
+from ...launch.launchers import detect, mpi_launched
 from .roll_call import RollCall
 
 __all__ = ["BootstrapError", "BootstrapTimeout", "MpiBootstrap", "StoreBootstrap", "as_bootstrap", "host_id",
-           "launched_by_mpi", "store_from_env"]
+           "launched_by_mpi", "launcher_world", "store_from_env", "store_of_launcher"]
 
-# Environment variables an MPI launcher (hydra's mpiexec, Open MPI's, MVAPICH's, srun with PMI/PMIx)
-# sets in every process it starts.
-_MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 _POLL_FIRST = 1e-3   # seconds between the first store polls; doubled up to _POLL_MAX (waits yield the CPU)
 _POLL_MAX = 0.05
 # How long a rank that found a world-size mismatch waits for the other ranks it heard from to
@@ -76,8 +75,9 @@ _DEFAULT_TIMEOUT = 300.0  # Options.timeout's default, for bootstraps made witho
 
 
 def launched_by_mpi() -> bool:
-    """True when an MPI launcher (mpiexec, ddlrun, srun with PMI) started this process."""
-    return any(v in os.environ for v in _MPI_LAUNCH_VARS)
+    """True when this process's world is MPI's: an MPI launcher whose protocol the MPI library speaks
+    (mpiexec, ddlrun, srun --mpi=pmi2) started it, or DDL_LAUNCHER=mpi (ddl_triton/launch/launchers.py)."""
+    return mpi_launched()
 
 
 def as_bootstrap(comm_or_bootstrap, timeout: float = _DEFAULT_TIMEOUT):
@@ -99,6 +99,7 @@ class MpiBootstrap:
     second duplicate of its own) finds the ranks that did not arrive, for the error to name."""
 
     kind = "mpi"
+    launcher = ""  # how the world was found (launchers.py), for explain; set by ddl_triton.init
 
     def __init__(self, mpi_comm, *, dup: bool = True, timeout: float = _DEFAULT_TIMEOUT,
                  roll: RollCall | None = None):
@@ -189,6 +190,7 @@ class StoreBootstrap:
     with emulated nodes (DDL_TOPOLOGY) names its emulated node there."""
 
     kind = "store"
+    launcher = ""  # how the world was found (launchers.py), for explain; set by ddl_triton.init
 
     def __init__(self, store, rank: int, size: int, *, timeout: float, prefix: str = "ddl_triton",
                  world_rank: int | None = None, world_size: int | None = None, host: str | None = None):
@@ -416,3 +418,19 @@ def store_from_env(timeout: float, environ=None):
                              f"({str(e).splitlines()[0]}); is rank 0 running, with the same MASTER_ADDR and "
                              "MASTER_PORT?") from None
     return store, rank, size
+
+
+def launcher_world(launcher: str = ""):
+    """The world the launcher's variables describe (ddl_triton/launch/launchers.py ``detect``: a
+    ``FoundWorld``, or None), ``launcher`` (Options.launcher) naming the one to read."""
+    return detect(launcher=launcher)
+
+
+def store_of_launcher(found, timeout: float):
+    """(store, rank, size) of the world a launcher's variables describe at a store
+    (ddl_triton/launch/launchers.py's ``FoundWorld``), as ``store_from_env`` makes it; a failure
+    also names the launcher and where the store's address came from."""
+    try:
+        return store_from_env(timeout, found.store_environment())
+    except BootstrapError as e:
+        raise BootstrapError(f"{e} [the world: {found.explain()}]") from None
