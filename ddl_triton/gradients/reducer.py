@@ -6,7 +6,7 @@ is made with a ``setting``, one of ``compression_methods.choices()``:
 
     setting   a bucket of float32 / float16 / bfloat16 is sent
     "none"    in full precision (the communicator's own allreduce)
-    a method  with that method's row of ddl_triton/compression_methods.py (int8, onebit, fp16, bf16,
+    a method  with that method's row of ddl_triton/compression_methods.py (int8, int4, onebit, fp16, bf16,
               or one registered), with error feedback where the row keeps it. Where it runs is the
               adapter's ``named`` scope: "world" (JAX, TensorFlow: the method's allreduce over the
               whole communicator) or "levels" (torch's ``Options.compression`` and

@@ -70,7 +70,7 @@ class HookState:
     parameter; a layer of small gradients then is not sent at the scale of a layer of large ones).
     compression: what ``auto_compress_hook`` sends between hosts: "auto" (default: decided per
     bucket size, ddl_triton/tuning/auto_compression.py), a method of ddl_triton/compression_methods.py
-    (int8, onebit, fp16, bf16, or one registered) or "none" (fp32 everywhere).
+    (int8, int4, onebit, fp16, bf16, or one registered) or "none" (fp32 everywhere).
     Counters: ``calls`` (hook invocations), ``grad_bytes`` (bucket bytes handed to the hooks),
     ``payload_bytes`` (bytes the hooks' algorithms send from this rank, computed from their
     layouts; for allreduce_hook that of a bandwidth-optimal ring, 2(n-1)/n * bytes),

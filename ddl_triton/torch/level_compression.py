@@ -10,7 +10,7 @@ DDP's bucket index, in ``HookState``) and the "ddl" process group's allreduce un
 persist across steps). For a call of ``nbytes`` it decides the inter-host method:
 
     setting   method between hosts
-    a method  that method's row of ddl_triton/compression_methods.py (int8, onebit, fp16, bf16, or
+    a method  that method's row of ddl_triton/compression_methods.py (int8, int4, onebit, fp16, bf16, or
               one registered), with error feedback where the row keeps it (full precision on one
               host: nothing to save)
     "auto"    what ddl_triton/tuning/auto_compression.py decides for this size: the tuning table's
