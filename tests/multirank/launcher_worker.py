@@ -9,6 +9,8 @@ Any mismatch raises (exit status 1); a clean run exits 0.
 """
 from __future__ import annotations
 
+import faulthandler
+import signal
 import socket
 
 import torch
@@ -19,6 +21,8 @@ import ddl_triton.torch  # noqa: F401  (registers "ddl")
 
 
 def main() -> None:
+    # The test sends SIGUSR1 to a rank still running at its deadline: every thread's stack, for the report.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     dist.init_process_group("ddl")
     rank, size = dist.get_rank(), dist.get_world_size()
     triangle = size * (size + 1) // 2

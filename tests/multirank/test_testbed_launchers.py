@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,11 @@ def _start_all(bed, variables, timeout: float = 150) -> list[tuple[int, str]]:
                 deadline = min(deadline, time.monotonic() + 15)
             time.sleep(0.2)
     finally:
+        hung = [p for p in procs if p.poll() is None]
+        for p in hung:  # every thread's stack into its output first (launcher_worker.py registers it)
+            p.send_signal(signal.SIGUSR1)
+        if hung:
+            time.sleep(2)
         for p in procs:
             if p.poll() is None:
                 p.kill()
