@@ -20,7 +20,7 @@ is the world communicator, so ``ddl_triton.init()`` (the hooks' default) returns
 
 The only import-time effect is that registration (idempotent). Gradient compression hooks
 live in ``ddl_triton.torch.hooks`` (imported on demand). Outer-sync training across slow links:
-``DiLoCo`` (diloco.py) and ``host_group()`` (host_group.py), loaded on first use.
+``DiLoCo`` (diloco.py) and ``host_group()`` (hosts.py), loaded on first use.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from .rendezvous import RENDEZVOUS_SCHEME
 __all__ = ["BACKEND_NAME", "DdlProcessGroup", "DiLoCo", "RENDEZVOUS_SCHEME", "create_process_group", "host_group",
            "init_process_group", "register"]
 
-_LAZY = {"DiLoCo": ".diloco", "host_group": ".host_group"}
+_LAZY = {"DiLoCo": ".diloco", "host_group": ".hosts"}
 
 
 def __getattr__(name: str):
