@@ -27,6 +27,7 @@ its NumPy buffers as torch: ddl_triton/runtime/arrays.py).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import compression_methods
@@ -72,16 +73,17 @@ class OuterSync:
     # -- one fragment's sync ---------------------------------------------------------------------
     def set_backup(self, fragment: int, flat: torch.Tensor) -> None:
         """Hold ``flat`` (copied) as the fragment's global parameters."""
-        self.backups[fragment] = flat.detach().to("cpu", copy=True).contiguous()
+        self.backups[fragment] = _as_torch(flat).detach().to("cpu", copy=True).contiguous()
 
     def start(self, fragment: int, local: torch.Tensor) -> None:
         """Begin averaging the fragment's pseudo-gradient, backup - ``local`` (its flat local
-        parameters), over the outer group (asynchronous; collective in schedule order)."""
+        parameters, a torch tensor or a NumPy array), over the outer group (asynchronous; collective in
+        schedule order)."""
         if fragment in self._pending:
             raise RuntimeError(f"rank {self.comm.rank}: {self.who}: fragment {fragment} started twice without being "
                                "applied")
         backup = self._backup(fragment)
-        pseudo = backup - local.detach().to("cpu", dtype=backup.dtype).reshape(-1)
+        pseudo = backup - _as_torch(local).detach().to("cpu", dtype=backup.dtype).reshape(-1)
         self._pending[fragment] = self.average.start(pseudo.contiguous(), fragment)
 
     def finish(self, fragment: int, local: torch.Tensor | None = None) -> torch.Tensor:
@@ -151,3 +153,8 @@ class OuterSync:
         if b is None:
             raise RuntimeError(f"rank {self.comm.rank}: {self.who}: fragment {fragment} has no backup (set_backup first)")
         return b
+
+
+def _as_torch(x) -> torch.Tensor:
+    """A torch tensor as it is; a NumPy array (JAX's host buffers) as a torch view of a contiguous copy."""
+    return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.array(x, copy=True, order="C"))
