@@ -62,7 +62,8 @@ class OuterSync:
         self.step = 0
         self.backups: list[torch.Tensor | None] = [None] * fragments
         self._pending: dict[int, object] = {}
-        self.average = OuterAverage(comm, setting, replicas, block=block, error_feedback=error_feedback)
+        self._averaging = dict(replicas=replicas, block=block, error_feedback=error_feedback)
+        self.average = OuterAverage(comm, setting, **self._averaging)
 
     # -- the schedule ----------------------------------------------------------------------------
     def advance(self) -> tuple[int | None, int | None]:
@@ -141,6 +142,18 @@ class OuterSync:
         """Forget every fragment's error feedback."""
         if self.average.residuals is not None:
             self.average.residuals.clear()
+
+    def follow(self, comm) -> None:
+        """Average over ``comm`` from now on (an elastic job's new world): averages in flight are
+        dropped (redone at their apply step), the residuals start from zero (the old world made
+        them), the old world's groups are closed (an error there is the old world's, and ignored)."""
+        self._pending.clear()
+        try:
+            self.average.close()
+        except Exception:  # noqa: BLE001 - the old world is gone: nothing of it is needed any more
+            pass
+        self.comm = comm
+        self.average = OuterAverage(comm, self.compression, **self._averaging)
 
     def close(self) -> None:
         """Wait for what is in flight and close the groups made here (never ``comm``)."""

@@ -145,6 +145,13 @@ class DiLoCo:
             self.core.close()
 
     # -- state (elastic, checkpoints) ------------------------------------------------------------
+    def follow(self, comm) -> None:
+        """Average over ``comm`` from now on: an elastic job's new world (ddl_triton.torch.elastic calls it
+        for a ``TorchState(..., diloco=this)``); averages in flight and residuals start again."""
+        self.comm = comm
+        self.rank = comm.rank
+        self.core.follow(comm)
+
     def state_dict(self) -> dict:
         """{"outer_sync": the core's state (step, backups, residuals), "outer_optimizer": its state_dict}."""
         return {"outer_sync": self.core.state_dict(), "outer_optimizer": self.outer_optimizer.state_dict()}

@@ -217,3 +217,44 @@ def test_diloco_refuses_bad_input_naming_the_rank(kind, exc, why):
     with pytest.raises(exc) as e:
         _bad(kind)
     assert why in str(e.value) and "rank 0" in str(e.value), str(e.value)
+
+
+def test_an_elastic_state_keeps_and_sends_diloco_backups_step_and_outer_optimizer():
+    # ddl_triton.torch.elastic.TorchState(diloco=...): an outer step undone by restore(), and the
+    # state's bytes and manifest (what a new world's ranks receive) carry the backups, the step and
+    # the outer optimizer's momentum.
+    from ddl_triton.torch.diloco import DiLoCo
+    from ddl_triton.torch.elastic import TorchState
+
+    def made():
+        m = _model()
+        inner = torch.optim.SGD(m.parameters(), lr=0.125)
+        outer = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.5)
+        return m, inner, DiLoCo(m, inner, outer, sync_every=2, comm=OneRank())
+
+    m, inner, d = made()
+    state = TorchState(m, inner, diloco=d, batch=0)
+    with d:
+        _train(m, inner, 2)  # one outer step: momentum now held
+        state.commit()
+        kept = [b.clone() for b in d.core.backups], [p.detach().clone() for p in m.parameters()]
+        _train(m, inner, 2)  # another outer step, undone below
+        assert d.step == 4
+        state.restore()
+    assert d.step == 2
+    assert all(torch.equal(a, b) for a, b in zip(kept[0], d.core.backups))
+    assert all(torch.equal(a, b.detach()) for a, b in zip(kept[1], m.parameters()))
+    momentum = [d.outer_optimizer.state[p]["momentum_buffer"].clone() for p in m.parameters()]
+
+    tensors, manifest = state._packed()
+    m2, inner2, d2 = made()
+    other = TorchState(m2, inner2, diloco=d2, batch=0)
+    got = other._receiving(manifest, 0, 0)
+    for a, b in zip(got, tensors):
+        a.copy_(b)
+    other._load(manifest, got)
+    assert d2.step == 2 and all(torch.equal(a, b) for a, b in zip(d.core.backups, d2.core.backups))
+    assert all(torch.equal(a, d2.outer_optimizer.state[p]["momentum_buffer"]) for a, p in
+               zip(momentum, m2.parameters()))
+    d.close()
+    d2.close()
