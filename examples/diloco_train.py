@@ -57,6 +57,12 @@ def identical_everywhere(comm, text: str) -> bool:
     return bool((every == every[0]).all())
 
 
+def _outer_state(opt: torch.optim.Optimizer) -> list:
+    """The outer optimizer's state tensors (momentum), in parameter order."""
+    return [v for g in opt.param_groups for p in g["params"] for _, v in sorted(opt.state.get(p, {}).items())
+            if isinstance(v, torch.Tensor)]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=192, help="inner steps")
@@ -93,8 +99,10 @@ def main(argv=None) -> int:
                         fragment_sync_delay=args.delay, compression=args.compression, replicas=args.replicas)
     record = open(args.record, "a") if args.record else None
     outer_steps = [0]
-    if args.die_at_outer:
-        def die(_optimizer, _args, _kwargs):  # the outer step is about to wait for the average in flight
+    if args.die_at_outer and args.elastic:
+        def die(_optimizer, _args, _kwargs):  # before an inner step whose hook applies a fragment
+            if diloco.core.schedule.syncs_at(diloco.step + 1) is None:
+                return
             outer_steps[0] += 1
             if outer_steps[0] == args.die_at_outer and elastic.generation() == 0 and comm.rank == 2:
                 os.kill(os.getpid(), signal.SIGKILL)  # this very process: provably ours
@@ -122,6 +130,7 @@ def main(argv=None) -> int:
                 text = digest(diloco.core.backups)
                 if record is not None:
                     record.write(json.dumps({"step": diloco.step, "rank": world.rank, "size": world.size,
+                                             "generation": elastic.generation() if args.elastic else 0,
                                              "hash": text, "t": time.time(), "pid": os.getpid()}) + "\n")
                     record.flush()
                 rounds = diloco.step // args.sync_every
@@ -131,6 +140,12 @@ def main(argv=None) -> int:
 
     if args.elastic:
         state = elastic.TorchState(model, inner, diloco=diloco, batch=0)
+        if record is not None:  # the state every rank holds once a world change is done: must be identical
+            state.register_reset_callbacks([lambda: record.write(json.dumps(
+                {"reset": True, "step": diloco.step, "rank": elastic.rank(), "size": elastic.size(),
+                 "generation": elastic.generation(), "hash": digest(diloco.core.backups),
+                 "params": digest(net.parameters()), "outer": digest(_outer_state(outer)),
+                 "pid": os.getpid()}) + "\n")])
         elastic.run(train)(state)
     else:
         train()
