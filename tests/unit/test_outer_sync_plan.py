@@ -132,3 +132,22 @@ def test_bad_numbers_are_refused_by_name():
         plan_sync(3_875_000, 0.004)  # keywords only: the DiLoCo engineer's contract
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan_sync(**ISSUE).sync_every = 2
+
+
+def test_the_simulators_crossover_is_where_the_plan_switches():
+    from ddl_triton.simulation.outer_sync_crossover import crossover
+
+    numbers = dict(model_bytes=3_875_000, step_s=0.004, hosts=2, link_latency_s=50e-6)
+    result = crossover(**numbers)
+    rates = dict(result.rates)
+    assert rates["fp32"] == pytest.approx(3_875_000 / (0.004 / 9 - 2 * 50e-6))
+    assert rates["int8"] == pytest.approx(rates["fp32"] * 8.125 / 32)
+    assert result.planner == rates["onebit"] == min(rates.values())
+    plan = dict(model_bytes=3_875_000, step_s=0.004, hosts=2, ranks_per_host=1, link_latency_s=50e-6,
+                max_sync_every=128)
+    assert plan_sync(**plan, link_bytes_per_s=result.planner * 1.001).mode == "per-step"
+    assert plan_sync(**plan, link_bytes_per_s=result.planner * 0.999).mode == "outer"
+    assert crossover(**numbers, per_step_compression=False).rates == (("fp32", rates["fp32"]),)
+    assert crossover(**{**numbers, "link_latency_s": 1e-3}).planner is None  # the latency alone exceeds 0.44 ms
+    assert crossover(**{**numbers, "hosts": 1}).planner == 0.0
+    assert crossover(**{**numbers, "model_bytes": 0}).planner == 0.0
