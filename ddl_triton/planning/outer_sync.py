@@ -27,9 +27,9 @@ Candidates, each with its exposed communication per inner step:
   every ``h`` inner steps, ``h`` the powers of two up to ``max_sync_every`` and the bound itself.
   With ``fragments`` = 1 the sync blocks: ``T/h`` exposed per inner step, ``T = allreduce(B_wire)``.
   With ``fragments`` = F > 1 (Streaming DiLoCo) the F fragments sync at staggered steps, one every
-  h/F inner steps, each overlapped with the h/F inner steps that follow it (the longest
-  ``fragment_sync_delay`` that keeps the fragments' transfers from queuing on the link): per inner
-  step ``max(0, T_F - h·step_s) / h`` exposed, ``T_F = F·2(n-1)·a + 2(n-1)/n·B_wire/r`` (each
+  h/F inner steps, each overlapped with the ``fragment_sync_delay`` = h/F - 1 inner steps that follow
+  it (the longest delay DiLoCo takes: a fragment is applied before its next sync starts): per inner
+  step ``max(0, T_F - (h - F)·step_s) / h`` exposed, ``T_F = F·2(n-1)·a + 2(n-1)/n·B_wire/r`` (each
   fragment pays the latency). Candidates with h < F are left out (a fragment per step at most).
   The outer optimizer's step and the pseudo-gradient's arithmetic are not counted; neither is the
   CPU a background transfer takes from the inner steps where ranks share cores.
@@ -184,7 +184,7 @@ def plan_sync(*, model_bytes: float, step_s: float, hosts: int, ranks_per_host: 
                 exposed = allreduce_seconds(model_bytes * bits / 32, **link) / h
             else:
                 total = allreduce_seconds(model_bytes * bits / 32, latency_terms=fragments, **link)
-                exposed = max(0.0, total - h * step_s) / h
+                exposed = max(0.0, total - (h - fragments) * step_s) / h
             candidates.append(_Candidate(f"outer H={h} {_label(method)}", "outer", method, h, exposed, bits))
 
     def reaches(c: _Candidate) -> bool:
