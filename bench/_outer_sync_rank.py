@@ -191,7 +191,8 @@ def run_config(name: str, cfg: dict, work: Workload, ctl: _Control, args) -> dic
         model = DDP(net, process_group=group)
     elif cfg["kind"] == "outer":
         from ddl_triton.torch import DiLoCo
-        outer = torch.optim.SGD(net.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        outer = torch.optim.SGD(net.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                                nesterov=args.outer_momentum > 0)
         diloco = DiLoCo(net, inner, outer, cfg["sync_every"], fragments=cfg["fragments"],
                         fragment_sync_delay=cfg["delay"], compression=cfg["compression"])
     g = torch.Generator().manual_seed(1000 + ctl.rank)
@@ -251,6 +252,9 @@ def main() -> int:
     p.add_argument("--link-rate", required=True, help="the tbf rate of each host's link (the planner's input)")
     p.add_argument("--link-iface", default="eth0")
     p.add_argument("--streaming-method", default="int8", help="the planner row's pseudo-gradient method")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer SGD (the paper's: 0.7, Nesterov "
+                   "momentum 0.9); 1.0 with momentum 0 is plain averaging of the replicas (local SGD)")
+    p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--json", required=True)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -287,7 +291,8 @@ def main() -> int:
                   f"{len(set(result['digests'])) == 1}", flush=True)
     if ctl.rank == 0:
         meta = {"workload": args.workload, "link_rate": args.link_rate, "hosts": ctl.size, "ranks_per_host": 1,
-                "steps": args.steps, "batch": args.batch, "model_bytes": model_bytes, "torch": torch.__version__}
+                "steps": args.steps, "batch": args.batch, "model_bytes": model_bytes, "torch": torch.__version__,
+                "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum}
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     dist.destroy_process_group()
     return 0

@@ -5,6 +5,8 @@ configuration per link rate and the measured crossover.
 Configuration names (``parse_config``):
 
     no-comm                     every rank trains alone at once: the layout's compute, no communication
+    no-comm again               the same, later in the job: utilisation is against the no-comm rows' mean,
+                                and their spread is the job's drift
     gloo fp32                   DDP on torch's gloo, full precision, every step
     ddl <c>                     DDP on "ddl" with Options.compression = c (fp32 = "none", auto, int8, ...)
     diloco H=<h>                ddl_triton.torch.DiLoCo, sync_every h, one fragment, fp32 pseudo-gradients
@@ -20,12 +22,13 @@ from __future__ import annotations
 import re
 
 TARGET_SLACK = 1.05
+_LOCAL = ("no-comm", "no-comm again")
 _OUTER = re.compile(r"^(diloco|streaming (\w+)) H=(\d+)(?: F=(\d+))?$")
 
 
 def parse_config(name: str) -> dict:
     """A configuration's name as a dict (module doc); ValueError for a name that is none of them."""
-    if name == "no-comm":
+    if name in _LOCAL:
         return {"kind": "local"}
     if name == "gloo fp32":
         return {"kind": "per-step", "backend": "gloo", "compression": "none"}
@@ -67,19 +70,21 @@ def rows(result: dict) -> list[dict]:
     by = {r["config"]: r for r in result["results"]}
     reference = by.get("gloo fp32")
     target = reference["final_eval_loss"] * TARGET_SLACK if reference else None
-    base = by.get("no-comm")
+    local = [r["train_s"] for r in result["results"] if r["config"] in _LOCAL]
+    base = sum(local) / len(local) if local else None
     out = []
     for r in result["results"]:
         name = r["config"]
+        is_local = name in _LOCAL
         out.append({
             "config": name if name != "planner" else f"planner: {r.get('planned', '?')}",
             "time_to_target_s": time_to_target(r["curve"], target) if target is not None else None,
             "train_s": r["train_s"],
             "final_eval_loss": r["final_eval_loss"],
             "vs_per_step": r["final_eval_loss"] / reference["final_eval_loss"] - 1 if reference else None,
-            "utilisation": base["train_s"] / r["train_s"] if base and name != "no-comm" else None,
+            "utilisation": base / r["train_s"] if base and not is_local else None,
             "mb_sent": sum(r["tx_bytes_per_host"]) / 1e6,
-            "identical": None if name == "no-comm" else len(set(r["digests"])) == 1,
+            "identical": None if is_local else len(set(r["digests"])) == 1,
         })
     return out
 

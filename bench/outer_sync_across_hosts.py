@@ -15,7 +15,7 @@ and workload one job: one ``torchrun --node-rank i`` per host at once (bench/_ho
 bench/_outer_sync_rank.py, which trains every configuration in turn in that job (its doc; the names
 are bench/_outer_sync_table.py's). The "no-comm" row, the same layout training without any
 communication in the same job, is what compute utilisation is measured against (the ranks share this
-VM's cores). Every job's JSON goes to ``<json-prefix><workload>-<rate>.json``, its hosts' exit codes
+VM's cores); a second no-comm row ends the job, so the two give the job's drift. Every job's JSON goes to ``<json-prefix><workload>-<rate>.json``, its hosts' exit codes
 beside it (``.codes.json``). The tables, the planner's choice against the best measured row, the
 measured crossover and the simulator's (ddl_triton/simulation/outer_sync_crossover.py, with the
 no-comm step time and the model's size) are printed, and written to ``--markdown`` when given.
@@ -42,7 +42,7 @@ OUTER = "diloco H=8,diloco H=32,diloco H=128,streaming {m} H=32 F=4"
 
 def default_configs(method: str, outer: bool) -> str:
     """Every row of the issue's matrix; the outer ones only where DiLoCo exists."""
-    return ",".join([PER_STEP] + ([OUTER.format(m=method), "planner"] if outer else []))
+    return ",".join([PER_STEP] + ([OUTER.format(m=method), "planner"] if outer else []) + ["no-comm again"])
 
 
 def streaming_method() -> str:
@@ -59,6 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--eval-every", type=int, default=16)
     p.add_argument("--configs", default="", help="comma list (default: every row the build can run)")
+    p.add_argument("--outer-lr", default="0.7", help="DiLoCo's outer SGD learning rate (the paper's 0.7)")
+    p.add_argument("--outer-momentum", default="0.9", help="its Nesterov momentum (0: none; with lr 1.0, plain "
+                   "averaging of the replicas)")
     p.add_argument("--port", type=int, default=29531)
     p.add_argument("--timeout", type=float, default=1200, help="seconds per job")
     p.add_argument("--json-prefix", default="build/outer-sync-")
@@ -91,7 +94,7 @@ def main(argv=None) -> int:
                 out.unlink(missing_ok=True)  # a failed job must not leave an older run's figures behind
                 script = [RANK_SCRIPT, "--workload", workload, "--steps", str(args.steps), "--configs", configs,
                           "--link-rate", rate, "--eval-every", str(args.eval_every), "--streaming-method", method,
-                          "--json", str(out)]
+                          "--outer-lr", args.outer_lr, "--outer-momentum", args.outer_momentum, "--json", str(out)]
                 print(f"# {workload}, {args.hosts} hosts x 1 rank, links {rate}: {configs}", flush=True)
                 codes = _job(bed, names, script, args.port + 10 * n + w, args.timeout)
                 (ROOT / f"{args.json_prefix}{workload}-{rate}.codes.json").write_text(json.dumps(codes))
@@ -140,9 +143,12 @@ def summarize(prefix: str, markdown_path: str = "") -> int:
         by_workload.setdefault(meta["workload"], {})[_rate_bits(meta["link_rate"])] = (table, result)
         top = best(table)
         planner = next((r for r in table if r["config"].startswith("planner")), None)
+        local = [r["train_s"] for r in result["results"] if r["config"] in ("no-comm", "no-comm again")]
+        drift = f"; no-comm {', '.join(f'{x:.2f}' for x in local)} s" if len(local) > 1 else ""
+        outer = f"; outer SGD lr {meta.get('outer_lr', 0.7)}, momentum {meta.get('outer_momentum', 0.9)}"
         text.append(f"\n### {meta['workload']}, {meta['hosts']} hosts x 1 rank, links {meta['link_rate']} "
-                    f"({meta['steps']} steps, batch {meta['batch']} per rank, {meta['model_bytes'] / 1e6:.2f} MB fp32; "
-                    f"exit codes {codes})\n")
+                    f"({meta['steps']} steps, batch {meta['batch']} per rank, {meta['model_bytes'] / 1e6:.2f} MB fp32"
+                    f"{outer}; exit codes {codes}{drift})\n")
         text.append(markdown(table))
         why = next((r.get("why") for r in result["results"] if r["config"] == "planner"), None)
         if why:

@@ -79,3 +79,11 @@ def test_measured_crossover():
     assert measured_crossover({1e7: per_rate[1e7]}) == "outer sync wins at every rate measured (up to 10 Mbit/s)"
     assert measured_crossover({1e9: per_rate[1e9]}) == "per-step wins at every rate measured (down to 1 Gbit/s)"
     assert measured_crossover({1e9: [_row("gloo fp32", None)]}) == "no configuration reached the target"
+
+
+def test_utilisation_is_against_the_no_comm_rows_mean():
+    job = {"results": [_result("no-comm", 2.0, [0.9], tx=(0, 0)), _result("gloo fp32", 6.0, [0.4]),
+                       _result("no-comm again", 4.0, [0.9], tx=(0, 0))]}
+    by = {r["config"]: r for r in rows(job)}
+    assert by["gloo fp32"]["utilisation"] == pytest.approx(0.5)
+    assert by["no-comm again"]["identical"] is None and by["no-comm again"]["utilisation"] is None
