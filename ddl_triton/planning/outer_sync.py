@@ -19,9 +19,13 @@ at its default block of 256: int8 8.125 bits, 16-bit methods 16, onebit 1).
 
 Candidates, each with its exposed communication per inner step:
 
-- **per-step fp32** and **per-step <method>** for every registered compression method (each is
-  usable per step through the DDP hook): ``allreduce(B_wire)`` every step, all of it exposed
-  (DDP's overlap with backward is not credited: across a slow link the transfer dwarfs backward).
+- **per-step fp32** and **per-step <method>** for each method usable per step unasked: those
+  ``compression="auto"`` may choose (``compression_methods.auto_names()``: int8), and the method
+  ``compression`` names (every method under "auto"). A method that must be named (onebit, int4, the
+  16-bit ones) is not proposed per step unless named: on the testbed, per-step onebit took the byte-LM's
+  eval loss 19% above fp32's at equal tokens (bench/results/outer_sync.md). ``allreduce(B_wire)``
+  every step, all of it exposed (DDP's overlap with backward is not credited: across a slow link
+  the transfer dwarfs backward).
 - **outer H=<h> <method>**: DiLoCo's sync of the pseudo-gradient (``model_bytes``, compressed with
   ``compression``: None or "none" for fp32, a method's name, or "auto" for every method and fp32)
   every ``h`` inner steps, ``h`` the powers of two up to ``max_sync_every`` and the bound itself.
@@ -48,7 +52,7 @@ from dataclasses import dataclass
 
 from .. import compression_methods
 
-__all__ = ["SyncPlan", "TARGET_UTILISATION", "allreduce_seconds", "format_rate", "plan_sync"]
+__all__ = ["SyncPlan", "TARGET_UTILISATION", "allreduce_seconds", "format_rate", "per_step_methods", "plan_sync"]
 
 TARGET_UTILISATION = 0.9
 _BLOCK = 256  # the compressed allreduce's default block (compression_methods' ``bits(block)``)
@@ -138,6 +142,13 @@ def _outer_methods(compression) -> list[str]:
     return [compression]
 
 
+def per_step_methods(compression: str | None = None) -> tuple[str, ...]:
+    """The per-step candidates' methods ("none" for fp32): fp32, those ``compression="auto"`` may
+    choose, and the method ``compression`` names (every method for "auto"); module doc."""
+    named = [] if compression is None or compression == compression_methods.NONE else _outer_methods(compression)
+    return tuple(dict.fromkeys([compression_methods.NONE, *compression_methods.auto_names(), *named]))
+
+
 def _bits(method: str) -> float:
     return 32.0 if method == compression_methods.NONE else compression_methods.get(method).bits(_BLOCK)
 
@@ -164,14 +175,14 @@ def plan_sync(*, model_bytes: float, step_s: float, hosts: int, ranks_per_host: 
     ``step_s``: one inner step's compute; ``link_bytes_per_s``/``link_latency_s``: the link between
     hosts each way (``MeasuredLink.bytes_per_s``/``.alpha``); ``max_sync_every``: the largest H the
     user allows (1: per-step only); ``compression``: the pseudo-gradients' method (None/"none",
-    a method, "auto"); ``fragments``: Streaming DiLoCo's fragments (> 1 overlaps the sync).
+    a method, "auto"), also a per-step candidate when named; ``fragments``: Streaming DiLoCo's fragments (> 1 overlaps the sync).
     Bad numbers raise ValueError naming each."""
     _check(model_bytes, step_s, hosts, ranks_per_host, link_bytes_per_s, link_latency_s, max_sync_every, fragments)
     outer_methods = _outer_methods(compression)
     link = dict(hosts=hosts, link_bytes_per_s=link_bytes_per_s, link_latency_s=link_latency_s)
 
     candidates: list[_Candidate] = []
-    for method in (compression_methods.NONE, *compression_methods.names()):
+    for method in per_step_methods(compression):
         bits = _bits(method)
         exposed = allreduce_seconds(model_bytes * bits / 32, **link)
         candidates.append(_Candidate(f"per-step {_label(method)}", "per-step", method, 1, exposed, bits))

@@ -6,9 +6,10 @@ The same cost model as the planner's (ddl_triton/planning/outer_sync.py), solved
                                                    <=>  r  >=  2(n-1)/n · B·b/32 / (step·(1/U - 1) - 2(n-1)·a)
 
 for ``n`` hosts, ``B`` model bytes (fp32), ``a`` the link's one-way latency and ``r`` its rate each
-way. Each per-step candidate (fp32, every registered compression method) has its own crossover;
-the planner's is the lowest of them (the method of fewest bits), or fp32's alone when per-step
-compression is ruled out. None where no rate suffices (the latency alone exposes too much), 0 where
+way. Each per-step method (fp32 and every registered compression method) has its own crossover;
+the planner's is the lowest among its per-step candidates (fp32, the methods ``compression="auto"``
+may choose, and a method named with ``compression``: ``per_step_methods``), or fp32's alone when
+per-step compression is ruled out. None where no rate suffices (the latency alone exposes too much), 0 where
 none is needed (one host, or a model of no bytes).
 
     python -m ddl_triton.simulate crossover --params 1.2M --step-ms 4 --hosts 2
@@ -26,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from .. import compression_methods
-from ..planning.outer_sync import TARGET_UTILISATION, format_rate, plan_sync
+from ..planning.outer_sync import TARGET_UTILISATION, format_rate, per_step_methods, plan_sync
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,10 @@ class Crossover:
 
 
 def crossover(*, model_bytes: float, step_s: float, hosts: int, link_latency_s: float = 0.0,
-              per_step_compression: bool = True) -> Crossover:
-    """The link rates where outer sync starts to win (module doc), per per-step candidate and the
-    planner's; ``per_step_compression=False`` leaves fp32 as the only per-step candidate."""
+              compression: str | None = None, per_step_compression: bool = True) -> Crossover:
+    """The link rates where outer sync starts to win (module doc), per per-step method and the
+    planner's (``compression`` as ``plan_sync`` takes it); ``per_step_compression=False`` leaves
+    fp32 as the only per-step candidate."""
     if not (isinstance(step_s, (int, float)) and 0 < step_s < math.inf):
         raise ValueError(f"crossover: step_s must be a finite number of seconds > 0, got {step_s!r}")
     if not (isinstance(model_bytes, (int, float)) and 0 <= model_bytes < math.inf):
@@ -60,7 +62,8 @@ def crossover(*, model_bytes: float, step_s: float, hosts: int, link_latency_s: 
         else:
             rate = 2 * (hosts - 1) / hosts * model_bytes * bits / 32 / budget
         rates.append(("fp32" if method == compression_methods.NONE else method, rate))
-    known = [r for _, r in rates if r is not None]
+    candidates = {"fp32" if m == compression_methods.NONE else m for m in per_step_methods(compression)}
+    known = [r for name, r in rates if r is not None and name in candidates]
     return Crossover(rates=tuple(rates), planner=min(known) if known else None)
 
 
@@ -89,11 +92,12 @@ def add_parsers(sub) -> None:
         p.add_argument("--step-ms", type=float, required=True, help="one inner step's compute, ms")
         p.add_argument("--hosts", type=int, default=2)
         p.add_argument("--latency-us", type=float, default=0.0, help="the link's one-way latency")
+        p.add_argument("--compression", default=None, help="the pseudo-gradients' method (none, a method, auto), "
+                       "also a per-step candidate when named")
         if name == "outer-sync":
             p.add_argument("--rate", type=_rate, required=True, help="payload rate between hosts: 100mbit, or B/s")
             p.add_argument("--ranks-per-host", type=int, default=1)
             p.add_argument("--max-sync-every", type=int, default=128)
-            p.add_argument("--compression", default=None, help="the pseudo-gradients' method (none, a method, auto)")
             p.add_argument("--fragments", type=int, default=1)
         else:
             p.add_argument("--no-per-step-compression", action="store_true", help="fp32 the only per-step candidate")
@@ -114,12 +118,13 @@ def run(args) -> int:
             print(f"{name:>24} {exposed * 1e3:>11.3f} {step_s / (step_s + exposed):>11.1%}")
         return 0
     result = crossover(model_bytes=model_bytes, step_s=step_s, hosts=args.hosts, link_latency_s=args.latency_us / 1e6,
-                       per_step_compression=not args.no_per_step_compression)
+                       compression=args.compression, per_step_compression=not args.no_per_step_compression)
     print(f"# {model_bytes / 1e6:.3g} MB fp32, {args.step_ms:g} ms per step, {args.hosts} hosts, "
           f"{args.latency_us:g} us: per-step allreduce reaches {TARGET_UTILISATION:.0%} utilisation at or above")
     for name, rate in result.rates:
         print(f"{'per-step ' + name:>20}  {_show(rate)}")
-    print(f"# the planner switches to outer sync below {_show(result.planner)}")
+    print(f"# the planner (per-step candidates: {', '.join(per_step_methods(args.compression))}) switches to outer "
+          f"sync below {_show(result.planner)}")
     return 0
 
 
