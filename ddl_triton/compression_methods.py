@@ -28,8 +28,8 @@ neither. This module imports nothing of torch or of the rest of the package (``o
 validates against it); the functions a row names are imported when first called (``resolve``).
 
 Adding a method (docs/compression.md): write its kernels and its allreduce, then
-``register(Method(name="int4", allreduce="mypkg.int4:allreduce_int4", ...))``: from then on the
-options, the hooks (``compress_hook("int4")``), per-level compression, the tuner's probe and the
+``register(Method(name="int2", allreduce="mypkg.int2:allreduce_int2", ...))``: from then on the
+options, the hooks (``compress_hook("int2")``), per-level compression, the tuner's probe and the
 simulator know it.
 """
 from __future__ import annotations
@@ -129,10 +129,25 @@ def _sixteen_bit(name: str, wire_dtype: str, precision: str) -> Method:
         options=(("wire_dtype", wire_dtype),))
 
 
+def _int4() -> Method:
+    # Streaming DiLoCo's 4-bit pseudo-gradients. align: whole blocks and whole int32 words (8 values).
+    return Method(
+        name="int4", summary="4-bit values (two a byte) + one fp32 scale per block of elements",
+        allreduce=_RUNTIME + "compressed:allreduce_int4", gathered=_RUNTIME + "gathered:int4",
+        roundtrip="ddl_triton.kernels.int4:roundtrip_int4",
+        align=lambda block: max(block, 8), slot_words=lambda c, block, scales: c // 8 + c // block, word_bytes=4,
+        bits=lambda block: 4 + 32 / block,
+        error="within (s_w + s_r)(1/2 + 2**-16) of the mean of the ranks' x + residual (+ server residual), "
+              "s_w the ranks' mean and s_r the reduced value's block absmax/7 (up to 32 ranks; two ranks: "
+              "s_w(1/2 + 2**-16)); what the worker and the server lost is re-sent",
+        worker_residual=True, server_residual=True, takes_block=True)
+
+
 _TABLE: dict[str, Method] = {m.name: m for m in (
     _int8(), _onebit(),
     _sixteen_bit("fp16", "float16", "relative error 2**-11; beyond 65504, inf"),
     _sixteen_bit("bf16", "bfloat16", "relative error 2**-8, fp32's range"),
+    _int4(),
 )}
 _BUILT_IN = frozenset(_TABLE)
 # An older name of a layout, still accepted where a layout is looked up (compressed.wire_bytes):

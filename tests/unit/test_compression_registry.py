@@ -73,7 +73,7 @@ def _run(name: str, comm, numel: int, groups=None) -> torch.Tensor:
 
 
 def test_an_unknown_method_is_refused_with_the_valid_names_everywhere():
-    valid = "int8, onebit, fp16, bf16"
+    valid = "int8, onebit, fp16, bf16, int4"
     with pytest.raises(ValueError, match=f"unknown compression method 'zip'; valid: {valid}"):
         cm.get("zip")
     with pytest.raises(ValueError, match=f"DDL_COMPRESSION.*none, {valid}, auto, got 'zip'"):
@@ -96,8 +96,8 @@ def test_an_unknown_method_is_refused_with_the_valid_names_everywhere():
 
 def test_none_and_auto_are_choices_not_methods():
     assert cm.choices() == ("none", *cm.names(), "auto")
-    assert set(cm.names()) >= {"int8", "onebit", "fp16", "bf16"} and not {"none", "auto"} & set(cm.names())
-    assert cm.auto_names() == ("int8",)  # 1-bit and 16-bit must be named (tuning/auto_compression.py)
+    assert set(cm.names()) >= {"int8", "onebit", "fp16", "bf16", "int4"} and not {"none", "auto"} & set(cm.names())
+    assert cm.auto_names() == ("int8",)  # 1-bit, 16-bit and int4 must be named (tuning/auto_compression.py)
     row = cm.get("fp16")
     for bad in ("none", "auto", "16bit", "not an identifier"):
         with pytest.raises(ValueError, match="identifier other than 'none' and 'auto'"):
@@ -132,6 +132,7 @@ def test_the_rows_ratios_are_the_documented_ones():
     assert cm.get("int8").wire_ratio() == pytest.approx(3.94, abs=0.01)
     assert cm.get("fp16").wire_ratio() == cm.get("bf16").wire_ratio() == 2.0
     assert cm.get("onebit").wire_ratio() == 32.0
+    assert cm.get("int4").wire_ratio() == pytest.approx(7.76, abs=0.01)  # 32 / (4 + 32/256)
     # large tensors: the measured bytes per fp32 byte approach the ratio
     for name in cm.names():
         n, size = 1 << 20, 4
@@ -175,7 +176,7 @@ def test_a_registered_method_is_selectable_everywhere_without_touching_another_f
         assert "brain_half" in iteration.compression_choices()
     finally:
         cm.unregister("brain_half")
-    with pytest.raises(ValueError, match="valid: int8, onebit, fp16, bf16$"):
+    with pytest.raises(ValueError, match="valid: int8, onebit, fp16, bf16, int4$"):
         cm.get("brain_half")
 
 

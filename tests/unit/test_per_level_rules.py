@@ -32,10 +32,10 @@ SPEED = CompressorSpeed({"int8": 1e9, "onebit": 1e9}, {"int8": 40.0, "onebit": 4
 
 def test_compression_option_parses_and_refuses():
     assert Options().compression == "none"
-    for value in ("none", "int8", "onebit", "fp16", "bf16", "auto"):
+    for value in ("none", "int8", "onebit", "fp16", "bf16", "int4", "auto"):
         assert Options.from_env({"DDL_COMPRESSION": value}).compression == value
-    with pytest.raises(ValueError, match="DDL_COMPRESSION.*none, int8, onebit, fp16, bf16, auto.*'int4'"):
-        Options.from_env({"DDL_COMPRESSION": "int4"})
+    with pytest.raises(ValueError, match="DDL_COMPRESSION.*none, int8, onebit, fp16, bf16, int4, auto.*'int2'"):
+        Options.from_env({"DDL_COMPRESSION": "int2"})
     with pytest.raises(ValueError, match="compression"):
         Options(compression="16bit")  # the 16-bit layout's name, not a method
 
@@ -43,7 +43,7 @@ def test_compression_option_parses_and_refuses():
 def test_a_bad_setting_on_the_torch_side_names_the_rank():
     from ddl_triton.torch.level_compression import LevelCompression
 
-    with pytest.raises(ValueError, match="rank 3: compression must be one of none, int8, onebit, fp16, bf16, auto"):
+    with pytest.raises(ValueError, match="rank 3: compression must be one of none, int8, onebit, fp16, bf16, int4, auto"):
         LevelCompression(SimpleNamespace(rank=3), "zstd")
 
 

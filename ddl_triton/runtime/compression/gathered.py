@@ -1,6 +1,6 @@
 """Compressed allreduce on two ranks: one all_gather of each rank's whole compressed tensor.
 
-Semantics (``compressed.allreduce_int8`` / ``_onebit`` / ``_16bit`` call these when
+Semantics (``compressed.allreduce_int8`` / ``_int4`` / ``_onebit`` / ``_16bit`` call these when
 ``comm.size == 2``; compressed.py's module doc has the compressors):
 
     1. compress this rank's whole tensor, as the two-shot worker compresses a chunk (error
@@ -10,12 +10,12 @@ Semantics (``compressed.allreduce_int8`` / ``_onebit`` / ``_16bit`` call these w
        the caller's tensor (16-bit: rounded to the wire dtype first, as the two-shot server rounds)
 
 Both ranks run step 3 on the same bytes with the same operations: bitwise identical results.
-Nothing is compressed twice, so int8 loses only the workers' s_w(1/2 + 2**-16) per element and
-1-bit needs no server residual. Why: on two ranks the two-shot's all_to_all and all_gather each
+Nothing is compressed twice, so int8 and int4 lose only the workers' s_w(1/2 + 2**-16) per element
+and 1-bit and int4 need no server residual. Why: on two ranks the two-shot's all_to_all and all_gather each
 move half of the compressed tensor, so one all_gather of all of it sends the same bytes with
 one exchange's latency and machinery fewer, and no server step.
 
-int8 "avg" multiplies each slot's scales by the fp32(1/2) instead of the sum: a power of two, so
+int8 (and int4) "avg" multiplies each slot's scales by the fp32(1/2) instead of the sum: a power of two, so
 every product is the same number (but for blocks of scale below 2**-125, whose halves are
 subnormal and may differ in the last bit; both ranks compute the same bits either way), and the
 sum costs one pass over the tensor fewer (the two decompresses and their sum of a 2.1 MB
@@ -32,6 +32,7 @@ import torch
 from ..calls import scratch_pool
 from .layout import ONEBIT_ALIGN, chunk_elems, nbytes, segments, slot_words
 from ...kernels import dequantize_int8, quantize_int8, quantize_int8_keep_error, sign_compress, sign_decompress
+from ...kernels.int4 import dequantize_int4, quantize_int4, quantize_int4_keep_error
 from ..calls.work import Work
 
 
@@ -59,6 +60,32 @@ def int8(comm, tensor, flat, op, block, residual, async_op):
     # "avg" is in the scales (module doc): the sum is not scaled again
     return _exchange(comm, tensor, flat, gin, gout, decompress, "sum",
                      f"allreduce_int8({op}, {n} x {tensor.dtype}, block {block}, gathered)", async_op)
+
+
+def int4(comm, tensor, flat, op, block, residual, async_op):
+    """``allreduce_int4`` on two ranks: as ``int8``, with 4-bit values two a byte."""
+    n = flat.numel()
+    c = chunk_elems(n, 1, max(block, 8))
+    words, sq, nb = slot_words("int4", c, block), c // 8, -(-n // block)
+    gin, gout = _buffers(comm.size, words, torch.int32, flat.device)
+    packed, sf = gin.view(torch.uint8)[: (n + 1) // 2], gin.view(torch.float32)[sq: sq + nb]
+    if residual is not None:
+        residual.add_(flat)  # v = x + residual, as the two-shot worker
+        quantize_int4_keep_error(residual, block=block, out=(packed, sf))  # what it lost is sent next call
+    else:
+        quantize_int4(flat, block=block, out=(packed, sf))
+
+    half = torch.tensor(0.5, dtype=torch.float32, device=flat.device) if op == "avg" else None
+
+    def decompress(p: int, out: torch.Tensor) -> None:
+        ob, of = gout.view(torch.uint8), gout.view(torch.float32)
+        scales = of[p * words + sq: p * words + sq + nb]
+        dequantize_int4(ob[p * words * 4: p * words * 4 + (n + 1) // 2], scales if half is None else scales * half,
+                        out=out, block=block)
+
+    # "avg" is in the scales (as int8's): the sum is not scaled again
+    return _exchange(comm, tensor, flat, gin, gout, decompress, "sum",
+                     f"allreduce_int4({op}, {n} x {tensor.dtype}, block {block}, gathered)", async_op)
 
 
 def onebit(comm, tensor, flat, op, residual, groups, async_op):

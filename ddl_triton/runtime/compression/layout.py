@@ -3,13 +3,14 @@ two-rank form, per_level.py's inter-host phase): how a tensor is cut into chunks
 chunk, compressed, fills one message slot.
 
 - A tensor of N elements on n ranks is cut into n chunks of C elements (``chunk_elems``): N/n
-  rounded up to the compressor's alignment (``align``: the int8 block, 32 sign bits for 1-bit,
-  1 for 16-bit), so no quantization block or bit word spans two chunks; the trailing chunks
-  may be short or empty (``chunk_bounds``). The two-rank form sends the whole tensor as one
-  chunk (n = 1 here: ``whole_slot_words``).
+  rounded up to the compressor's alignment (``align``: the int8 block, the int4 block but at
+  least 8, 32 sign bits for 1-bit, 1 for 16-bit), so no quantization block or bit word spans
+  two chunks; the trailing chunks may be short or empty (``chunk_bounds``). The two-rank form
+  sends the whole tensor as one chunk (n = 1 here: ``whole_slot_words``).
 - One chunk's slot (``slot_words``), in wire elements of the method's ``word_bytes``: the
   method's row in ddl_triton/compression_methods.py says (no method is spelled out here):
       int8         C int8 values (C/4 int32 words), then C/block fp32 scales
+      int4         C 4-bit values (C/8 int32 words, two a byte), then C/block fp32 scales
       onebit       C sign bits (C/32 words), then one fp32 scale per scale group (at least 1)
       fp16, bf16   C values of the wire dtype ("16bit": their shared layout's older name)
 - 1-bit's scale groups (``segments``): a chunk split at the ``groups`` offsets, each rounded
