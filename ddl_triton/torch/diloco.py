@@ -34,7 +34,8 @@ from __future__ import annotations
 import torch
 
 from .. import compression_methods
-from ..outer_sync import OuterSync
+from ..outer_sync import OuterSync, split
+from . import diloco_auto
 
 __all__ = ["DiLoCo"]
 
@@ -82,9 +83,15 @@ class DiLoCo:
                 or not 0.0 <= fragment_update_alpha <= 1.0:
             raise ValueError(f"rank {rank}: DiLoCo: fragment_update_alpha must be in [0, 1], got "
                              f"{fragment_update_alpha!r}")
-        if sync_every == "auto":
+        auto = isinstance(sync_every, str) and sync_every == "auto"
+        if auto and diloco_auto.planner() is None:
             raise ValueError(f"rank {rank}: DiLoCo: sync_every='auto' needs the outer-sync planner "
-                             "(ddl_triton/planning/outer_sync.py), which this build does not have yet; pass an int")
+                             "(ddl_triton/planning/outer_sync.py), which this build does not have; pass an int")
+        if auto and (isinstance(max_sync_every, bool) or not isinstance(max_sync_every, int) or max_sync_every < 1):
+            raise ValueError(f"rank {rank}: DiLoCo: sync_every='auto' needs a bound, max_sync_every (an int >= 1: "
+                             f"the largest H you accept), got {max_sync_every!r}")
+        if isinstance(sync_every, str) and not auto:
+            raise ValueError(f"rank {rank}: DiLoCo: sync_every must be an int >= 1 or 'auto', got {sync_every!r}")
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError(f"rank {rank}: DiLoCo: the model has no parameters that require grad")
@@ -101,15 +108,33 @@ class DiLoCo:
         self.inner_optimizer, self.outer_optimizer = inner_optimizer, outer_optimizer
         self.fragment_update_alpha = float(fragment_update_alpha)
         self.max_sync_every = max_sync_every
-        self.core = OuterSync(comm, [p.numel() * p.element_size() for p in self.params], sync_every=sync_every,
-                              fragments=fragments, fragment_sync_delay=fragment_sync_delay, compression=compression,
-                              replicas=replicas, block=block, error_feedback=error_feedback, who="DiLoCo")
-        self.fragments = [[self.params[i] for i in g] for g in self.core.groups]
+        self._outer_args = dict(fragments=fragments, fragment_sync_delay=fragment_sync_delay, compression=compression,
+                                replicas=replicas, block=block, error_feedback=error_feedback, who="DiLoCo")
+        self._nbytes = [p.numel() * p.element_size() for p in self.params]
+        self.core: OuterSync | None = None
+        self.auto: diloco_auto.AutoSync | None = None
+        self._step_offset = 0  # inner steps taken before the core began (sync_every="auto")
         self._hooks: list = []
         self._closed = False
         with torch.no_grad():  # the replicas start alike: rank 0's parameters, bit for bit
             for p in self.params:
                 comm.broadcast(p.data, root=0)
+        if auto:  # the checks the core would make now, before the plan
+            self.fragments = [[self.params[i] for i in g] for g in split(self._nbytes, fragments, rank)]
+            self.auto = diloco_auto.AutoSync(comm, self.params, max_sync_every, compression, fragments, block,
+                                             error_feedback)
+        else:
+            self._start_core(sync_every, fragment_sync_delay)
+
+    @property
+    def plan(self):
+        """What ``sync_every="auto"`` chose (the planner's SyncPlan), or None (an int, or not yet)."""
+        return self.auto.plan if self.auto is not None else None
+
+    def _start_core(self, sync_every: int, fragment_sync_delay: int) -> None:
+        args = dict(self._outer_args, fragment_sync_delay=fragment_sync_delay)
+        self.core = OuterSync(self.comm, self._nbytes, sync_every=sync_every, **args)
+        self.fragments = [[self.params[i] for i in g] for g in self.core.groups]
         for f in range(len(self.fragments)):
             self.core.set_backup(f, self._flat(f))
 
@@ -120,6 +145,8 @@ class DiLoCo:
         if self._hooks:
             raise RuntimeError(f"rank {self.rank}: DiLoCo: already entered (a DiLoCo is one context at a time)")
         self._hooks.append(self.inner_optimizer.register_step_post_hook(self._after_inner_step))
+        if self.auto is not None:
+            self._hooks.append(self.inner_optimizer.register_step_pre_hook(self._before_inner_step))
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -131,18 +158,22 @@ class DiLoCo:
     @property
     def step(self) -> int:
         """Inner steps counted so far."""
-        return self.core.step
+        return self._step_offset + self.core.step if self.core is not None else self.auto.steps
 
     @property
-    def sync_every(self) -> int:
-        return self.core.schedule.sync_every
+    def sync_every(self) -> int | None:
+        """H: inner steps between two syncs of a fragment (None while "auto" measures, or per step)."""
+        return self.core.schedule.sync_every if self.core is not None else None
 
     def close(self) -> None:
         """Remove the hooks, wait for averages in flight, close the groups made for them (idempotent)."""
         self.__exit__(None, None, None)
         if not self._closed:
             self._closed = True
-            self.core.close()
+            if self.core is not None:
+                self.core.close()
+            if self.auto is not None:
+                self.auto.close()
 
     # -- state (elastic, checkpoints) ------------------------------------------------------------
     def follow(self, comm) -> None:
@@ -150,10 +181,16 @@ class DiLoCo:
         for a ``TorchState(..., diloco=this)``); averages in flight and residuals start again."""
         self.comm = comm
         self.rank = comm.rank
-        self.core.follow(comm)
+        if self.core is not None:
+            self.core.follow(comm)
+        if self.auto is not None:
+            self.auto.follow(comm)
 
     def state_dict(self) -> dict:
         """{"outer_sync": the core's state (step, backups, residuals), "outer_optimizer": its state_dict}."""
+        if self.core is None:
+            raise RuntimeError(f"rank {self.rank}: DiLoCo: no outer state yet: sync_every='auto' has not chosen outer "
+                               "sync (it measures, or chose per-step averaging)")
         return {"outer_sync": self.core.state_dict(), "outer_optimizer": self.outer_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict, *, residuals: bool = True) -> None:
@@ -163,7 +200,22 @@ class DiLoCo:
         self.outer_optimizer.load_state_dict(state["outer_optimizer"])
 
     # -- the hook --------------------------------------------------------------------------------
+    def _before_inner_step(self, _optimizer, _args, _kwargs) -> None:
+        if self.core is None and self.auto.per_step:
+            self.auto.before_inner_step()
+
     def _after_inner_step(self, _optimizer, _args, _kwargs) -> None:
+        if self.core is None:
+            plan = self.auto.after_inner_step()
+            if plan is not None and plan.mode == "outer":  # the parameters are identical here: per-step so far
+                f = self._outer_args["fragments"]
+                h = max(f, plan.sync_every - plan.sync_every % f)  # a multiple of fragments (torchft's rule)
+                delay = self._outer_args["fragment_sync_delay"] or (h // f - 1 if f > 1 else 0)
+                self._step_offset = self.auto.steps
+                self._outer_args["compression"] = None if plan.compression == compression_methods.NONE \
+                    else plan.compression
+                self._start_core(h, delay)
+            return
         starting, applying = self.core.advance()
         if starting is not None:
             self.core.start(starting, self._flat(starting))

@@ -17,7 +17,9 @@ Checks (integer-valued data compared with ==, bits compared across ranks as raw 
    ``ddl_triton.torch.host_group()``: the same bits on every rank after each sync, and the cross-host
    group sends at most one shard (4 * ceil(numel / L) bytes) per rank per sync, fp32; without
    the DDP the ranks of a host disagree and DiLoCo raises ValueError naming the rank;
-5. the contract's errors across ranks (a bad sync_every on every rank: ValueError naming the rank).
+5. sync_every="auto" (the planner's choice, ddl_triton/torch/diloco_auto.py): the same plan on every
+   rank; while measuring and under a per-step plan the parameters are identical after every step;
+6. the contract's errors across ranks (a bad sync_every on every rank: ValueError naming the rank).
 
 Prints "outer_sync_worker: N ranks, M checks, 0 failures" on rank 0.
 """
@@ -153,6 +155,31 @@ def hosts_must_agree(ck: Checker, comm) -> None:
     d.close()
 
 
+def auto(ck: Checker, comm) -> None:
+    """sync_every="auto": the same plan on every rank, printed once by rank 0's process; per-step
+    averaging keeps the parameters identical after every step, outer sync the backups."""
+    torch.manual_seed(5 + comm.rank)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    inner = torch.optim.SGD(net.parameters(), lr=0.05)
+    outer = torch.optim.SGD(net.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    d = ddt.DiLoCo(net, inner, outer, "auto", max_sync_every=8, comm=comm)
+    with d:
+        for t in range(12):
+            inner.zero_grad()
+            torch.nn.functional.mse_loss(net(torch.randn(8, 16)), torch.zeros(8, 4)).backward()
+            inner.step()
+            if d.plan is None or d.plan.mode == "per-step":
+                for i, p in enumerate(net.parameters()):
+                    ck.identical(f"auto ({d.plan.mode if d.plan else 'measuring'}): step {t + 1} param {i}", p.detach())
+    ck.true("auto: a plan", d.plan is not None)
+    mine = torch.tensor([d.plan.sync_every, len(d.plan.why)], dtype=torch.int64)
+    ck.identical("auto: the same plan on every rank", mine)
+    if d.core is not None:
+        for g, b in enumerate(d.core.backups):
+            ck.identical(f"auto (outer H={d.sync_every}): backup {g}", b)
+    d.close()
+
+
 def errors(ck: Checker, comm) -> None:
     net = torch.nn.Linear(2, 2)
     inner = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -182,6 +209,7 @@ def main() -> int:
             identical_replicas(ck, comm, None, 1, 0, replicas="hosts", host_ddp=True)
             identical_replicas(ck, comm, int8, 2, 1, replicas="hosts", host_ddp=True)
             hosts_must_agree(ck, comm)
+        auto(ck, comm)
         errors(ck, comm)
         dist.destroy_process_group()
 

@@ -19,8 +19,14 @@ class _Work:
 
 
 class OneRank:
-    """A communicator of one rank: what the core asks of one (the average of one replica is itself)."""
+    """A communicator of one rank: what the core asks of one (the average of one replica is itself).
+    ``nodes`` and ``link`` stand for a placement and an init probe (sync_every="auto" reads them)."""
     rank, size = 0, 1
+
+    def __init__(self, nodes=(0,), link=None):
+        from types import SimpleNamespace
+        self.placement = SimpleNamespace(node_of_rank=tuple(nodes))
+        self.planner = SimpleNamespace(link=link)
 
     def allreduce(self, t, op="sum", async_op=False):
         return _Work(t) if async_op else t
@@ -189,7 +195,7 @@ def _bad(kind):
     if kind == "same optimizer":
         return DiLoCo(m, inner, inner, 2, **kw)
     if kind == "auto":
-        return DiLoCo(m, inner, outer, "auto", max_sync_every=64, **kw)
+        return DiLoCo(m, inner, outer, "auto", **kw)
     if kind == "manager":
         return DiLoCo(m, inner, outer, 2, manager=object(), **kw)
     if kind == "should_quantize":
@@ -207,7 +213,7 @@ def _bad(kind):
     ("outer not the model's", ValueError, "not the model's parameters"),
     ("outer over part", ValueError, "every one of the model's parameters"),
     ("same optimizer", ValueError, "must be two optimizers"),
-    ("auto", ValueError, "sync_every='auto'"),
+    ("auto", ValueError, "sync_every='auto' needs a bound, max_sync_every"),
     ("manager", TypeError, "torchft's manager= is not taken here"),
     ("should_quantize", TypeError, "compression= names a method"),
     ("alpha", ValueError, "fragment_update_alpha must be in [0, 1]"),
@@ -258,3 +264,33 @@ def test_an_elastic_state_keeps_and_sends_diloco_backups_step_and_outer_optimize
                zip(momentum, m2.parameters()))
     d.close()
     d2.close()
+
+
+@pytest.mark.parametrize("link_bytes_per_s, mode", [(None, "per-step"), (1e5, "outer")])
+def test_auto_measures_plans_once_and_runs_the_plan(link_bytes_per_s, mode, capsys):
+    # sync_every="auto": 5 inner steps averaged per step (the first not timed), then plan_sync's choice:
+    # one host -> per-step fp32; 2 hosts over a 100 kB/s link -> outer sync, H within the bound.
+    from types import SimpleNamespace
+
+    from ddl_triton.torch.diloco import DiLoCo
+    from ddl_triton.torch.diloco_auto import MEASURED_STEPS
+
+    comm = OneRank() if link_bytes_per_s is None else \
+        OneRank(nodes=(0, 1), link=SimpleNamespace(bytes_per_s=link_bytes_per_s, alpha=1e-3))
+    m = _model()
+    inner = torch.optim.SGD(m.parameters(), lr=0.125)
+    d = DiLoCo(m, inner, torch.optim.SGD(m.parameters(), lr=1.0), "auto", max_sync_every=16, comm=comm)
+    with d:
+        _train(m, inner, MEASURED_STEPS)
+        assert d.plan is None and d.sync_every is None
+        _train(m, inner, 1)
+        assert d.plan is not None and d.plan.mode == mode, d.plan
+        _train(m, inner, 20)
+    assert d.step == MEASURED_STEPS + 21
+    printed = capsys.readouterr().out
+    assert printed.count("DiLoCo(sync_every='auto')") == 1 and d.plan.why in printed
+    if mode == "outer":
+        assert 1 <= d.sync_every <= 16 and d.core.step == 20
+    else:
+        assert d.core is None and d.sync_every is None
+    d.close()

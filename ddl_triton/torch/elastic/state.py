@@ -85,7 +85,7 @@ class TorchState(State):
         # every rank took part in), and a rank synced back to the previous one takes its residuals.
         saved["residuals_before"] = saved.get("residuals", [])
         saved["residuals"] = [h.residuals_snapshot() for h in _hook_states(self.model)]
-        if self.diloco is not None:  # the backups, the step, the outer optimizer (its residuals: module doc)
+        if _outer(self.diloco):  # the backups, the step, the outer optimizer (its residuals: module doc)
             saved["diloco"] = self.diloco.state_dict()
             saved["diloco"]["outer_optimizer"] = _optimizer_copy(saved["diloco"]["outer_optimizer"])
 
@@ -100,7 +100,7 @@ class TorchState(State):
             self.optimizer.load_state_dict(_optimizer_copy(saved["optimizer"]))  # a copy: loading aliases tensors
         for hooks, snapshot in zip(_hook_states(self.model), saved["residuals"]):
             hooks.load_residuals(snapshot)
-        if self.diloco is not None:
+        if _outer(self.diloco) and saved.get("diloco") is not None:
             held = saved["diloco"]
             self.diloco.load_state_dict({"outer_sync": held["outer_sync"],
                                          "outer_optimizer": _optimizer_copy(held["outer_optimizer"])}, residuals=False)
@@ -121,7 +121,7 @@ class TorchState(State):
         manifest["model"] = [[n, str(t.dtype), list(t.shape)] for n, t in zip(names, tensors)]
         if self.optimizer is not None:
             manifest["optimizer"] = _optimizer_manifest(self.optimizer.state_dict(), tensors)
-        if self.diloco is not None:
+        if _outer(self.diloco):
             core = self.diloco.core.state_dict()
             tensors.extend(core["backups"])
             manifest["diloco"] = {"step": core["step"], "backups": [[str(b.dtype), list(b.shape)] for b in
@@ -148,7 +148,7 @@ class TorchState(State):
         for entry in manifest.get("optimizer", {}).get("state", []):
             if entry[2] != "value":
                 out.append(torch.empty(entry[3], dtype=_dtype(entry[2], rank)))
-        if self.diloco is not None:
+        if _outer(self.diloco):
             theirs = manifest.get("diloco")
             mine = [[str(b.dtype), list(b.shape)] for b in self.diloco.core.backups]
             if theirs is None or theirs["backups"] != mine:
@@ -171,7 +171,7 @@ class TorchState(State):
             if "optimizer" not in manifest:
                 raise DDLError("elastic: the source rank has no optimizer state and this rank has an optimizer")
             self.optimizer.load_state_dict(_optimizer_from(manifest["optimizer"], rest))
-        if self.diloco is not None:  # the source's backups, step and outer optimizer; residuals from zero
+        if _outer(self.diloco):  # the source's backups, step and outer optimizer; residuals from zero
             theirs = manifest["diloco"]
             core = self.diloco.core.state_dict()
             core["step"], core["backups"] = int(theirs["step"]), [next(rest) for _ in theirs["backups"]]
@@ -199,6 +199,12 @@ def _optimizer_from(entry: dict, rest) -> dict:
     for index, key, kind, value in entry["state"]:
         state.setdefault(index, {})[key] = next(rest) if kind != "value" else value
     return {"state": state, "param_groups": entry["param_groups"]}
+
+
+def _outer(diloco) -> bool:
+    """Whether ``diloco`` holds outer state (a DiLoCo whose sync_every="auto" is still measuring, or chose
+    per-step averaging, holds none: the model and the inner optimizer are the whole state then)."""
+    return diloco is not None and diloco.core is not None
 
 
 def _module(model):
