@@ -294,3 +294,29 @@ def test_auto_measures_plans_once_and_runs_the_plan(link_bytes_per_s, mode, caps
     else:
         assert d.core is None and d.sync_every is None
     d.close()
+
+
+def test_fragment_update_alpha_mixes_the_local_steps_taken_during_the_delay():
+    # torchft's merge: after the outer step, params = lerp(global, local, alpha). One replica, outer SGD
+    # lr 1, H=2, delay 1: the average (started after step 1) puts back step 1's params as the global
+    # ones, and alpha mixes in step 2's local params.
+    from ddl_triton.torch.diloco import DiLoCo
+
+    for alpha in (0.0, 0.5):
+        m = _model()
+        inner = torch.optim.SGD(m.parameters(), lr=0.125)
+        d = DiLoCo(m, inner, torch.optim.SGD(m.parameters(), lr=1.0), 2, fragment_sync_delay=1,
+                   fragment_update_alpha=alpha, comm=OneRank())
+        ref = _model()
+        ref_inner = torch.optim.SGD(ref.parameters(), lr=0.125)
+        with d:
+            _train(m, inner, 2)
+        _train(ref, ref_inner, 1)
+        after_one = [p.detach().clone() for p in ref.parameters()]
+        ref_inner.zero_grad()
+        ref(torch.full((4, 3), 0.0)).sum().backward()  # step 2's batch (t = 1: 1 % 3 - 1 = 0)
+        ref_inner.step()
+        for p, g, local in zip(m.parameters(), after_one, ref.parameters()):
+            assert torch.equal(p.detach(), torch.lerp(g, local.detach(), alpha))
+        assert all(torch.equal(b, torch.cat([g.reshape(-1) for g in after_one])) for b in d.core.backups)
+        d.close()
