@@ -5,12 +5,17 @@ sync_every=1 DiLoCo equals per-step parameter averaging (==), the pseudo-gradien
 replicas hold the same bits after every fragment's sync (fp32, int8, fragments=2 with
 fragment_sync_delay=1), on 2 hosts of 2 ranks with DDP inside each host the outer sync sends one
 shard per rank across hosts, and the contract's errors name the rank; tests/multirank/outer_sync_jax_worker.py
-the same for JAX."""
+the same for JAX; examples/diloco_train.py under ddlrun exits 0."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from support.launch import assert_clean_run, ddl_segments, run_ranks
+from support.launch import TESTS, assert_clean_run, ddl_segments, run_ranks
 from support.report import read_report
 
 
@@ -38,3 +43,19 @@ def test_jax_diloco_across_two_emulated_hosts():
     assert_clean_run(proc, before)
     checks = read_report(proc.stdout, "outer_sync_jax_worker: 2 ranks", 2)
     assert sum(checks) >= 60, checks
+
+
+@pytest.mark.slow
+def test_the_example_runs_under_ddlrun_and_exits_0():
+    # examples/diloco_train.py as docs/outer_sync.md runs it (shortened): Streaming DiLoCo with int8
+    # pseudo-gradients between two emulated hosts; progress printed, replicas identical, exit status 0.
+    before = ddl_segments()
+    proc = subprocess.run([str(Path(sys.executable).parent / "ddlrun"), "-n", "2", "--topology", "1x2", "--",
+                           sys.executable, "examples/diloco_train.py", "--steps", "32", "--sync-every", "8",
+                           "--fragments", "2", "--delay", "1", "--compression", "int8"],
+                          cwd=TESTS.parent, env={**os.environ, "DDL_TUNING_FILE": "off"},
+                          capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "step 32/32: outer round 4" in proc.stdout and "global parameters bitwise identical: True" in proc.stdout, out
+    assert ddl_segments() - before == set()
