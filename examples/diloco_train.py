@@ -19,7 +19,8 @@ and outer optimizer are part of the ``TorchState``, committed after every inner 
 lost during an outer step makes the survivors undo that step and redo it on the new world.
 ``--record FILE`` appends a JSON line per outer step and rank (the global parameters' hash) for
 drills to compare; ``--die-at-outer K`` (a drill's: rank 2 of the first world kills itself in its
-K-th outer step, between the average's start and its wait) strikes exactly mid-outer-step.
+K-th outer step, after its inner step and before it joins the fragment's average, which the other
+ranks have begun) strikes exactly mid-outer-step.
 """
 from __future__ import annotations
 
@@ -96,17 +97,18 @@ def main(argv=None) -> int:
     inner = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     diloco = ddt.DiLoCo(model, inner, outer, sync_every=args.sync_every, fragments=args.fragments,
-                        fragment_sync_delay=args.delay, compression=args.compression, replicas=args.replicas)
+                        fragment_sync_delay=args.delay, compression=args.compression, replicas=args.replicas,
+                        init_sync=not args.elastic)  # elastic: the state's first sync starts every rank alike
     record = open(args.record, "a") if args.record else None
     outer_steps = [0]
     if args.die_at_outer and args.elastic:
-        def die(_optimizer, _args, _kwargs):  # before an inner step whose hook applies a fragment
-            if diloco.core.schedule.syncs_at(diloco.step + 1) is None:
+        def die(_optimizer, _args, _kwargs):  # runs before DiLoCo's hook (registered first): the inner step is
+            if diloco.core.schedule.starts_at(diloco.step + 1) is None:  # taken, the fragment's average not begun
                 return
             outer_steps[0] += 1
             if outer_steps[0] == args.die_at_outer and elastic.generation() == 0 and comm.rank == 2:
                 os.kill(os.getpid(), signal.SIGKILL)  # this very process: provably ours
-        inner.register_step_pre_hook(die)
+        inner.register_step_post_hook(die)
 
     def train(state=None):
         with diloco:
@@ -123,6 +125,7 @@ def main(argv=None) -> int:
                 loss.backward()
                 inner.step()  # DiLoCo's hook counts it, and syncs a fragment when one is due
                 if state is not None:
+                    state.batch += 1  # the state's own count of inner steps: a restore must agree with DiLoCo's
                     state.commit()
                 f = diloco.core.schedule.syncs_at(diloco.step)
                 if f is None:
@@ -142,7 +145,7 @@ def main(argv=None) -> int:
         state = elastic.TorchState(model, inner, diloco=diloco, batch=0)
         if record is not None:  # the state every rank holds once a world change is done: must be identical
             state.register_reset_callbacks([lambda: record.write(json.dumps(
-                {"reset": True, "step": diloco.step, "rank": elastic.rank(), "size": elastic.size(),
+                {"reset": True, "step": diloco.step, "batch": state.batch, "rank": elastic.rank(), "size": elastic.size(),
                  "generation": elastic.generation(), "hash": digest(diloco.core.backups),
                  "params": digest(net.parameters()), "outer": digest(_outer_state(outer)),
                  "pid": os.getpid()}) + "\n")])

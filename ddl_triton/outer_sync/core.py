@@ -117,8 +117,8 @@ class OuterSync:
                 "residuals": residuals.snapshot() if residuals is not None else {}}
 
     def load_state_dict(self, state: dict, *, residuals: bool = True) -> None:
-        """Take ``state`` (``state_dict``'s); drop averages in flight (their fragments are redone at
-        their apply step). ``residuals=False`` starts error feedback from zero (after a world change:
+        """Take ``state`` (``state_dict``'s); drop averages in flight, without waiting for them (their
+        fragments are redone at their apply step). ``residuals=False`` starts error feedback from zero (after a world change:
         the residuals were made by other ranks). ValueError naming the rank when ``state`` belongs to
         another schedule or split."""
         mine = (self.schedule.sync_every, [list(g) for g in self.groups], self.schedule.fragment_sync_delay)
@@ -127,8 +127,7 @@ class OuterSync:
         if mine != theirs:
             raise ValueError(f"rank {self.comm.rank}: {self.who}: the state is of sync_every, fragments, delay "
                              f"{theirs}, this one of {mine}")
-        self.wait()
-        self._pending.clear()
+        self._pending.clear()  # not waited for: after a failure they may never complete (elastic restores)
         self.step = int(state["step"])
         self.backups = [None if b is None else torch.as_tensor(b).to("cpu", copy=True).contiguous()
                         for b in state["backups"]]

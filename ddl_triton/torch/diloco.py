@@ -60,12 +60,15 @@ class DiLoCo:
     replicas: "ranks" (every rank a replica) or "hosts" (the ranks of a host one replica, kept
     identical by DDP over ``host_group()``): ddl_triton/outer_sync/averaging.py; comm: the
     communicator of the replicas (default ``ddl_triton.init()``); backup_device: None or the CPU
-    (the backups live on the host). Errors name the rank."""
+    (the backups live on the host); init_sync: broadcast rank 0's parameters first (DDP's name and
+    default; False under ``ddl_triton.torch.elastic``, whose first sync of a ``TorchState(diloco=...)``
+    does it, and where a rank joining later must make no collective call of its own). Errors name
+    the rank."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer, outer_optimizer, sync_every, *, fragments: int = 1,
                  fragment_sync_delay: int = 0, fragment_update_alpha: float = 0.0, compression: str | None = None,
                  replicas: str = "ranks", comm=None, backup_device=None, max_sync_every: int | None = None,
-                 block: int = 256, error_feedback: bool = True, **torchft_only):
+                 block: int = 256, error_feedback: bool = True, init_sync: bool = True, **torchft_only):
         if comm is None:
             import ddl_triton
             comm = ddl_triton.init()
@@ -116,9 +119,10 @@ class DiLoCo:
         self._step_offset = 0  # inner steps taken before the core began (sync_every="auto")
         self._hooks: list = []
         self._closed = False
-        with torch.no_grad():  # the replicas start alike: rank 0's parameters, bit for bit
-            for p in self.params:
-                comm.broadcast(p.data, root=0)
+        if init_sync:  # the replicas start alike: rank 0's parameters, bit for bit (DDP's init_sync)
+            with torch.no_grad():
+                for p in self.params:
+                    comm.broadcast(p.data, root=0)
         if auto:  # the checks the core would make now, before the plan
             self.fragments = [[self.params[i] for i in g] for g in split(self._nbytes, fragments, rank)]
             self.auto = diloco_auto.AutoSync(comm, self.params, max_sync_every, compression, fragments, block,
