@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--log-every", type=int, default=1, help="print every this many outer rounds (0: none)")
     parser.add_argument("--elastic", action="store_true", help="run under ddl_triton.torch.elastic")
     parser.add_argument("--record", default="", help="append a JSON line per outer step and rank to this file")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="(drills) sleep this long in each step")
     parser.add_argument("--die-at-outer", type=int, default=0, help="(drills) rank 2 of the first world dies "
                         "in its K-th outer step")
     args = parser.parse_args(argv)
@@ -121,6 +122,8 @@ def main(argv=None) -> int:
                 g = torch.Generator().manual_seed(1000 + diloco.step)
                 rows = torch.randperm(len(y_train), generator=g)[:args.global_batch][replica * per: (replica + 1) * per]
                 loss = F.cross_entropy(model(x_train[rows]), y_train[rows])
+                if args.step_seconds:
+                    time.sleep(args.step_seconds)
                 inner.zero_grad()
                 loss.backward()
                 inner.step()  # DiLoCo's hook counts it, and syncs a fragment when one is due

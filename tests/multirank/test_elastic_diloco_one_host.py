@@ -11,7 +11,9 @@ example's record:
   restored with the model's (the state's own count of steps agrees with it), the survivors holding
   bitwise the same global parameters, parameters and outer optimizer state;
 - every rank holds bitwise the same global parameters (the backups) after every outer step of
-  every generation and at the end; no shared memory is left behind."""
+  every generation and at the end; no shared memory is left behind.
+The second drill (tests/support/elastic_drill.py's: world 3 -> 2 -> 3, rank 2 killed from outside, a
+fourth process joining) checks that a joiner receives the DiLoCo's backups, step and outer momentum."""
 from __future__ import annotations
 
 import secrets
@@ -20,7 +22,7 @@ import time
 
 import pytest
 
-from support.elastic_drill import free_port, record_lines
+from support.elastic_drill import free_port, lose_one_then_join, record_lines
 from support.launch import TESTS, TORCHRUN, ddl_segments, torch_launcher_env
 
 EXAMPLE = TESTS.parent / "examples" / "diloco_train.py"
@@ -68,4 +70,33 @@ def test_a_rank_lost_mid_outer_step_world_3_2(tmp_path):
     assert resumed == 11 and all(x["batch"] == x["step"] for x in resets), resets  # fragment 0's sync at 12: redone
     assert min(s for g, s in by_step if g == 1) > resumed and max(s for _, s in by_step) == STEPS
     assert len(finals) == 2 and all(f["identical"] for f in finals), finals
+    assert ddl_segments() - before == set()
+
+
+@pytest.mark.slow
+def test_a_joiner_takes_the_outer_state_world_3_2_3(tmp_path):
+    # tests/support/elastic_drill.py's drill (3 env:// ranks, rank 2 SIGKILLed after its second outer
+    # step, then a fourth process joining): the joiner must receive the DiLoCo's backups, step and
+    # outer momentum with the model (its own would be its initial parameters), so that every rank
+    # holds the same global parameters after every later outer step and at the end.
+    before = ddl_segments()
+    record = tmp_path / "record.jsonl"
+    args = [str(EXAMPLE), "--elastic", "--steps", "400", "--sync-every", "8", "--step-seconds", "0.04",
+            "--record", str(record), "--log-every", "0"]
+    codes, out = lose_one_then_join(tmp_path, args, lambda x: x.get("step") == 16 and "reset" not in x,
+                                    lambda x: "hash" in x and not x.get("reset"), 240, DDL_TIMEOUT="20")
+    assert codes == {0: 0, 1: 0, 2: -9, 3: 0}, out
+    lines = record_lines(record)
+    steps = [x for x in lines if "hash" in x and not x.get("reset")]
+    resets = [x for x in lines if x.get("reset")]
+    assert {x["generation"]: x["size"] for x in steps} == {0: 3, 1: 2, 2: 3}, out
+    by_step: dict[tuple, set] = {}
+    for x in steps:
+        by_step.setdefault((x["generation"], x["step"]), set()).add(x["hash"])
+    assert all(len(h) == 1 for h in by_step.values()), by_step
+    grown = [x for x in resets if x["generation"] == 2]
+    assert len(grown) == 3 and len({(x["hash"], x["params"], x["outer"], x["step"], x["batch"]) for x in grown}) == 1
+    assert max(s for _, s in by_step) == 400
+    finals = [x for x in lines if x.get("final")]
+    assert len(finals) == 3 and all(f["identical"] for f in finals), finals
     assert ddl_segments() - before == set()
