@@ -148,7 +148,8 @@ def main(argv=None) -> int:
         state = elastic.TorchState(model, inner, diloco=diloco, batch=0)
         if record is not None:  # the state every rank holds once a world change is done: must be identical
             state.register_reset_callbacks([lambda: record.write(json.dumps(
-                {"reset": True, "step": diloco.step, "batch": state.batch, "rank": elastic.rank(), "size": elastic.size(),
+                {"reset": True, "step": diloco.step, "batch": state.batch, "rank": elastic.rank(),
+                 "size": elastic.size(),
                  "generation": elastic.generation(), "hash": digest(diloco.core.backups),
                  "params": digest(net.parameters()), "outer": digest(_outer_state(outer)),
                  "pid": os.getpid()}) + "\n")])

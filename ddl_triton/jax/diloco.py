@@ -53,7 +53,8 @@ class DiLoCo:
             raise TypeError(f"rank {rank}: ddl_triton.jax.DiLoCo: outer_optimizer must be an optax "
                             f"GradientTransformation, got {type(outer_optimizer).__name__}")
         if sync_every == "auto":
-            raise ValueError(f"rank {rank}: ddl_triton.jax.DiLoCo: sync_every='auto' is torch's only for now; pass an int")
+            raise ValueError(f"rank {rank}: ddl_triton.jax.DiLoCo: sync_every='auto' is torch's only for now; "
+                             "pass an int")
         if isinstance(fragment_update_alpha, bool) or not isinstance(fragment_update_alpha, (int, float)) \
                 or not 0.0 <= fragment_update_alpha <= 1.0:
             raise ValueError(f"rank {rank}: ddl_triton.jax.DiLoCo: fragment_update_alpha must be in [0, 1], got "

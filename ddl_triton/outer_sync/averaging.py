@@ -55,7 +55,8 @@ class OuterAverage:
     def __init__(self, comm, setting: str, replicas: str = "ranks", *, block: int = 256, error_feedback: bool = True):
         rank = comm.rank
         if replicas not in REPLICAS:
-            raise ValueError(f"rank {rank}: outer sync: replicas must be one of {', '.join(REPLICAS)}, got {replicas!r}")
+            raise ValueError(f"rank {rank}: outer sync: replicas must be one of {', '.join(REPLICAS)}, "
+                             f"got {replicas!r}")
         compression_methods.check_choice(setting, f"rank {rank}: outer sync compression")
         self.comm, self.setting, self.replicas = comm, setting, replicas
         self.levels = None

@@ -118,9 +118,9 @@ class OuterSync:
 
     def load_state_dict(self, state: dict, *, residuals: bool = True) -> None:
         """Take ``state`` (``state_dict``'s); drop averages in flight, without waiting for them (their
-        fragments are redone at their apply step). ``residuals=False`` starts error feedback from zero (after a world change:
-        the residuals were made by other ranks). ValueError naming the rank when ``state`` belongs to
-        another schedule or split."""
+        fragments are redone at their apply step). ``residuals=False`` starts error feedback from
+        zero (after a world change: the residuals were made by other ranks). ValueError naming the
+        rank when ``state`` belongs to another schedule or split."""
         mine = (self.schedule.sync_every, [list(g) for g in self.groups], self.schedule.fragment_sync_delay)
         theirs = (state.get("sync_every"), [list(g) for g in state.get("fragments", [])],
                   state.get("fragment_sync_delay"))
@@ -163,7 +163,8 @@ class OuterSync:
     def _backup(self, fragment: int) -> torch.Tensor:
         b = self.backups[fragment]
         if b is None:
-            raise RuntimeError(f"rank {self.comm.rank}: {self.who}: fragment {fragment} has no backup (set_backup first)")
+            raise RuntimeError(f"rank {self.comm.rank}: {self.who}: fragment {fragment} has no backup "
+                               "(set_backup first)")
         return b
 
 

@@ -57,5 +57,6 @@ def test_the_example_runs_under_ddlrun_and_exits_0():
                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    assert "step 32/32: outer round 4" in proc.stdout and "global parameters bitwise identical: True" in proc.stdout, out
+    assert "step 32/32: outer round 4" in proc.stdout, out
+    assert "global parameters bitwise identical: True" in proc.stdout, out
     assert ddl_segments() - before == set()

@@ -64,7 +64,8 @@ class TorchState(State):
                 raise ValueError("elastic.TorchState: the optimizer updates none of the model's parameters "
                                  "(give the optimizer made from this model's parameters)")
         if diloco is not None and not hasattr(diloco, "core"):
-            raise TypeError(f"elastic.TorchState: diloco must be a ddl_triton.torch.DiLoCo, got {type(diloco).__name__}")
+            raise TypeError(f"elastic.TorchState: diloco must be a ddl_triton.torch.DiLoCo, got "
+                            f"{type(diloco).__name__}")
         self.model = model
         self.optimizer = optimizer
         self.diloco = diloco
