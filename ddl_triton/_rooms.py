@@ -18,7 +18,9 @@ simulator costs what the runtime would run; the gradient-reduction floor (gradie
 compression choices, error feedback) composes the runtime's collectives and the tuner's rule for
 every framework, importing torch as the runtime does but never JAX, TensorFlow or a framework
 room (tests/unit/test_house.py checks that too); the elastic floor (the retry loop, the state's
-bytes, the world's re-forming) composes the runtime for every framework; the framework rooms
+bytes, the world's re-forming) composes the runtime for every framework; the outer-sync floor
+(DiLoCo's fragments, schedule, pseudo-gradient averages and state) composes the gradient floor for
+torch's and JAX's ``DiLoCo``; the framework rooms
 (torch, jax, tensorflow) sit on top of them all, side by side: none imports another.
 """
 from __future__ import annotations
@@ -36,8 +38,9 @@ ROOMS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("simulation", ("planning", "runtime", "schedules", "testbed", "transports")),
     ("gradients", ("runtime", "tuning")),
     ("elastic", ("runtime", "transports")),
-    ("torch", ("elastic", "gradients", "planning", "runtime", "schedules", "transports", "tuning")),
-    ("jax", ("elastic", "gradients", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("outer_sync", ("gradients", "runtime")),
+    ("torch", ("elastic", "gradients", "outer_sync", "planning", "runtime", "schedules", "transports", "tuning")),
+    ("jax", ("elastic", "gradients", "outer_sync", "planning", "runtime", "schedules", "transports", "tuning")),
     ("tensorflow", ("elastic", "gradients", "kernels", "planning", "runtime", "schedules", "transports", "tuning")),
 )
 CORE = ("_private_files", "compression_methods", "errors", "job_secret", "ops", "options", "status_files")

@@ -19,6 +19,8 @@ What lives here (one concept per file):
     gradients.py    ``allreduce_gradients`` (a pytree in, a pytree out, one collective per bucket) and
                     ``GradientCompression``, the host-held error feedback of int8 / 1-bit / auto
     optimizer.py    ``distributed(tx)`` (Horovod's DistributedOptimizer, for optax) and ``broadcast_params``
+    diloco.py       ``DiLoCo``: outer-sync training (DiLoCo, Streaming DiLoCo) with an optax outer
+                    optimizer, on the framework-neutral core ddl_triton/outer_sync/
 
 Example (run under ``ddlrun -n 2 -- python train.py``, ``mpiexec``, or with RANK/WORLD_SIZE/MASTER_ADDR/
 MASTER_PORT set)::
@@ -51,6 +53,7 @@ except ImportError as _missing:  # the extra is not installed: say which one
                       "pip install 'ddl_triton[jax]'") from _missing
 
 from .collectives import allgather, allreduce, alltoall, barrier, broadcast
+from .diloco import DiLoCo
 from .gradients import GradientCompression, allreduce_gradients
 from .mpi4jax_names import NOT_HERE as _NOT_HERE
 from .mpi4jax_names import bcast, gather, reduce, scan, scatter
@@ -58,8 +61,8 @@ from .optimizer import broadcast_params, distributed
 from .point_to_point import init, recv, send, sendrecv
 from .world import local_rank, local_size, rank, size
 
-__all__ = ["GradientCompression", "allgather", "allreduce", "allreduce_gradients", "alltoall", "barrier", "bcast",
-           "broadcast", "broadcast_params", "distributed", "gather", "init", "local_rank", "local_size", "rank",
+__all__ = ["DiLoCo", "GradientCompression", "allgather", "allreduce", "allreduce_gradients", "alltoall", "barrier",
+           "bcast", "broadcast", "broadcast_params", "distributed", "gather", "init", "local_rank", "local_size", "rank",
            "recv", "reduce", "scan", "scatter", "send", "sendrecv", "size"]
 
 

@@ -6,6 +6,8 @@
         [--topology 2x2] [--link-emulation mpi:bw=1GB/s,lat=50us]
     python -m ddl_triton.simulate allreduce --cluster testbed --ranks 4 --topology 2x2 --bytes 4194304 \\
         --schedule hierarchical [--rate 1gbit]
+    python -m ddl_triton.simulate outer-sync --params 1M --step-ms 4 --hosts 2 --rate 100mbit [--fragments 4]
+    python -m ddl_triton.simulate crossover --params 1M --step-ms 4 --hosts 2
 
 train: per GPU count, the iteration time, the communication not hidden behind backward,
 and the scaling efficiency against one GPU (and against ``--baseline`` GPUs, a paper's own
@@ -19,6 +21,10 @@ here for these ranks and topology, else the built-in defaults), across the testb
 onto the testbed's shaped one), or on any cluster.
 ``--link-emulation`` adds the emulated link (transports/link_emulation.py) to the MPI
 link's latency and per-byte time, to predict a ``DDL_LINK_EMULATION`` run.
+
+outer-sync, crossover: per-step allreduce or outer sync (DiLoCo) for a model size, step time and
+link (planning/outer_sync.py's plan, as ``DiLoCo(sync_every="auto")`` prints it), and the link rate
+where outer sync starts to win (ddl_triton/simulation/outer_sync_crossover.py).
 
 No side effects unless asked: a prediction only reads (the cluster file, the cached ddl-tune
 tables) and says which figures it used. ``--tune`` (local and testbed) runs a quick ddl-tune of
@@ -203,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--tune", action="store_true", help="where no ddl-tune table fits this layout here, run a quick "
                    "ddl-tune (about a minute per layout, progress shown) and cache its table, which later jobs' init "
                    "uses too; without it the built-in model stands in, said so")
+    from . import outer_sync_crossover
+    outer_sync_crossover.add_parsers(sub)
     args = p.parse_args(argv)
+    if args.command in ("outer-sync", "crossover"):
+        return outer_sync_crossover.run(args)
     return train(args) if args.command == "train" else allreduce(args)
 
 

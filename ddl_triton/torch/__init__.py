@@ -19,7 +19,8 @@ DDL_* variables configure the communicator as for ``ddl_triton.init()``; the def
 is the world communicator, so ``ddl_triton.init()`` (the hooks' default) returns it.
 
 The only import-time effect is that registration (idempotent). Gradient compression hooks
-live in ``ddl_triton.torch.hooks`` (imported on demand).
+live in ``ddl_triton.torch.hooks`` (imported on demand). Outer-sync training across slow links:
+``DiLoCo`` (diloco.py) and ``host_group()`` (hosts.py), loaded on first use.
 """
 from __future__ import annotations
 
@@ -27,8 +28,18 @@ from .backend import BACKEND_NAME, create_process_group, register
 from .process_group import DdlProcessGroup
 from .rendezvous import RENDEZVOUS_SCHEME
 
-__all__ = ["BACKEND_NAME", "DdlProcessGroup", "RENDEZVOUS_SCHEME", "create_process_group", "init_process_group",
-           "register"]
+__all__ = ["BACKEND_NAME", "DdlProcessGroup", "DiLoCo", "RENDEZVOUS_SCHEME", "create_process_group", "host_group",
+           "init_process_group", "register"]
+
+_LAZY = {"DiLoCo": ".diloco", "host_group": ".hosts"}
+
+
+def __getattr__(name: str):
+    """``DiLoCo`` and ``host_group``, imported on first use (the outer-sync floor is not every job's)."""
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'ddl_triton.torch' has no attribute {name!r}")
 
 register()
 

@@ -82,7 +82,7 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
     world_group.Free()
     sub_group.Free()
     try:
-        comm = ddl.init(sub)
+        comm = ddl.init(sub, **_sub_topology(members, world.Get_size(), world.Get_rank()))
         p2p = MpiPointToPoint(mpi_dup(sub, comm.options.timeout, f"subgroup {members}'s point-to-point"),
                               comm.options.timeout, comm.rank, comm.placement.describe)
     finally:
@@ -91,6 +91,23 @@ def _over_mpi(common_opts) -> DdlProcessGroup:
         raise ValueError(f"ddl backend: subgroup {members}: torch expects rank {rank} of {size}, "
                          f"MPI gives {comm.rank} of {comm.size}")
     return DdlProcessGroup(comm, p2p, owns_comm=True)
+
+
+def _sub_topology(members: list[int], world_size: int, world_rank: int) -> dict:
+    """The ``topology`` override of an MPI sub-group under DDL_TOPOLOGY, which describes the world:
+    none without it; else the members' own grid (L ranks on each of H emulated nodes, node-contiguous),
+    "" when they sit on one node. ValueError naming the rank when the members' layout is no grid."""
+    spec = Options.from_env().topology
+    if not spec:
+        return {}
+    world = topology.parse(spec, world_size, world_rank)
+    nodes = [world.node_of(m) for m in members]
+    runs = [n for i, n in enumerate(nodes) if i == 0 or nodes[i - 1] != n]
+    per = [nodes.count(n) for n in runs]
+    if len(runs) != len(set(runs)) or len(set(per)) != 1:
+        raise ValueError(f"rank {world_rank}: ddl backend: subgroup {members} is not L ranks on each of its emulated "
+                         f"nodes in node order (DDL_TOPOLOGY={spec}: nodes {nodes})")
+    return {"topology": "" if len(runs) == 1 else f"{per[0]}x{len(runs)}"}
 
 
 def _over_store(common_opts) -> DdlProcessGroup:

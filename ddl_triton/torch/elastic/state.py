@@ -14,6 +14,12 @@ Semantics (Horovod's ``hvd.elastic.TorchState``):
   world can be that source: the ranks that just joined are named by the agreed decision, not by
   what they say, so a joiner that saved a state of its own before asking to join (or claims any
   number of commits) is never a source.
+- ``diloco=`` (a ``ddl_triton.torch.DiLoCo``): its backups (the last global parameters), inner step
+  counter and outer optimizer state are saved, restored and synced with the model, so an outer
+  step a lost rank interrupted is undone everywhere and redone on the survivors (an average in
+  flight is dropped and redone at its apply step); its error-feedback residuals start again from
+  zero after every restore or sync (they were made in, and sized by, the old world); after a
+  world change it averages over the new world (``DiLoCo.follow``).
 - Error-feedback residuals (ddl_triton.torch.hooks): each rank keeps its own, rolled back to the
   commit the world resumes from (its last, or the one before when the source had not committed
   the last step); they are not sent (they are this rank's own compression error); a joiner starts
@@ -40,10 +46,10 @@ class TorchState(State):
     ``optimizer`` (a ``torch.optim.Optimizer`` or None) and counters, each a keyword argument that
     becomes an attribute (``TorchState(model, opt, epoch=0, batch=0)``; ``state.epoch += 1``)."""
 
-    _reserved = ("model", "optimizer")
+    _reserved = ("model", "optimizer", "diloco")
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
-                 **counters):
+                 diloco=None, **counters):
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"elastic.TorchState: model must be a torch.nn.Module, got {type(model).__name__}")
         if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
@@ -57,8 +63,12 @@ class TorchState(State):
             if not any(id(p) in owned for g in optimizer.param_groups for p in g["params"]):
                 raise ValueError("elastic.TorchState: the optimizer updates none of the model's parameters "
                                  "(give the optimizer made from this model's parameters)")
+        if diloco is not None and not hasattr(diloco, "core"):
+            raise TypeError(f"elastic.TorchState: diloco must be a ddl_triton.torch.DiLoCo, got "
+                            f"{type(diloco).__name__}")
         self.model = model
         self.optimizer = optimizer
+        self.diloco = diloco
 
     # -- what the floor's State asks of a torch state ----------------------------------------------
     def _check_runnable(self) -> None:
@@ -76,6 +86,9 @@ class TorchState(State):
         # every rank took part in), and a rank synced back to the previous one takes its residuals.
         saved["residuals_before"] = saved.get("residuals", [])
         saved["residuals"] = [h.residuals_snapshot() for h in _hook_states(self.model)]
+        if _outer(self.diloco):  # the backups, the step, the outer optimizer (its residuals: module doc)
+            saved["diloco"] = self.diloco.state_dict()
+            saved["diloco"]["outer_optimizer"] = _optimizer_copy(saved["diloco"]["outer_optimizer"])
 
     def _restore_extra(self, saved: dict) -> None:
         """The model's parameters and buffers in place, the optimizer's state, the hooks' residuals."""
@@ -88,6 +101,10 @@ class TorchState(State):
             self.optimizer.load_state_dict(_optimizer_copy(saved["optimizer"]))  # a copy: loading aliases tensors
         for hooks, snapshot in zip(_hook_states(self.model), saved["residuals"]):
             hooks.load_residuals(snapshot)
+        if _outer(self.diloco) and saved.get("diloco") is not None:
+            held = saved["diloco"]
+            self.diloco.load_state_dict({"outer_sync": held["outer_sync"],
+                                         "outer_optimizer": _optimizer_copy(held["outer_optimizer"])}, residuals=False)
 
     def _one_commit_back(self) -> None:
         # The step is redone, so this rank's own error feedback goes back one commit too (the
@@ -104,17 +121,14 @@ class TorchState(State):
         manifest = self._manifest()
         manifest["model"] = [[n, str(t.dtype), list(t.shape)] for n, t in zip(names, tensors)]
         if self.optimizer is not None:
-            sd = self.optimizer.state_dict()
-            entries = []
-            for index, slots in sd["state"].items():
-                for key, value in slots.items():
-                    if isinstance(value, torch.Tensor):
-                        entries.append([int(index), key, str(value.dtype), list(value.shape)])
-                        tensors.append(value.detach())
-                    else:
-                        entries.append([int(index), key, "value", _json_value(value, f"optimizer state {key}")])
-            manifest["optimizer"] = {"state": entries,
-                                     "param_groups": _json_value(sd["param_groups"], "optimizer param_groups")}
+            manifest["optimizer"] = _optimizer_manifest(self.optimizer.state_dict(), tensors)
+        if _outer(self.diloco):
+            core = self.diloco.core.state_dict()
+            tensors.extend(core["backups"])
+            manifest["diloco"] = {"step": core["step"], "backups": [[str(b.dtype), list(b.shape)] for b in
+                                                                    core["backups"]],
+                                  "outer_optimizer": _optimizer_manifest(self.diloco.outer_optimizer.state_dict(),
+                                                                         tensors)}
         manifest["nbytes"] = sum(t.numel() * t.element_size() for t in tensors)
         return tensors, manifest
 
@@ -135,6 +149,16 @@ class TorchState(State):
         for entry in manifest.get("optimizer", {}).get("state", []):
             if entry[2] != "value":
                 out.append(torch.empty(entry[3], dtype=_dtype(entry[2], rank)))
+        if _outer(self.diloco):
+            theirs = manifest.get("diloco")
+            mine = [[str(b.dtype), list(b.shape)] for b in self.diloco.core.backups]
+            if theirs is None or theirs["backups"] != mine:
+                raise DDLError(f"rank {rank}: elastic: this rank's DiLoCo has other fragments than rank {source}'s: "
+                               "every rank must build the same DiLoCo")
+            out.extend(torch.empty(shape, dtype=_dtype(dtype, rank)) for dtype, shape in theirs["backups"])
+            for entry in theirs["outer_optimizer"]["state"]:
+                if entry[2] != "value":
+                    out.append(torch.empty(entry[3], dtype=_dtype(entry[2], rank)))
         return out
 
     def _load(self, manifest: dict, tensors: list[torch.Tensor]) -> None:
@@ -147,11 +171,41 @@ class TorchState(State):
         if self.optimizer is not None:
             if "optimizer" not in manifest:
                 raise DDLError("elastic: the source rank has no optimizer state and this rank has an optimizer")
-            state: dict = {}
-            for index, key, kind, value in manifest["optimizer"]["state"]:
-                state.setdefault(index, {})[key] = next(rest) if kind != "value" else value
-            self.optimizer.load_state_dict({"state": state, "param_groups": manifest["optimizer"]["param_groups"]})
+            self.optimizer.load_state_dict(_optimizer_from(manifest["optimizer"], rest))
+        if _outer(self.diloco):  # the source's backups, step and outer optimizer; residuals from zero
+            theirs = manifest["diloco"]
+            core = self.diloco.core.state_dict()
+            core["step"], core["backups"] = int(theirs["step"]), [next(rest) for _ in theirs["backups"]]
+            self.diloco.load_state_dict({"outer_sync": core, "outer_optimizer": _optimizer_from(
+                theirs["outer_optimizer"], rest)}, residuals=False)
         super()._load(manifest, tensors)
+
+
+def _optimizer_manifest(sd: dict, tensors: list) -> dict:
+    """An optimizer state dict's manifest entry; its tensors appended to ``tensors`` in entry order."""
+    entries = []
+    for index, slots in sd["state"].items():
+        for key, value in slots.items():
+            if isinstance(value, torch.Tensor):
+                entries.append([int(index), key, str(value.dtype), list(value.shape)])
+                tensors.append(value.detach())
+            else:
+                entries.append([int(index), key, "value", _json_value(value, f"optimizer state {key}")])
+    return {"state": entries, "param_groups": _json_value(sd["param_groups"], "optimizer param_groups")}
+
+
+def _optimizer_from(entry: dict, rest) -> dict:
+    """The optimizer state dict of a manifest entry, its tensors taken from the iterator ``rest``."""
+    state: dict = {}
+    for index, key, kind, value in entry["state"]:
+        state.setdefault(index, {})[key] = next(rest) if kind != "value" else value
+    return {"state": state, "param_groups": entry["param_groups"]}
+
+
+def _outer(diloco) -> bool:
+    """Whether ``diloco`` holds outer state (a DiLoCo whose sync_every="auto" is still measuring, or chose
+    per-step averaging, holds none: the model and the inner optimizer are the whole state then)."""
+    return diloco is not None and diloco.core is not None
 
 
 def _module(model):

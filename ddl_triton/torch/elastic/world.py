@@ -67,13 +67,15 @@ class ElasticWorld(floor.ElasticWorld):
         _init_group(self.backend, self.store, decision, self.options.timeout, prefix)
 
     def _follow(self, state) -> None:
-        """DDP and its comm hooks onto the current world."""
+        """DDP, its comm hooks and a DiLoCo onto the current world."""
         model = state.model
         if isinstance(model, DistributedDataParallel):
             _fresh_reducer(model)
         from .state import _hook_states
         for hooks in _hook_states(model):
             hooks.follow(self.comm)
+        if getattr(state, "diloco", None) is not None:
+            state.diloco.follow(self.comm)
         super()._follow(state)
 
 
