@@ -10,7 +10,7 @@ Checks (integer-valued data compared with ==, bits compared across ranks as raw 
 2. the pseudo-gradient mean: the core's average of integer-valued deltas (backup - local) equals
    the exact mean, compression none;
 3. identical replicas: random data, outer SGD lr 0.7 with Nesterov momentum 0.9 (DiLoCo's), with
-   fragments=2 and fragment_sync_delay=1, and with int8 (and int4, where registered) compression
+   fragments=2 and fragment_sync_delay=1, and with int8 and int4 compression
    (where there are hosts to compress between): after every fragment's sync its parameters and every backup hold the same
    bits on every rank;
 4. with DDL_TOPOLOGY giving several ranks per host: replicas="hosts", DDP over
@@ -205,8 +205,7 @@ def main() -> int:
         identical_replicas(ck, comm, None, 2, 1)
         identical_replicas(ck, comm, int8, 1, 0)
         identical_replicas(ck, comm, int8, 2, 1)
-        if "int4" in compression_methods.names():  # Streaming DiLoCo's 4-bit pseudo-gradients, where registered
-            identical_replicas(ck, comm, "int4", 2, 1)
+        identical_replicas(ck, comm, "int4", 2, 1)  # Streaming DiLoCo's 4-bit pseudo-gradients
         if hosts > 1 and local > 1:
             identical_replicas(ck, comm, None, 1, 0, replicas="hosts", host_ddp=True)
             identical_replicas(ck, comm, int8, 2, 1, replicas="hosts", host_ddp=True)

@@ -123,7 +123,7 @@ def across_hosts(ck: Checker, comm, lv, sizes=SIZES) -> None:
             ck.true(f"{method} {n}: per_level.wire_bytes says so",
                     per_level.wire_bytes(lv, method, n)["inter"] == inter)
     error_feedback_identity(ck, comm, lv)
-    ck.raises("unknown method", ValueError, lambda: per_level.allreduce(lv, torch.ones(4), method="int4"),
+    ck.raises("unknown method", ValueError, lambda: per_level.allreduce(lv, torch.ones(4), method="int2"),
               f"rank {comm.rank}")
     ck.raises("integer tensor", TypeError, lambda: per_level.allreduce(lv, torch.ones(4, dtype=torch.int64)),
               f"rank {comm.rank}")
