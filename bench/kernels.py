@@ -5,20 +5,24 @@ Sizes are those of the fp32 input (1 MiB .. 64 MiB). Each kernel runs through it
 launcher, so on a CPU it takes the torch fast path (the Triton kernels only run there under the
 interpreter, ~100x slower: ``--backend triton`` measures that, at small sizes only), and on a
 GPU the Triton kernel. "torch ops" is what one would write without this package: a torch.add
-chain, abs/amax/div/round for int8, torch.cat, a where/sum for the sign bits.
+chain, abs/amax/div/round for int8 (and int4, with a shift/or packing two values a byte), torch.cat,
+a where/sum for the sign bits.
 
 The cases come in sections, which ``--sections`` selects: reduce, int8 (quantize, dequantize,
-reduce_int8), onebit (sign_compress, sign_decompress), pack (pack, unpack) and copy (a clone at each
-size, the CPU's stand-in for a roofline). Every time comes from ddl_triton/kernels/bandwidth.py, the
+reduce_int8), int4 (quantize_int4, dequantize_int4, reduce_int4), onebit (sign_compress,
+sign_decompress), pack (pack, unpack) and copy (a clone at each size, the CPU's stand-in for a
+roofline). Every time comes from ddl_triton/kernels/bandwidth.py, the
 measurement bench/gpu_check.py uses too: CUDA events on a GPU (L2 flushed before each call),
 time.perf_counter on a CPU, ours and the torch ops alternating call by call. On a GPU the script
 also measures device copy bandwidth (clone of a 1 GiB tensor) as the roofline.
 
-It ends with the payload bytes of a 1M-element fp32 tensor compressed to int8 (q + scales) and
-onebit (bits + scale), and checks the ratios (>= 3.9x, >= 25x); the exit status is 1 if not.
+It ends with the payload bytes of a 1M-element fp32 tensor compressed to int8 (q + scales), int4
+(packed values + scales) and onebit (bits + scale), and checks the ratios (>= 3.9x, >= 7.7x, >= 25x);
+the exit status is 1 if not.
 
     python bench/kernels.py --quick                 # about a minute on 2 CPU cores
     python bench/kernels.py --quick --sections int8 onebit
+    python bench/kernels.py --sizes 1 --sections int8 int4   # the int4 column beside int8's
     python bench/kernels.py --json bench/results/kernels.json
 """
 from __future__ import annotations
@@ -35,11 +39,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 import ddl_triton.kernels as K  # noqa: E402
+from ddl_triton.kernels import int4 as K4  # noqa: E402
 from ddl_triton.kernels.bandwidth import CLOCKS, measure  # noqa: E402
 
 MIB = 1 << 20
 BLOCK = 256  # int8 block
-SECTIONS = ("reduce", "int8", "onebit", "pack", "copy")
+SECTIONS = ("reduce", "int8", "int4", "onebit", "pack", "copy")
 
 
 def quantize_int8_torch_ops(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,6 +52,14 @@ def quantize_int8_torch_ops(x: torch.Tensor, block: int) -> tuple[torch.Tensor, 
     xb = x.view(-1, block)
     sc = xb.abs().amax(dim=1, keepdim=True) / 127
     return torch.round(xb / sc).to(torch.int8), sc
+
+
+def quantize_int4_torch_ops(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4 block quantization and packing written with plain torch ops: the comparison for quantize_int4."""
+    xb = x.view(-1, block)
+    sc = xb.abs().amax(dim=1, keepdim=True) / 7
+    nib = (torch.round(xb / sc) + 8).to(torch.uint8).view(-1)
+    return nib[0::2] | (nib[1::2] << 4), sc
 
 
 def cases(n: int, device: torch.device) -> list[tuple[str, str, int, Callable[[], object], Callable[[], object]]]:
@@ -58,6 +71,8 @@ def cases(n: int, device: torch.device) -> list[tuple[str, str, int, Callable[[]
     nb = (n + BLOCK - 1) // BLOCK
     q, s = K.quantize_int8(x, block=BLOCK)
     q2, s2 = K.quantize_int8(ys[0], block=BLOCK)
+    p4, s4 = K4.quantize_int4(x, block=BLOCK)
+    p4b, s4b = K4.quantize_int4(ys[0], block=BLOCK)
     residual = torch.zeros(n, device=device)
     residual_b = torch.zeros(n, device=device)
     bits, scale = K.sign_compress(x, residual.clone())
@@ -85,6 +100,16 @@ def cases(n: int, device: torch.device) -> list[tuple[str, str, int, Callable[[]
         sc = acc.abs().amax(dim=1, keepdim=True) / 127
         return torch.round(acc / sc).to(torch.int8), sc
 
+    def unpack4(p):
+        return torch.stack((p & 15, p >> 4), dim=1).view(-1, BLOCK).float() - 8
+
+    def dequant4_ops():
+        return (unpack4(p4) * s4[:, None]).view(-1)
+
+    def reduce_int4_ops():
+        acc = unpack4(p4) * s4[:, None] + unpack4(p4b) * s4b[:, None]
+        return quantize_int4_torch_ops(acc.view(-1), BLOCK)
+
     def sign_ops():
         v = x + residual_b
         sc = v.abs().mean()
@@ -108,6 +133,12 @@ def cases(n: int, device: torch.device) -> list[tuple[str, str, int, Callable[[]
          dequant_ops),
         ("int8", "reduce_int8 k=2", 3 * (n + 4 * nb), lambda: K.reduce_int8([q, q2], [s, s2], block=BLOCK),
          reduce_int8_ops),
+        ("int4", "quantize_int4", 4 * n + n // 2 + 4 * nb, lambda: K4.quantize_int4(x, block=BLOCK),
+         lambda: quantize_int4_torch_ops(x, BLOCK)),
+        ("int4", "dequantize_int4", n // 2 + 4 * nb + 4 * n,
+         lambda: K4.dequantize_int4(p4, s4, out=out, block=BLOCK), dequant4_ops),
+        ("int4", "reduce_int4 k=2", 3 * (n // 2 + 4 * nb),
+         lambda: K4.reduce_int4([p4, p4b], [s4, s4b], numel=n, block=BLOCK), reduce_int4_ops),
         ("onebit", "sign_compress", 3 * 4 * n + n // 8, lambda: K.sign_compress(x, residual), sign_ops),
         ("onebit", "sign_decompress", n // 8 + 4 * n, lambda: K.sign_decompress(bits, scale, n, out=out),
          sign_decompress_ops),
@@ -120,13 +151,15 @@ def cases(n: int, device: torch.device) -> list[tuple[str, str, int, Callable[[]
 def payload(n: int = 1 << 20) -> dict:
     x = torch.randn(n)
     q, s = K.quantize_int8_reference(x, block=BLOCK)
+    p4, s4 = K4.quantize_int4_reference(x, block=BLOCK)
     bits, scale = K.sign_compress_reference(x, torch.zeros(n))
     fp32 = 4 * n
     int8 = q.numel() * q.element_size() + s.numel() * s.element_size()
+    int4 = p4.numel() * p4.element_size() + s4.numel() * s4.element_size()
     onebit = bits.numel() * bits.element_size() + scale.numel() * scale.element_size()
     return {"n": n, "fp32_bytes": fp32, "int8_bytes": int8, "int8_ratio": fp32 / int8,
-            "onebit_bytes": onebit, "onebit_ratio": fp32 / onebit,
-            "int8_ok": fp32 / int8 >= 3.9, "onebit_ok": fp32 / onebit >= 25}
+            "int4_bytes": int4, "int4_ratio": fp32 / int4, "onebit_bytes": onebit, "onebit_ratio": fp32 / onebit,
+            "int8_ok": fp32 / int8 >= 3.9, "int4_ok": fp32 / int4 >= 7.7, "onebit_ok": fp32 / onebit >= 25}
 
 
 def main() -> int:
@@ -185,6 +218,8 @@ def main() -> int:
     print(f"\npayload of {pl['n']} fp32 elements ({pl['fp32_bytes']} bytes):")
     print(f"  int8 (q + scales, block {BLOCK}): {pl['int8_bytes']:>8} bytes  {pl['int8_ratio']:6.2f}x  "
           f"(>= 3.9x: {'ok' if pl['int8_ok'] else 'FAIL'})")
+    print(f"  int4 (q/2 + scales, block {BLOCK}): {pl['int4_bytes']:>7} bytes  {pl['int4_ratio']:6.2f}x  "
+          f"(>= 7.7x: {'ok' if pl['int4_ok'] else 'FAIL'})")
     print(f"  onebit (bits + scale):         {pl['onebit_bytes']:>8} bytes  {pl['onebit_ratio']:6.2f}x  "
           f"(>= 25x: {'ok' if pl['onebit_ok'] else 'FAIL'})")
 
@@ -196,7 +231,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {args.json}")
-    return 0 if pl["int8_ok"] and pl["onebit_ok"] else 1
+    return 0 if pl["int8_ok"] and pl["int4_ok"] and pl["onebit_ok"] else 1
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def _int4() -> Method:
     # Streaming DiLoCo's 4-bit pseudo-gradients. align: whole blocks and whole int32 words (8 values).
     return Method(
         name="int4", summary="4-bit values (two a byte) + one fp32 scale per block of elements",
-        allreduce=_RUNTIME + "compressed:allreduce_int4", gathered=_RUNTIME + "gathered:int4",
+        allreduce=_RUNTIME + "int4:allreduce_int4", gathered=_RUNTIME + "gathered:int4",
         roundtrip="ddl_triton.kernels.int4:roundtrip_int4",
         align=lambda block: max(block, 8), slot_words=lambda c, block, scales: c // 8 + c // block, word_bytes=4,
         bits=lambda block: 4 + 32 / block,

@@ -66,7 +66,8 @@ class Options:
     compression (DDL_COMPRESSION)         lossy, so opt-in: the "ddl" process group's float allreduces of at least
                                           64 KiB (DDP's buckets) go fp32 over shm inside a host and compressed
                                           between hosts (ddl_triton/runtime/compression/per_level.py): a method of
-                                          ddl_triton/compression_methods.py ("int8", "onebit", "fp16", "bf16"), or
+                                          ddl_triton/compression_methods.py ("int8", "onebit", "fp16", "bf16",
+                                          "int4"), or
                                           "auto" (per size, where it pays: ddl_triton/tuning/auto_compression.py);
                                           "none" (default): full precision everywhere
     link_probe (DDL_LINK_PROBE)           where ranks span hosts and no tuning table fits the cost model,

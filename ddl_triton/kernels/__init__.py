@@ -1,4 +1,4 @@
-"""Triton kernels of ddl_triton: reduction (reduce.py), compression (int8.py, onebit.py; the 16-bit
+"""Triton kernels of ddl_triton: reduction (reduce.py), compression (int8.py, int4.py, onebit.py; the 16-bit
 casts in sixteen_bit.py; which method uses which: ddl_triton/compression_methods.py) and bucket
 packing (pack.py).
 

@@ -4,7 +4,7 @@ Every rank process imports the launchers (the communicator reduces with reduce.p
 collectives call int8.py and onebit.py), but on a CPU they run torch ops and never launch a Triton
 kernel; importing triton costs ~0.3 s of a rank's ~2.8 s start. So each launcher module keeps its
 ``@triton.jit`` kernels in a private module beside it (reduce.py: _reduce_jit.py; int8.py:
-_int8_jit.py; onebit.py: _onebit_jit.py; pack.py: _pack_jit.py), and that module, with triton, is
+_int8_jit.py; int4.py: _int4_jit.py; onebit.py: _onebit_jit.py; pack.py: _pack_jit.py), and that module, with triton, is
 imported the first time a kernel is asked for: a launch on a CUDA tensor, or under
 ``DDL_KERNELS=triton`` (``Options.kernels="triton"``) with ``TRITON_INTERPRET=1``, or a reading of
 the attribute (``reduce._reduce_kernel``). launch_configs.py imports triton inside the functions

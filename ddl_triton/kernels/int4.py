@@ -50,11 +50,12 @@ Payload per n elements: n/2 + 4*ceil(n/block) bytes (~7.76x smaller than fp32 at
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import torch
 
-from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous
+from ._compression import OUT_DTYPES, QUANT_DTYPES, check_contiguous, compiled
 from ._dispatch import use_triton
 from ._lazy_kernels import LazyKernels, cdiv
 
@@ -63,6 +64,10 @@ _MIN_NORMAL = 2.0 ** -126  # smallest normal fp32; smaller scales are flushed to
 _MAX_QBLOCK = 1 << 16
 _TILE = 4096      # elements per program (rounded up to whole blocks)
 _NUM_WARPS = 8    # compiled launches only
+# On a little-endian host a byte pair seen as one int16 holds element 2k in its low byte: the torch
+# path packs and unpacks with contiguous int16 ops there (about 1.6x and 1.8x faster than strided
+# uint8 ops on 256K elements, one thread), and with strided uint8 ops elsewhere. The same bytes.
+_INT16_PAIRS = sys.byteorder == "little"
 
 _KERNELS = LazyKernels(__name__, "._int4_jit", ["_quantize_pack_kernel", "_unpack_dequantize_kernel"])
 __getattr__ = _KERNELS.module_getattr  # int4._quantize_pack_kernel etc.: loaded on first use
@@ -79,7 +84,7 @@ def _grid(n_blocks: int, block: int) -> tuple[int]:
 def _compile_options(t: torch.Tensor) -> dict:
     # num_warps and fma contraction off (an fma of out + q*s rounds once where torch rounds twice);
     # the interpreter takes neither.
-    return {"num_warps": _NUM_WARPS, "enable_fp_fusion": False} if t.is_cuda else {}
+    return {"num_warps": _NUM_WARPS, "enable_fp_fusion": False} if compiled(t) else {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,8 +133,12 @@ def quantize_int4_reference(x: torch.Tensor, *, block: int = 256, scale: float |
         _quantize_rows(flat[:full].view(-1, block), q[:full].view(-1, block), s[: full // block])
     if full < n:
         _quantize_rows(flat[full:].view(1, -1), q[full:n].view(1, -1), s[full // block:])
-    nibbles = q.add(8.0).to(torch.uint8)
-    torch.bitwise_or(nibbles[0::2], nibbles[1::2].bitwise_left_shift(4), out=packed)
+    nibbles = q.add(8.0).to(torch.uint8)  # 1..15, and 8 for the padding
+    if _INT16_PAIRS:
+        pairs = nibbles.view(torch.int16)  # lo + 256*hi: (pairs >> 4) | pairs has lo | hi << 4 in its low byte
+        packed.copy_(pairs.bitwise_right_shift(4).bitwise_or_(pairs))  # int16 -> uint8 keeps the low byte
+    else:
+        torch.bitwise_or(nibbles[0::2], nibbles[1::2].bitwise_left_shift(4), out=packed)
     if _keep_error:
         x.view(-1).sub_(_scaled(q[:n], s, block))
     return packed, s
@@ -156,9 +165,16 @@ def dequantize_int4_reference(packed: torch.Tensor, scales: torch.Tensor, *, num
     if n == 0:
         return out
     # nibble pairs side by side, then flat: element 2k low, 2k + 1 high
-    q = torch.stack((packed.bitwise_and(15), packed.bitwise_right_shift(4)), dim=1).view(-1)[:n]
-    d = _scaled(q.to(torch.float32).sub_(8.0), scales, block)  # exact ints, one rounding per product
+    if _INT16_PAIRS:
+        pairs = packed.to(torch.int16)  # lo in the low byte, hi moved to the high one
+        q = pairs.bitwise_and(15).bitwise_or_(pairs.bitwise_left_shift(4).bitwise_and_(0xF00)).view(torch.uint8)[:n]
+    else:
+        q = torch.stack((packed.bitwise_and(15), packed.bitwise_right_shift(4)), dim=1).view(-1)[:n]
     o = out.view(-1)
+    if out.dtype == torch.float32 and not accumulate:  # straight into out: no temporary
+        _scaled(o.copy_(q).sub_(8.0), scales, block)  # exact ints, one rounding per product
+        return out
+    d = _scaled(q.to(torch.float32).sub_(8.0), scales, block)
     if accumulate:
         o.add_(d)
     else:

@@ -25,6 +25,7 @@ import ddl_triton as ddl
 from ddl_triton import compression_methods as cm
 from ddl_triton.kernels.int4 import quantize_int4_reference
 from ddl_triton.runtime.compression import compressed
+from ddl_triton.runtime.compression.int4 import allreduce_int4
 from support.checker import Checker
 
 SLACK = 0.5 + 2.0 ** -16
@@ -78,7 +79,7 @@ def check_exact(ck: Checker, comm) -> None:
         for op in ("sum", "avg"):
             if op == "avg" and size not in (2, 4):
                 continue
-            y = compressed.allreduce_int4(comm, (k * ms[rank]).float(), op=op, block=block)
+            y = allreduce_int4(comm, (k * ms[rank]).float(), op=op, block=block)
             want = (k * sum(ms) / (size if op == "avg" else 1)).float()
             ck.equal(f"n={n} block={block} {op}: representable inputs come back exact", y, want)
 
@@ -92,7 +93,7 @@ def check_error_feedback(ck: Checker, comm) -> None:
     total_mean = torch.zeros(n, dtype=torch.float64)
     for t in range(20):
         x = _rank_input(n, rank, 50 + t).float()
-        y = compressed.allreduce_int4(comm, x.clone(), op="avg", block=block, residual=worker, server_residual=server)
+        y = allreduce_int4(comm, x.clone(), op="avg", block=block, residual=worker, server_residual=server)
         total_y += y.double()
         total_mean += torch.stack(_every_rank(x, size)).mean(0)
     kept = torch.stack(_every_rank(worker, size)).mean(0)
@@ -106,7 +107,7 @@ def check_error_feedback(ck: Checker, comm) -> None:
 
 def check_bad_input(ck: Checker, comm) -> None:
     ck.raises("a residual of the wrong size", ValueError,
-              lambda: compressed.allreduce_int4(comm, torch.ones(10), residual=torch.zeros(9)),
+              lambda: allreduce_int4(comm, torch.ones(10), residual=torch.zeros(9)),
               f"rank {comm.rank}: allreduce_int4: residual must be contiguous with 10 elements")
     ck.raises("a float64 tensor", TypeError, lambda: cm.get("int4").run(comm, torch.ones(4, dtype=torch.float64)),
               f"rank {comm.rank}: compression 'int4' takes float32, float16, bfloat16 tensors")

@@ -13,7 +13,8 @@ mpiexec:
   the rank;
 - error feedback: over repeated calls the running sum of the outputs tracks the running sum of
   the exact means (drift within the residuals' bound), and without residuals it does not;
-- the registry's users: the gradients floor's Reducer and ``compress_hook("int4")``.
+- the registry's users: the gradients floor's Reducer, ``compress_hook("int4")`` and per-level
+  compression (one rank per host: int4 between hosts, with the residuals it sizes).
 tests/multirank/test_int4_across_ranks.py runs the allreduce on real ranks.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ddl_triton import compression_methods as cm
 from ddl_triton.kernels import int4 as K4
 from ddl_triton.runtime.calls.work import Work
 from ddl_triton.runtime.compression import compressed
+from ddl_triton.runtime.compression.int4 import allreduce_int4
 from support.kernel_checks import (DTYPES, assert_bitwise, assert_within, backend, bits_of, make,  # noqa: F401
                                    poison_empty, poisoned)
 
@@ -330,7 +332,7 @@ def test_allreduce_int4_is_exact_where_the_inputs_are_representable(size):
           .double().repeat_interleave(block)[:n] for r in range(size)]
     xs = [(k * m).float() for m in ms]
     for op in ("sum", "avg"):
-        ys = _on_ranks(_world(size), lambda c: compressed.allreduce_int4(c, xs[c.rank].clone(), op=op, block=block))
+        ys = _on_ranks(_world(size), lambda c: allreduce_int4(c, xs[c.rank].clone(), op=op, block=block))
         want = k * sum(ms) / (size if op == "avg" else 1)
         if op == "sum" or size in (2, 4):
             for r, y in enumerate(ys):
@@ -345,9 +347,9 @@ def test_allreduce_int4_through_the_triton_kernels():
 
     def call(c):
         residual = torch.linspace(-0.1, 0.1, 77)
-        server = torch.full((compressed.chunk_bounds(77, 3, 8)[c.rank][1] - compressed.chunk_bounds(77, 3, 8)[c.rank][0],),
-                            0.01)
-        y = compressed.allreduce_int4(c, xs[c.rank].clone(), block=8, residual=residual, server_residual=server)
+        a, b = compressed.chunk_bounds(77, 3, 8)[c.rank]
+        server = torch.full((b - a,), 0.01)
+        y = allreduce_int4(c, xs[c.rank].clone(), block=8, residual=residual, server_residual=server)
         return y, residual, server
 
     got = {}
@@ -362,15 +364,23 @@ def test_allreduce_int4_through_the_triton_kernels():
             assert_bitwise(b, a, f"rank {r}: triton vs torch")
 
 
+def test_allreduce_int4_async_returns_a_work_with_the_same_result():
+    xs = [make(300, torch.float32, 60 + r) for r in range(3)]
+    sync = _on_ranks(_world(3), lambda c: allreduce_int4(c, xs[c.rank].clone(), block=8))
+    works = _on_ranks(_world(3), lambda c: allreduce_int4(c, xs[c.rank].clone(), block=8, async_op=True))
+    for y, w in zip(sync, works):
+        assert torch.equal(w.wait(), y)
+
+
 def test_allreduce_int4_handles_non_contiguous_tensors():
     base = [make(64, torch.float32, 50 + r).view(8, 8) for r in range(3)]
-    contiguous = _on_ranks(_world(3), lambda c: compressed.allreduce_int4(c, base[c.rank].t().contiguous(),
+    contiguous = _on_ranks(_world(3), lambda c: allreduce_int4(c, base[c.rank].t().contiguous(),
                                                                           block=8))
 
     def strided(c):
         t = base[c.rank].clone().t()  # a transposed view: copied in, the result written back through it
         assert not t.is_contiguous()
-        return compressed.allreduce_int4(c, t, block=8)
+        return allreduce_int4(c, t, block=8)
 
     for a, b in zip(contiguous, _on_ranks(_world(3), strided)):
         assert torch.equal(a, b)
@@ -379,18 +389,18 @@ def test_allreduce_int4_handles_non_contiguous_tensors():
 def test_allreduce_int4_refuses_bad_input_naming_the_rank():
     c = _world(3)[1]  # validation comes before any exchange: one rank alone raises
     with pytest.raises(TypeError, match="rank 1: allreduce_int4: tensor must be float32, float16 or bfloat16"):
-        compressed.allreduce_int4(c, torch.ones(8, dtype=torch.int32))
+        allreduce_int4(c, torch.ones(8, dtype=torch.int32))
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: residual must be contiguous with 8 elements, "
                                          "has 7"):
-        compressed.allreduce_int4(c, torch.ones(8), residual=torch.zeros(7))
+        allreduce_int4(c, torch.ones(8), residual=torch.zeros(7))
     with pytest.raises(TypeError, match="rank 1: allreduce_int4: residual must be an fp32 tensor"):
-        compressed.allreduce_int4(c, torch.ones(8), residual=torch.zeros(8, dtype=torch.float64))
+        allreduce_int4(c, torch.ones(8), residual=torch.zeros(8, dtype=torch.float64))
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: server_residual must be contiguous with 8"):
-        compressed.allreduce_int4(c, torch.ones(20), block=8, server_residual=torch.zeros(3))
+        allreduce_int4(c, torch.ones(20), block=8, server_residual=torch.zeros(3))
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: block must be a power of two in \\[4, 65536\\]"):
-        compressed.allreduce_int4(c, torch.ones(8), block=2)
+        allreduce_int4(c, torch.ones(8), block=2)
     with pytest.raises(ValueError, match="rank 1: allreduce_int4: op must be 'avg' or 'sum'"):
-        compressed.allreduce_int4(c, torch.ones(8), op="max")
+        allreduce_int4(c, torch.ones(8), op="max")
     with pytest.raises(TypeError, match="rank 1: compression 'int4' takes float32, float16, bfloat16 tensors, "
                                         "got float64"):
         cm.get("int4").run(c, torch.ones(8, dtype=torch.float64))
@@ -409,7 +419,7 @@ def _running_drift(size: int, feedback: bool, steps: int = 40, server_feedback: 
         x = torch.full((n,), 0.3 + 0.01 * c.rank)
         x[::block] = 7.0 + c.rank
         x *= 1 + t % 3
-        y = compressed.allreduce_int4(c, x.clone(), op="avg", block=block,
+        y = allreduce_int4(c, x.clone(), op="avg", block=block,
                                       residual=worker[c.rank] if feedback else None,
                                       server_residual=server[c.rank] if feedback and server_feedback else None)
         return x, y
@@ -437,6 +447,7 @@ def test_error_feedback_keeps_the_running_sum_on_track(size):
     assert drift > 3 * bound, f"{size} ranks, without residuals the drift should grow: {drift} vs {bound}"
 
 
+@pytest.mark.slow
 def test_without_the_server_residual_the_servers_rounding_drifts():
     # Why the int4 row keeps a server residual: on 3+ ranks the server requantizes the mean, and
     # a mean that rounds the same way every call is lost every call, however well the workers
@@ -476,3 +487,38 @@ def test_compress_hook_int4_reduces_a_bucket_on_two_ranks():
     (y0, payload, sent), (y1, _, _) = _on_ranks(_world(2), hook)
     assert torch.equal(y0, y1) and y0.tolist() == [7.0, 0.0, 3.5, 4.0] * 64  # representable: exact
     assert payload == sent == compressed.wire_bytes("int4", 256, 2) == 128 + 4
+
+
+def test_per_level_compression_runs_int4_between_hosts():
+    # One rank per host (the threads' placement): the per-level allreduce is int4 between hosts,
+    # with the residuals residual_sizes gives (the worker's, and the server's chunk).
+    from ddl_triton.runtime.compression import per_level
+
+    size, n = 3, 1000
+    xs = [make(n, torch.float32, 80 + r, spread=2) for r in range(size)]
+
+    def call(c):
+        levels = per_level.Levels(c)
+        w, s = per_level.residual_sizes(levels, "int4", n, block=64)
+        assert w == n
+        x = xs[c.rank].clone()
+        per_level.allreduce(levels, x, method="int4", block=64, residual=torch.zeros(w),
+                            server_residual=torch.zeros(s))
+        return x, s, per_level.wire_bytes(levels, "int4", n, block=64)["inter"]
+
+    out = _on_ranks(_world(size), call)
+    assert all(torch.equal(x, out[0][0]) for x, _, _ in out)
+    assert [s for _, s, _ in out] == [b - a for a, b in compressed.chunk_bounds(n, size, 64)]
+    assert out[0][2] == compressed.wire_bytes("int4", n, size, block=64)
+    _check_bound(out[0][0], xs, 64, size, "per-level int4")
+
+
+def test_the_torch_paths_two_packings_give_the_same_bytes(monkeypatch):
+    # The torch path packs with int16 ops on a little-endian host and strided uint8 ops elsewhere.
+    x = make(1001, torch.float32, 8)
+    fast = K4.quantize_int4_reference(x, block=8)
+    fast_d = K4.dequantize_int4_reference(*fast, numel=1001, block=8)
+    monkeypatch.setattr(K4, "_INT16_PAIRS", not K4._INT16_PAIRS)
+    other = K4.quantize_int4_reference(x, block=8)
+    assert_bitwise(other[0], fast[0], "packed")
+    assert_bitwise(K4.dequantize_int4_reference(*other, numel=1001, block=8), fast_d, "dequantized")

@@ -1,10 +1,10 @@
-"""Compressed allreduce: int8, int4, 1-bit and 16-bit gradients on the wire, reduced through the compression kernels.
+"""Compressed allreduce: int8, 1-bit and 16-bit gradients on the wire, reduced through the compression kernels.
 
 These are the allreduces the rows of ddl_triton/compression_methods.py name (the fp16 and bf16
 rows both run ``allreduce_16bit``); the rows give each method's wire layout, and ``wire_bytes``
 its exact bytes.
 
-Four lossy allreduces on a :class:`~ddl_triton.Communicator`, each a *two-shot* exchange:
+Three lossy allreduces on a :class:`~ddl_triton.Communicator` (and int4.py's), each a *two-shot* exchange:
 
     1. compress this rank's tensor chunk by chunk      (chunk q will be reduced by rank q)
     2. all_to_all: rank q receives chunk q of every rank, compressed
@@ -35,18 +35,8 @@ of ``ddl_triton.kernels``:
     Two ranks (gathered): the mean of the two workers' dequantized values, in fp32: the
     worker's error alone.
 
-``allreduce_int4`` (4-bit values, two a byte; Streaming DiLoCo's pseudo-gradients; kernels/int4.py)
-    worker:  as int8's, with quantize_int4 (s = absmax/7, q in [-7, 7]; residual keeps the error)
-    server:  acc = sum_p dequant(q_p) [* fp32(1/n) for avg] [+ server_residual];
-             quantize_int4(acc), and with a server residual, server_residual = acc - dequant(...)
-    Chunk boundaries are multiples of max(block, 8): whole blocks, whole int32 words of nibbles.
-    Error: per element, within (s_w + s_r)(1/2 + 2**-16) of the mean of the ranks' x + residual
-    (plus the server residual when one is kept), s_w the ranks' mean block absmax/7 and s_r the
-    reduced block's (the fp32 sums' roundings fit in the 2**-16 up to 32 ranks). Over T calls,
-    with both residuals, sum_t y_t = sum_t mean_t - mean_p(residual_p) - server_residual up to
-    fp32 rounding: bounded drift. Without the server residual the server's rounding is not
-    re-sent, and a biased one (a value that rounds the same way every call) drifts on 3+ ranks.
-    Two ranks (gathered): the worker's error alone, s_w(1/2 + 2**-16); no server residual used.
+``allreduce_int4`` (4-bit values, two a byte, error feedback on both sides)
+    int8's two-shot with kernels/int4.py's compressor: runtime/compression/int4.py.
 
 ``allreduce_onebit`` (DeepSpeed 1-bit Adam style, error feedback on both sides)
     worker:  per chunk, bits, scale = sign_compress(x + residual)   (residual keeps the error)
@@ -114,10 +104,9 @@ from .layout import ONEBIT_ALIGN, chunk_bounds, chunk_elems, nbytes, segments, s
 from ...kernels import sixteen_bit
 from ...kernels import (dequantize_int8, quantize_int8, quantize_int8_keep_error, reduce_int8, sign_compress,
                        sign_decompress)
-from ...kernels.int4 import dequantize_int4, quantize_int4, quantize_int4_keep_error, reduce_int4
 from ..calls.work import Work
 
-__all__ = ["allreduce_16bit", "allreduce_int4", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps",
+__all__ = ["allreduce_16bit", "allreduce_int8", "allreduce_onebit", "chunk_bounds", "latency_steps",
            "wire_bytes"]
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -204,85 +193,6 @@ def allreduce_int8(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 
 
     return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
                      f"allreduce_int8({op}, {n} x {tensor.dtype}, block {block})", async_op)
-
-
-def allreduce_int4(comm, tensor: torch.Tensor, *, op: str = "avg", block: int = 256,
-                   residual: torch.Tensor | None = None, server_residual: torch.Tensor | None = None,
-                   async_op: bool = False):
-    """Allreduce ``tensor`` in place with 4-bit block quantization on the wire (see module doc):
-    ``allreduce_int8``'s two-shot with ``kernels.int4``'s compressor, two values a byte.
-
-    tensor: fp32/fp16/bf16, on the CPU or (with CUDA available) a GPU; a non-contiguous tensor
-    goes through a contiguous copy, written back. op: "avg" or "sum". block: quantization
-    block, a power of two in [4, 65536]. residual: fp32 with tensor.numel() elements on the
-    tensor's device, the worker error feedback. server_residual: fp32 with as many elements as
-    this rank's chunk (``chunk_bounds(numel, size, max(block, 8))[rank]``), the server error
-    feedback: the requantization error of the chunk this rank reduces, added to it next call
-    (two ranks have no server step: it stays as passed). Both are updated in place; None: no
-    error feedback on that side. Returns ``tensor``, or a Work resolving to it.
-    Example (2 ranks, no residual, block 4): rank 0 x = [7, -7, 0, 1], rank 1 x = [7, 7, 7, 7]: both
-             blocks are whole multiples of their absmax/7 (1.0), so both ranks end with the exact
-             mean [7.0, 0.0, 3.5, 4.0]. On more ranks the server requantizes that mean (s_r = 1):
-             3.5 ties to even, [7.0, 0.0, 4.0, 4.0], within s_r/2.
-    """
-    flat, size, n = _prepare(comm, tensor, op, "allreduce_int4", residual)
-    if not isinstance(block, int) or block < 4 or block > (1 << 16) or block & (block - 1):
-        raise ValueError(f"rank {comm.rank}: allreduce_int4: block must be a power of two in [4, 65536], "
-                         f"got {block!r}")
-    align = compression_methods.get("int4").align(block)  # whole blocks and whole words of 8 values
-    bounds = chunk_bounds(n, size, align)
-    a, b = bounds[comm.rank]
-    mine = b - a
-    if server_residual is not None:
-        _check_residual(comm, server_residual, mine, "allreduce_int4: server_residual", tensor.device)
-    if n == 0:
-        return _done(tensor, async_op)
-    if size == 2:
-        return gathered.int4(comm, tensor, flat, op, block, residual, async_op)
-    c = chunk_elems(n, size, align)
-    words = slot_words("int4", c, block)
-    sq = c // 8  # where a slot's scales start, in words
-    buffers, send, recv, gin, gout = _message_buffers(size, words, torch.int32, flat.device)
-    sb, sf = send.view(torch.uint8), send.view(torch.float32)
-
-    def slot(bytes_view, floats_view, p: int, length: int):
-        """Slot p's packed values and scales, for a chunk of ``length`` elements."""
-        return (bytes_view[p * words * 4: p * words * 4 + (length + 1) // 2],
-                floats_view[p * words + sq: p * words + sq + -(-length // block)])
-
-    if residual is not None:
-        residual.add_(flat)  # v = x + residual: x upcast exactly
-    for p, (a, b) in enumerate(bounds):  # chunk p straight into slot p
-        if residual is not None:
-            quantize_int4_keep_error(residual[a:b], block=block, out=slot(sb, sf, p, b - a))  # re-sent next call
-        else:
-            quantize_int4(flat[a:b], block=block, out=slot(sb, sf, p, b - a))
-    scale = 1.0 / size if op == "avg" else None
-
-    def server() -> None:
-        rb, rf = recv.view(torch.uint8), recv.view(torch.float32)
-        ins = [slot(rb, rf, p, mine) for p in range(size)]
-        out = slot(gin.view(torch.uint8), gin.view(torch.float32), 0, mine)
-        if server_residual is None:
-            reduce_int4([i[0] for i in ins], [i[1] for i in ins], numel=mine, block=block, scale=scale, out=out)
-            return
-        # reduce_int4's sum and scaling, then + server_residual, quantized keeping the error
-        acc = dequantize_int4(*ins[0], numel=mine, block=block)
-        for p in range(1, size):  # rank order: the same sum wherever it is computed
-            dequantize_int4(*ins[p], out=acc, block=block, accumulate=True)
-        if scale is not None:
-            acc.mul_(torch.tensor(scale, dtype=torch.float32, device=acc.device))
-        acc.add_(server_residual)
-        quantize_int4_keep_error(acc, block=block, out=out)
-        server_residual.copy_(acc)  # what the requantization lost: sent with the next call
-
-    def finish() -> None:
-        ob, of = gout.view(torch.uint8), gout.view(torch.float32)
-        for p, (a, b) in enumerate(bounds):
-            dequantize_int4(*slot(ob, of, p, b - a), out=flat[a:b], block=block)
-
-    return _two_shot(comm, tensor, flat, buffers, send, recv, gin, gout, server, finish,
-                     f"allreduce_int4({op}, {n} x {tensor.dtype}, block {block})", async_op)
 
 
 def allreduce_onebit(comm, tensor: torch.Tensor, *, op: str = "avg", residual: torch.Tensor | None = None,

@@ -10,15 +10,15 @@ Semantics (``compressed.allreduce_int8`` / ``_int4`` / ``_onebit`` / ``_16bit`` 
        the caller's tensor (16-bit: rounded to the wire dtype first, as the two-shot server rounds)
 
 Both ranks run step 3 on the same bytes with the same operations: bitwise identical results.
-Nothing is compressed twice, so int8 and int4 lose only the workers' s_w(1/2 + 2**-16) per element
-and 1-bit and int4 need no server residual. Why: on two ranks the two-shot's all_to_all and all_gather each
-move half of the compressed tensor, so one all_gather of all of it sends the same bytes with
-one exchange's latency and machinery fewer, and no server step.
+Nothing is compressed twice, so int8 and int4 lose only the workers' s_w(1/2 + 2**-16) per
+element, and 1-bit and int4 need no server residual. Why: on two ranks the two-shot's
+all_to_all and all_gather each move half of the compressed tensor, so one all_gather of all of
+it sends the same bytes with one exchange's latency and machinery fewer, and no server step.
 
-int8 (and int4) "avg" multiplies each slot's scales by the fp32(1/2) instead of the sum: a power of two, so
-every product is the same number (but for blocks of scale below 2**-125, whose halves are
-subnormal and may differ in the last bit; both ranks compute the same bits either way), and the
-sum costs one pass over the tensor fewer (the two decompresses and their sum of a 2.1 MB
+int8 (and int4) "avg" multiplies each slot's scales by the fp32(1/2) instead of the sum: a
+power of two, so every product is the same number (but for blocks of scale below 2**-125, whose
+halves are subnormal and may differ in the last bit; both ranks compute the same bits either
+way), and the sum costs one pass over the tensor fewer (the two decompresses and their sum of a 2.1 MB
 bucket: 1.29 against 1.55 ms back to back on the project's CPU VM, interleaved medians).
 
 Example (int8, block 4, "avg"): rank 0 [1, 2, 3, 4], rank 1 [3, 2, 1, 0] -> q [32, 64, 95, 127]
