@@ -292,7 +292,8 @@ def main() -> int:
     if ctl.rank == 0:
         meta = {"workload": args.workload, "link_rate": args.link_rate, "hosts": ctl.size, "ranks_per_host": 1,
                 "steps": args.steps, "batch": args.batch, "model_bytes": model_bytes, "torch": torch.__version__,
-                "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum}
+                "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+                "streaming_method": args.streaming_method}
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     dist.destroy_process_group()
     return 0

@@ -15,7 +15,8 @@ Configuration names (``parse_config``):
 
 The target loss of a workload is ``TARGET_SLACK`` times the final eval loss of per-step fp32 on gloo
 (the same math at every link rate: the same seeds, the same batches); time to target is the
-training time (evaluation excluded) at the first evaluation at or below it.
+training time (evaluation excluded) at the first evaluation from which the eval loss stays at or
+below it to the end of the run.
 """
 from __future__ import annotations
 
@@ -58,8 +59,15 @@ def planner_config(mode: str, compression: str, sync_every: int, fragments: int)
 
 
 def time_to_target(curve: list, target: float) -> float | None:
-    """Training seconds at the first ``[step, seconds, eval_loss]`` point at or below ``target``."""
-    return next((seconds for _, seconds, loss in curve if loss <= target), None)
+    """Training seconds at the first ``[step, seconds, eval_loss]`` point from which the eval loss
+    stays at or below ``target`` to the end (a dip between two outer syncs, or a run that reaches
+    the target and then diverges, has not reached it); None where the last point is above it."""
+    reached = None
+    for _, seconds, loss in reversed(curve):
+        if loss > target:
+            break
+        reached = seconds
+    return reached
 
 
 def rows(result: dict) -> list[dict]:

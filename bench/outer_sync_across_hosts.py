@@ -38,6 +38,7 @@ BIN = Path(sys.executable).parent
 RANK_SCRIPT = "bench/_outer_sync_rank.py"
 PER_STEP = "no-comm,gloo fp32,ddl auto"
 OUTER = "diloco H=8,diloco H=32,diloco H=128,streaming {m} H=32 F=4"
+TESTBED_GOODPUT = 0.9564  # payload share of a tbf rate (ddl_triton/simulation/clusters/testbed.toml)
 
 
 def default_configs(method: str, outer: bool) -> str:
@@ -158,7 +159,8 @@ def summarize(prefix: str, markdown_path: str = "") -> int:
                         f"against the best measured ({top['config']}) {top['time_to_target_s']:.2f} s: "
                         f"{planner['time_to_target_s'] / top['time_to_target_s'] - 1:+.0%}")
         elif top:
-            text.append(f"\nBest measured: {top['config']}, {top['time_to_target_s']:.2f} s to target")
+            text.append(f"\nBest measured: {top['config']}, {top['time_to_target_s']:.2f} s to target"
+                        + (f"; the planner's choice ({planner['config'][9:]}) did not reach it" if planner else ""))
     for workload, per_rate in by_workload.items():
         any_result = next(iter(per_rate.values()))[1]
         no_comm = [r for _, res in per_rate.values() for r in res["results"] if r["config"] == "no-comm"]
@@ -166,12 +168,15 @@ def summarize(prefix: str, markdown_path: str = "") -> int:
         measured = measured_crossover({rate: table for rate, (table, _) in per_rate.items()})
         line = f"\n**{workload}: crossover.** Measured: {measured}."
         if step_s:
+            method = any_result["meta"].get("streaming_method", "int4")
             sim = crossover(model_bytes=any_result["meta"]["model_bytes"], step_s=step_s,
-                            hosts=any_result["meta"]["hosts"], link_latency_s=8.5e-6)
+                            hosts=any_result["meta"]["hosts"], link_latency_s=8.5e-6, compression=method)
             rates = dict(sim.rates)
-            line += (f" Simulator (no-comm step {step_s * 1e3:.1f} ms, the planner's model): per-step fp32 reaches 90% "
-                     f"utilisation down to {format_rate(rates['fp32'])} of payload, the planner's per-step choice "
-                     f"down to {format_rate(sim.planner)}; below, outer sync.")
+            line += (f" Simulator (the median no-comm step, {step_s * 1e3:.1f} ms; the planner's model): per-step "
+                     f"fp32 reaches 90% utilisation down to {format_rate(rates['fp32'])} of payload, the planner's "
+                     f"per-step candidates (fp32, int8, {method} named) down to "
+                     f"{format_rate(sim.planner) if sim.planner else 'no rate'}; below, the planner chooses outer sync "
+                     f"(about {format_rate(sim.planner / TESTBED_GOODPUT) if sim.planner else '-'} of tbf rate).")
         text.append(line)
     out = "\n".join(text)
     print(out, flush=True)

@@ -23,7 +23,7 @@ Candidates, each with its exposed communication per inner step:
   ``compression="auto"`` may choose (``compression_methods.auto_names()``: int8), and the method
   ``compression`` names (every method under "auto"). A method that must be named (onebit, int4, the
   16-bit ones) is not proposed per step unless named: on the testbed, per-step onebit took the byte-LM's
-  eval loss 19% above fp32's at equal tokens (bench/results/outer_sync.md). ``allreduce(B_wire)``
+  eval loss 18% above fp32's at equal tokens (bench/results/outer_sync.md). ``allreduce(B_wire)``
   every step, all of it exposed (DDP's overlap with backward is not credited: across a slow link
   the transfer dwarfs backward).
 - **outer H=<h> <method>**: DiLoCo's sync of the pseudo-gradient (``model_bytes``, compressed with

@@ -160,3 +160,18 @@ def test_the_simulators_crossover_is_where_the_plan_switches():
     assert crossover(**{**numbers, "link_latency_s": 1e-3}).planner is None  # the latency alone exceeds 0.44 ms
     assert crossover(**{**numbers, "hosts": 1}).planner == 0.0
     assert crossover(**{**numbers, "model_bytes": 0}).planner == 0.0
+
+
+def test_the_simulate_commands_print_the_plan_and_the_crossover(capsys):
+    from ddl_triton.simulation.cli import main
+
+    assert main(["outer-sync", "--model-bytes", "3875000", "--step-ms", "4", "--hosts", "2", "--rate", "100mbit",
+                 "--compression", "int8", "--fragments", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("100 Mbit/s between hosts: per-step fp32 exposes 310 ms of a 4 ms step; int8 78.7 ms;")
+    assert "# plan: outer, compression int8, sync_every 32, fragments 4" in out
+    assert "outer H=16 int8" in out
+    assert main(["crossover", "--params", "968.75k", "--step-ms", "4", "--hosts", "2", "--latency-us", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "per-step fp32  90 Gbit/s" in out
+    assert "switches to outer sync below 22.9 Gbit/s" in out  # int8's: fp32 and int8 are the candidates
