@@ -14,8 +14,10 @@ multi-rank tier's (the loopback double refuses the mismatched read before the ca
 from __future__ import annotations
 
 import re
+import types
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -65,6 +67,7 @@ def _communicators(n: int) -> tuple[ThreadWorld, list[Communicator]]:
                             control=None, timeout=TIMEOUT_S, describe=None)
         comm = object.__new__(Communicator)
         comm.rank, comm.size, comm._runner = r, n, runner
+        comm._bootstrap = types.SimpleNamespace(launcher="")  # explain's world line: no launcher found these
         comm._issuer = IssuePath(r, 1, runner.attach, timeout=TIMEOUT_S)
         comms.append(comm)
     return world, comms

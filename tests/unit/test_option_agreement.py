@@ -41,7 +41,7 @@ def test_the_wording_names_the_option_the_values_the_ranks_and_the_variable():
 def test_per_rank_fields_may_differ_and_every_shared_field_is_compared():
     per_rank = {f for f in Options.__dataclass_fields__} - set(MUST_AGREE)
     assert per_rank == {"timeout", "status_dir", "tuning_file", "tuning_dir", "trace", "flight_entries", "dump_dir",
-                        "debug", "mpi_cuda_aware", "job_secret"}
+                        "debug", "mpi_cuda_aware", "job_secret", "launcher"}
     samples = {"chunk_bytes": 4096, "pipeline_depth": 3, "wire_chunk_bytes": 8192, "schedule": "ring",
                "topology": "1x2", "transport": "mpi", "check_calls": False, "kernels": "torch",
                "compression": "int8", "link_emulation": "mpi:bw=1GB/s", "link_probe": False}

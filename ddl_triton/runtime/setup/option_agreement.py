@@ -31,8 +31,10 @@ joiner's proof that the others accept.
 Fields that are this rank's own may differ: ``timeout`` (how long this rank waits),
 ``status_dir``, ``trace``'s folder, ``dump_dir``, ``flight_entries``, ``debug`` (what this rank
 records and where), ``tuning_file`` and ``tuning_dir`` (where this rank looks: the tables found
-are compared by digest in table_agreement.py), and ``mpi_cuda_aware`` (how this rank hands CUDA
-buffers to its MPI; the bytes on the wire are the same).
+are compared by digest in table_agreement.py), ``mpi_cuda_aware`` (how this rank hands CUDA
+buffers to its MPI; the bytes on the wire are the same), and ``launcher`` (which variables this
+rank read to find the world: read before any agreement is possible, and ranks that found
+different worlds never meet to compare).
 """
 from __future__ import annotations
 
