@@ -55,11 +55,13 @@ them out:
   mapping is priced 0 there; fp32 has no codec.
 - ``per_step_fp32_s``: the measured exposed time of one per-step fp32 gradient average (the
   warm-up's: ``DiLoCo(sync_every="auto")`` averages in fp32 before each of its first inner steps,
-  and times each call whole, flattening and copy-back included; the median, slowest rank). It
-  replaces per-step fp32's predicted exposure; what it exceeds the link model's
-  ``allreduce(model_bytes)`` by is the per-call overhead (the call, the flattening, what the
-  link model misses), ``max(0, per_step_fp32_s - allreduce(model_bytes))``, which every per-step
-  candidate pays each step and an outer candidate once per fragment sync (``fragments`` per h steps).
+  and times each call whole, flattening and copy-back included; the median, slowest rank). What
+  it exceeds the link model's ``allreduce(model_bytes)`` by is the per-call overhead (the call, the
+  flattening, what the link model misses), ``max(0, per_step_fp32_s - allreduce(model_bytes))``,
+  which every per-step candidate pays each step (per-step fp32 then exposes
+  ``max(per_step_fp32_s, allreduce(model_bytes))``) and an outer candidate once per fragment sync
+  (``fragments`` per h steps). A measurement below the link model's prediction lowers nothing: four
+  warm-up calls can ride a shaper's burst allowance, or (a stand-in communicator) not cross the link.
 
 So per-step m exposes ``allreduce(B_wire) + 2·c_m·B + overhead`` and outer H=h m (blocking) exposes
 ``(allreduce(B_wire) + 2·c_m·B + overhead) / h``; streaming, ``(2·c_m·B + F·overhead +
@@ -241,10 +243,7 @@ def plan_sync(*, model_bytes: float, step_s: float, hosts: int, ranks_per_host: 
     candidates: list[_Candidate] = []
     for method in per_step_methods(compression):
         bits = _bits(method)
-        if method == compression_methods.NONE and per_step_fp32_s is not None and not one_host:
-            wire = per_step_fp32_s - overhead  # the measured whole: the link model's share, the rest overhead
-        else:
-            wire = allreduce_seconds(model_bytes * bits / 32, **link)
+        wire = allreduce_seconds(model_bytes * bits / 32, **link)
         candidates.append(_Candidate(f"per-step {_label(method)}", "per-step", method, 1,
                                      wire + codec_s(method) + overhead, bits, codec_s(method), overhead))
     for h in _sync_everys(max_sync_every):
@@ -300,7 +299,7 @@ def _why(chosen: _Candidate, candidates: list[_Candidate], step_s: float, hosts:
                 f"hide, per-step fp32")
     by_name = {c.name: c for c in candidates}
     fp32 = by_name["per-step fp32"]
-    measured = " (measured)" if measured_fp32 else ""
+    measured = " (measured)" if measured_fp32 and fp32.overhead_s > 0 else ""  # else the prediction, higher
     head = f"{format_rate(link_bytes_per_s)} between hosts: per-step fp32 exposes {_ms(fp32.exposed_s)}{measured} " \
            f"of a {_ms(step_s)} step"
     if chosen is fp32:
