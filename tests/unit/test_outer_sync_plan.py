@@ -277,3 +277,16 @@ def test_diloco_auto_measures_and_passes_the_codec_and_the_per_step_average(monk
     assert dict(plan.candidates)["per-step int8"] >= 2 * 1e-6 * 1000
     assert "(measured)" in plan.why
     auto.close()
+
+
+def test_the_simulate_command_takes_the_measured_terms(capsys):
+    from ddl_triton.simulation.cli import main
+
+    assert main(["outer-sync", "--model-bytes", "3875000", "--step-ms", "4", "--hosts", "2", "--rate", "100mbit",
+                 "--compression", "int8", "--fragments", "4", "--codec", "int8=1", "--per-step-fp32-ms", "320"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("100 Mbit/s between hosts: per-step fp32 exposes 320 ms (measured) of a 4 ms step; "
+                          "int8 96.5 ms (codec 7.75 ms, per call 10 ms);")
+    with pytest.raises(SystemExit):
+        main(["outer-sync", "--params", "1M", "--step-ms", "4", "--rate", "100mbit", "--codec", "int8"])
+    assert "--codec wants METHOD=NS_PER_BYTE (e.g. int8=1.5), got 'int8'" in capsys.readouterr().err
