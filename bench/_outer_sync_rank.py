@@ -181,6 +181,33 @@ def _ddl_group(compression: str):
             os.environ["DDL_COMPRESSION"] = before
 
 
+def _measured_terms(model_bytes: int, compression: str, ctl: _Control) -> dict:
+    """What ``DiLoCo(sync_every="auto")`` measures in its warm-up (ddl_triton/torch/diloco_auto.py),
+    measured here before the planner row, for ``plan_sync``'s keywords: ``per_step_fp32_s``, the
+    median of 4 fp32 averages of the model's size on a "ddl" group with no compression (after one
+    untimed), and ``codec_s_per_byte``, each compressed per-step candidate's ``roundtrip`` timed by
+    the function DiLoCo auto times it with; every rank takes the slowest rank's figures."""
+    from ddl_triton import compression_methods
+    from ddl_triton.planning.outer_sync import per_step_methods
+    from ddl_triton.torch.diloco_auto import _codec_seconds_per_byte
+
+    numel = model_bytes // 4
+    group = _ddl_group(compression_methods.NONE)
+    flat = torch.ones(numel, dtype=torch.float32)
+    times = []
+    for i in range(5):
+        t0 = time.perf_counter()
+        dist.all_reduce(flat, group=group)
+        flat.div_(ctl.size)
+        if i:
+            times.append(time.perf_counter() - t0)
+    dist.destroy_process_group(group)
+    methods = [m for m in per_step_methods(compression) if m != compression_methods.NONE]
+    mine = [sorted(times)[len(times) // 2], *(_codec_seconds_per_byte(m, numel) for m in methods)]
+    slowest = [max(column) for column in zip(*ctl.gather_floats(mine))]
+    return {"per_step_fp32_s": slowest[0], "codec_s_per_byte": dict(zip(methods, slowest[1:]))}
+
+
 # -- one configuration ----------------------------------------------------------------------------
 def run_config(name: str, cfg: dict, work: Workload, ctl: _Control, args) -> dict:
     net = work.build()
@@ -255,6 +282,8 @@ def main() -> int:
     p.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer SGD (the paper's: 0.7, Nesterov "
                    "momentum 0.9); 1.0 with momentum 0 is plain averaging of the replicas (local SGD)")
     p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--no-measured-terms", dest="measured_terms", action="store_false",
+                   help="plan on the link alone (runs 1-3), without the codec and per-step fp32 call measured here")
     p.add_argument("--json", required=True)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -273,15 +302,16 @@ def main() -> int:
             from ddl_triton.planning.outer_sync import plan_sync
             from ddl_triton.testbed.hosts import parse_rate
             step_s = base["train_s"] / base["steps"]  # the slowest rank's mean: every rank plans alike
+            measured = _measured_terms(model_bytes, args.streaming_method, ctl) if args.measured_terms else {}
             plan = plan_sync(model_bytes=model_bytes, step_s=step_s, hosts=ctl.size, ranks_per_host=1,
                              link_bytes_per_s=parse_rate(args.link_rate) / 8 * TESTBED_GOODPUT,
                              link_latency_s=TESTBED_ALPHA, max_sync_every=128, compression=args.streaming_method,
-                             fragments=4)
+                             fragments=4, **measured)
             chosen = planner_config(plan.mode, plan.compression, plan.sync_every, plan.fragments)
             if ctl.rank == 0:
                 print(f"# planner: {plan.why} -> {chosen}", flush=True)
             result = run_config("planner", parse_config(chosen), work, ctl, args)
-            result.update(planned=chosen, why=plan.why, predicted_utilisation=plan.utilisation)
+            result.update(planned=chosen, why=plan.why, predicted_utilisation=plan.utilisation, measured_terms=measured)
         else:
             result = run_config(name, parse_config(name), work, ctl, args)
         results.append(result)

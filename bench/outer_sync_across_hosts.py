@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     p.add_argument("--outer-lr", default="0.7", help="DiLoCo's outer SGD learning rate (the paper's 0.7)")
     p.add_argument("--outer-momentum", default="0.9", help="its Nesterov momentum (0: none; with lr 1.0, plain "
                    "averaging of the replicas)")
+    p.add_argument("--link-only-planner", action="store_true", help="the planner row plans on the link alone, as in "
+                   "runs 1-3 (default: also the codec and per-step fp32 call it measures, as DiLoCo auto does)")
     p.add_argument("--port", type=int, default=29531)
     p.add_argument("--timeout", type=float, default=1200, help="seconds per job")
     p.add_argument("--json-prefix", default="build/outer-sync-")
@@ -95,7 +97,8 @@ def main(argv=None) -> int:
                 out.unlink(missing_ok=True)  # a failed job must not leave an older run's figures behind
                 script = [RANK_SCRIPT, "--workload", workload, "--steps", str(args.steps), "--configs", configs,
                           "--link-rate", rate, "--eval-every", str(args.eval_every), "--streaming-method", method,
-                          "--outer-lr", args.outer_lr, "--outer-momentum", args.outer_momentum, "--json", str(out)]
+                          "--outer-lr", args.outer_lr, "--outer-momentum", args.outer_momentum, "--json", str(out),
+                          *(["--no-measured-terms"] if args.link_only_planner else [])]
                 print(f"# {workload}, {args.hosts} hosts x 1 rank, links {rate}: {configs}", flush=True)
                 codes = _job(bed, names, script, args.port + 10 * n + w, args.timeout)
                 (ROOT / f"{args.json_prefix}{workload}-{rate}.codes.json").write_text(json.dumps(codes))

@@ -38,6 +38,35 @@ Candidates, each with its exposed communication per inner step:
   The outer optimizer's step and the pseudo-gradient's arithmetic are not counted; neither is the
   CPU a background transfer takes from the inner steps where ranks share cores.
 
+Two measured terms, each optional (absent: 0, and the plan is the link-only model's above). On CPU
+ranks they are on the critical path; bench/results/outer_sync.md measured the link-only model
+predicting 93-96% for per-step int8/int4 at 1 Gbit/s where 54-71% was measured, because it left
+them out:
+
+- ``codec_s_per_byte``, {method: seconds per fp32 byte}: one compress + decompress (the registry
+  row's ``roundtrip``, ddl_triton/compression_methods.py) of ``method`` on this machine, timed at the
+  model's size (``DiLoCo(sync_every="auto")`` times it on each rank during its warm-up, with
+  ``roundtrip`` as tuning/auto_compression.py's probe times it, and takes the slowest rank's). A
+  compressed allreduce of B fp32 bytes costs ``CODEC_ROUNDTRIPS`` (2, the tuner's count: the
+  worker's quantise, the server's dequantise + reduce + requantise, the final dequantise) ×
+  ``codec_s_per_byte[m]`` × B of CPU, added whole to the exposed time (no transfer hides it: it
+  takes the core the step needs): every step for per-step m, once every h steps for outer H=h m,
+  fragments or not (the fragments' codecs sum to the whole model's). A method absent from the
+  mapping is priced 0 there; fp32 has no codec.
+- ``per_step_fp32_s``: the measured exposed time of one per-step fp32 gradient average (the
+  warm-up's: ``DiLoCo(sync_every="auto")`` averages in fp32 before each of its first inner steps,
+  and times each call whole, flattening and copy-back included; the median, slowest rank). What
+  it exceeds the link model's ``allreduce(model_bytes)`` by is the per-call overhead (the call, the
+  flattening, what the link model misses), ``max(0, per_step_fp32_s - allreduce(model_bytes))``,
+  which every per-step candidate pays each step (per-step fp32 then exposes
+  ``max(per_step_fp32_s, allreduce(model_bytes))``) and an outer candidate once per fragment sync
+  (``fragments`` per h steps). A measurement below the link model's prediction lowers nothing: four
+  warm-up calls can ride a shaper's burst allowance, or (a stand-in communicator) not cross the link.
+
+So per-step m exposes ``allreduce(B_wire) + 2·c_m·B + overhead`` and outer H=h m (blocking) exposes
+``(allreduce(B_wire) + 2·c_m·B + overhead) / h``; streaming, ``(2·c_m·B + F·overhead +
+max(0, T_F - (h - F)·step_s)) / h``.
+
 Utilisation is ``step_s / (step_s + exposed_s)``. The rule, with ``TARGET_UTILISATION`` = 0.9:
 per-step (the training math unchanged) when a per-step candidate reaches the target, fp32 first,
 else the compressed one of the most wire bits that does (the least change to the gradients);
@@ -52,9 +81,10 @@ from dataclasses import dataclass
 
 from .. import compression_methods
 
-__all__ = ["SyncPlan", "TARGET_UTILISATION", "allreduce_seconds", "format_rate", "per_step_methods", "plan_sync"]
+__all__ = ["CODEC_ROUNDTRIPS", "SyncPlan", "TARGET_UTILISATION", "allreduce_seconds", "format_rate", "per_step_methods", "plan_sync"]
 
 TARGET_UTILISATION = 0.9
+CODEC_ROUNDTRIPS = 2  # compress + decompress round trips on a compressed allreduce's critical path (module doc)
 _BLOCK = 256  # the compressed allreduce's default block (compression_methods' ``bits(block)``)
 
 
@@ -83,6 +113,8 @@ class _Candidate:
     sync_every: int
     exposed_s: float
     bits: float
+    codec_s: float = 0.0  # of exposed_s per inner step: the codec's CPU
+    overhead_s: float = 0.0  # of exposed_s per inner step: the measured per-call overhead
 
 
 def allreduce_seconds(nbytes: float, *, hosts: int, link_bytes_per_s: float, link_latency_s: float,
@@ -109,7 +141,7 @@ def format_rate(bytes_per_s: float) -> str:
 
 
 def _check(model_bytes, step_s, hosts, ranks_per_host, link_bytes_per_s, link_latency_s, max_sync_every,
-           fragments) -> None:
+           fragments, codec_s_per_byte=None, per_step_fp32_s=None) -> None:
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
@@ -129,6 +161,21 @@ def _check(model_bytes, step_s, hosts, ranks_per_host, link_bytes_per_s, link_la
         problems.append(f"link_bytes_per_s must be a number > 0 (inf for no limit), got {link_bytes_per_s!r}")
     if not (number(link_latency_s) and 0 <= link_latency_s < math.inf):
         problems.append(f"link_latency_s must be a finite number of seconds >= 0, got {link_latency_s!r}")
+    if codec_s_per_byte is not None:
+        if not hasattr(codec_s_per_byte, "items"):
+            problems.append(f"codec_s_per_byte must be a mapping of method to seconds per byte, got "
+                            f"{codec_s_per_byte!r}")
+        else:
+            known = set(compression_methods.names())
+            for method, value in codec_s_per_byte.items():
+                if method not in known:
+                    problems.append(f"codec_s_per_byte names {method!r}, no compression method (known: "
+                                    f"{', '.join(sorted(known))})")
+                elif not (number(value) and 0 <= value < math.inf):
+                    problems.append(f"codec_s_per_byte[{method!r}] must be a finite number of seconds >= 0, "
+                                    f"got {value!r}")
+    if per_step_fp32_s is not None and not (number(per_step_fp32_s) and 0 <= per_step_fp32_s < math.inf):
+        problems.append(f"per_step_fp32_s must be a finite number of seconds >= 0 or None, got {per_step_fp32_s!r}")
     if problems:
         raise ValueError("plan_sync: " + "; ".join(problems))
 
@@ -169,34 +216,49 @@ def _sync_everys(max_sync_every: int) -> list[int]:
 
 def plan_sync(*, model_bytes: float, step_s: float, hosts: int, ranks_per_host: int, link_bytes_per_s: float,
               link_latency_s: float, max_sync_every: int, compression: str | None = None,
-              fragments: int = 1) -> SyncPlan:
+              fragments: int = 1, codec_s_per_byte: dict[str, float] | None = None,
+              per_step_fp32_s: float | None = None) -> SyncPlan:
     """Per-step allreduce (fp32 or compressed) or outer sync every H inner steps, by the cost model
     and rule of the module doc. ``model_bytes``: fp32 bytes of the parameters to average;
     ``step_s``: one inner step's compute; ``link_bytes_per_s``/``link_latency_s``: the link between
     hosts each way (``MeasuredLink.bytes_per_s``/``.alpha``); ``max_sync_every``: the largest H the
     user allows (1: per-step only); ``compression``: the pseudo-gradients' method (None/"none",
-    a method, "auto"), also a per-step candidate when named; ``fragments``: Streaming DiLoCo's fragments (> 1 overlaps the sync).
-    Bad numbers raise ValueError naming each."""
-    _check(model_bytes, step_s, hosts, ranks_per_host, link_bytes_per_s, link_latency_s, max_sync_every, fragments)
+    a method, "auto"), also a per-step candidate when named; ``fragments``: Streaming DiLoCo's fragments (> 1 overlaps the sync);
+    ``codec_s_per_byte`` ({method: measured seconds per fp32 byte of one ``roundtrip``}) and
+    ``per_step_fp32_s`` (one per-step fp32 average's measured exposed seconds): the module doc's
+    measured terms, 0 where absent. Bad numbers raise ValueError naming each."""
+    _check(model_bytes, step_s, hosts, ranks_per_host, link_bytes_per_s, link_latency_s, max_sync_every, fragments,
+           codec_s_per_byte, per_step_fp32_s)
     outer_methods = _outer_methods(compression)
     link = dict(hosts=hosts, link_bytes_per_s=link_bytes_per_s, link_latency_s=link_latency_s)
+    one_host = hosts <= 1 or model_bytes <= 0  # nothing crosses a slow link: no call, no codec, no overhead
+    codec = {} if one_host else dict(codec_s_per_byte or {})
+    overhead = 0.0
+    if per_step_fp32_s is not None and not one_host:
+        overhead = max(0.0, per_step_fp32_s - allreduce_seconds(model_bytes, **link))
+
+    def codec_s(method: str) -> float:
+        return CODEC_ROUNDTRIPS * codec.get(method, 0.0) * model_bytes
 
     candidates: list[_Candidate] = []
     for method in per_step_methods(compression):
         bits = _bits(method)
-        exposed = allreduce_seconds(model_bytes * bits / 32, **link)
-        candidates.append(_Candidate(f"per-step {_label(method)}", "per-step", method, 1, exposed, bits))
+        wire = allreduce_seconds(model_bytes * bits / 32, **link)
+        candidates.append(_Candidate(f"per-step {_label(method)}", "per-step", method, 1,
+                                     wire + codec_s(method) + overhead, bits, codec_s(method), overhead))
     for h in _sync_everys(max_sync_every):
         if h < fragments:
             continue
         for method in outer_methods:
             bits = _bits(method)
+            cpu, calls = codec_s(method) / h, overhead * fragments / h
             if fragments == 1:
                 exposed = allreduce_seconds(model_bytes * bits / 32, **link) / h
             else:
                 total = allreduce_seconds(model_bytes * bits / 32, latency_terms=fragments, **link)
                 exposed = max(0.0, total - (h - fragments) * step_s) / h
-            candidates.append(_Candidate(f"outer H={h} {_label(method)}", "outer", method, h, exposed, bits))
+            candidates.append(_Candidate(f"outer H={h} {_label(method)}", "outer", method, h, exposed + cpu + calls,
+                                         bits, cpu, calls))
 
     def reaches(c: _Candidate) -> bool:
         return step_s / (step_s + c.exposed_s) >= TARGET_UTILISATION
@@ -211,7 +273,8 @@ def plan_sync(*, model_bytes: float, step_s: float, hosts: int, ranks_per_host: 
         # the bound: the least exposed; per-step first on a tie (it leaves the training math alone)
         chosen = min(candidates, key=lambda c: (c.exposed_s, c.mode != "per-step", -c.bits))
     utilisation = step_s / (step_s + chosen.exposed_s)
-    why = _why(chosen, candidates, step_s, hosts, ranks_per_host, link_bytes_per_s, fragments, reached=reaches(chosen))
+    why = _why(chosen, candidates, step_s, hosts, ranks_per_host, link_bytes_per_s, fragments, reached=reaches(chosen),
+               measured_fp32=per_step_fp32_s is not None)
     return SyncPlan(mode=chosen.mode, compression=chosen.compression, sync_every=chosen.sync_every,
                     fragments=fragments, exposed_s=chosen.exposed_s, utilisation=utilisation, why=why,
                     candidates=tuple((c.name, c.exposed_s) for c in candidates))
@@ -222,15 +285,23 @@ def _ms(seconds: float) -> str:
     return f"{ms:.3g} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
+def _parts(c: _Candidate) -> str:
+    """The measured terms of ``c``'s exposed time, where there are any: "(codec 2.1 ms, per call 3 ms)"."""
+    parts = ([f"codec {_ms(c.codec_s)}"] if c.codec_s > 0 else []) + \
+            ([f"per call {_ms(c.overhead_s)}"] if c.overhead_s > 0 else [])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _why(chosen: _Candidate, candidates: list[_Candidate], step_s: float, hosts: int, ranks_per_host: int,
-         link_bytes_per_s: float, fragments: int, *, reached: bool) -> str:
+         link_bytes_per_s: float, fragments: int, *, reached: bool, measured_fp32: bool = False) -> str:
     if hosts == 1:
         return (f"one host ({ranks_per_host} rank{'s' if ranks_per_host > 1 else ''}): no link between hosts to "
                 f"hide, per-step fp32")
     by_name = {c.name: c for c in candidates}
     fp32 = by_name["per-step fp32"]
-    head = f"{format_rate(link_bytes_per_s)} between hosts: per-step fp32 exposes {_ms(fp32.exposed_s)} of a " \
-           f"{_ms(step_s)} step"
+    measured = " (measured)" if measured_fp32 and fp32.overhead_s > 0 else ""  # else the prediction, higher
+    head = f"{format_rate(link_bytes_per_s)} between hosts: per-step fp32 exposes {_ms(fp32.exposed_s)}{measured} " \
+           f"of a {_ms(step_s)} step"
     if chosen is fp32:
         return head + f" ({step_s / (step_s + fp32.exposed_s):.0%} utilisation): per-step fp32"
     # the default compressed method (what "auto" runs across hosts) and, where cheaper, the cheapest
@@ -240,7 +311,7 @@ def _why(chosen: _Candidate, candidates: list[_Candidate], step_s: float, hosts:
     if cheapest is not None and (not named or cheapest.exposed_s < named[0].exposed_s):
         named.append(cheapest)
     for c in named:
-        head += f"; {_label(c.compression)} {_ms(c.exposed_s)}"
+        head += f"; {_label(c.compression)} {_ms(c.exposed_s)}" + _parts(c)
     streaming = f", {fragments} fragments overlapped" if fragments > 1 else ""
     if not reached:
         verdict = (f"nothing reaches {TARGET_UTILISATION:.0%}: {chosen.name}{streaming if chosen.mode == 'outer' else ''}"
@@ -249,5 +320,5 @@ def _why(chosen: _Candidate, candidates: list[_Candidate], step_s: float, hosts:
         verdict = f"per-step {_label(chosen.compression)} reaches {TARGET_UTILISATION:.0%}"
     else:
         verdict = (f"DiLoCo H={chosen.sync_every} ({_label(chosen.compression)} pseudo-gradients{streaming}) "
-                   f"hides it: {_ms(chosen.exposed_s)} per step exposed")
+                   f"hides it: {_ms(chosen.exposed_s)} per step exposed{_parts(chosen)}")
     return f"{head}; {verdict} ({step_s / (step_s + chosen.exposed_s):.0%} utilisation)"

@@ -23,6 +23,7 @@ shaped testbed link carries about 0.9-0.95 of its tbf rate as payload (bench/res
 """
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 
@@ -81,6 +82,15 @@ def _params(text: str) -> float:
     return float(text[:-1] if scale != 1 else text) * scale
 
 
+def _codec(text: str) -> tuple[str, float]:
+    """("int8", 1e-9) from "int8=1": a method and its roundtrip in ns per fp32 byte."""
+    method, sep, ns = text.partition("=")
+    try:
+        return method, float(ns) * 1e-9
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--codec wants METHOD=NS_PER_BYTE (e.g. int8=1.5), got {text!r}") from None
+
+
 def add_parsers(sub) -> None:
     """The ``outer-sync`` and ``crossover`` sub-commands of ``python -m ddl_triton.simulate``."""
     for name, helptext in (("outer-sync", "the planner's choice of per-step allreduce or outer sync (DiLoCo)"),
@@ -99,6 +109,11 @@ def add_parsers(sub) -> None:
             p.add_argument("--ranks-per-host", type=int, default=1)
             p.add_argument("--max-sync-every", type=int, default=128)
             p.add_argument("--fragments", type=int, default=1)
+            p.add_argument("--codec", action="append", default=[], type=_codec, metavar="METHOD=NS_PER_BYTE",
+                           help="a method's measured compress + decompress (its roundtrip), ns per fp32 byte; "
+                           "repeatable (planning/outer_sync.py's codec_s_per_byte)")
+            p.add_argument("--per-step-fp32-ms", type=float, default=None,
+                           help="one per-step fp32 average's measured exposed time (its per_step_fp32_s)")
         else:
             p.add_argument("--no-per-step-compression", action="store_true", help="fp32 the only per-step candidate")
 
@@ -109,7 +124,9 @@ def run(args) -> int:
     if args.command == "outer-sync":
         plan = plan_sync(model_bytes=model_bytes, step_s=step_s, hosts=args.hosts, ranks_per_host=args.ranks_per_host,
                          link_bytes_per_s=args.rate, link_latency_s=args.latency_us / 1e6,
-                         max_sync_every=args.max_sync_every, compression=args.compression, fragments=args.fragments)
+                         max_sync_every=args.max_sync_every, compression=args.compression, fragments=args.fragments,
+                         codec_s_per_byte=dict(args.codec) or None,
+                         per_step_fp32_s=None if args.per_step_fp32_ms is None else args.per_step_fp32_ms / 1e3)
         print(plan.why)
         print(f"# plan: {plan.mode}, compression {plan.compression}, sync_every {plan.sync_every}, fragments "
               f"{plan.fragments}: {plan.exposed_s * 1e3:.3f} ms exposed per step, {plan.utilisation:.1%} utilisation")

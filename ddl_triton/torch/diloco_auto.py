@@ -8,13 +8,23 @@ module measures what it needs and runs what it chose:
    synchronous training, and the replicas stay identical). The compute step time is the time
    between two inner steps' ends less the time the averaging took; each rank takes the median of
    its ``MEASURED_STEPS`` intervals (the first step, with its warm-up, is not one), and every rank
-   the largest (one 8-byte allreduce), so every rank plans alike.
+   the largest, so every rank plans alike. In the same steps, and agreed the same way (one
+   allreduce, op max, of every figure): the exposed time of one per-step fp32 average (each
+   ``before_inner_step`` timed whole: flattening, the Reducer's call, copy-back; the median), and,
+   where the ranks span hosts, each compressed candidate's codec: the median of
+   ``_CODEC_REPS`` timed calls of its registry row's ``roundtrip`` (ddl_triton/compression_methods.py,
+   what tuning/auto_compression.py's probe times) on the model's size (at most ``_CODEC_MAX_ELEMENTS``
+   elements, scaled per byte), after one untimed call; the candidates are
+   ``plan_sync``'s per-step methods for the user's ``compression``, which include every method it
+   may price for the pseudo-gradients.
 2. **planning**: ``plan_sync`` with the model's fp32 bytes, that step time, the hosts and ranks per
    host of the communicator's placement, the link between hosts the init probe measured
    (``comm.planner.link``: ddl_triton/runtime/setup/link_probe.py, planning/measured_link.py; where
    init did not measure it but the ranks span hosts, the compression rule's probe,
    tuning/auto_compression.py, times it now: every rank, same step), ``max_sync_every`` and the
-   user's ``compression`` and ``fragments``. Rank 0 prints ``plan.why`` once.
+   user's ``compression`` and ``fragments``, and the measured ``per_step_fp32_s`` and
+   ``codec_s_per_byte`` (planning/outer_sync.py's module doc: what each prices). Rank 0 prints
+   ``plan.why`` once (with the measured terms).
 3. **running** it: "per-step" keeps averaging the gradients before every inner step, with the
    plan's compression (per level: ddl_triton/gradients' Reducer); "outer" starts DiLoCo with the
    plan's H from the parameters of this step (identical on every rank), fragments as asked and,
@@ -35,6 +45,8 @@ from ..gradients import Reducer
 __all__ = ["MEASURED_STEPS", "AutoSync"]
 
 MEASURED_STEPS = 4
+_CODEC_REPS = 3
+_CODEC_MAX_ELEMENTS = 1 << 18  # 1 MiB of fp32, the compression probe's size: a per-byte figure, cheap for any model
 
 
 def planner():
@@ -62,6 +74,7 @@ class AutoSync:
         self._last_end: float | None = None
         self._averaging_s = 0.0
         self._intervals: list[float] = []
+        self._averages: list[float] = []  # each measured step's per-step fp32 average, seconds
 
     @property
     def per_step(self) -> bool:
@@ -88,6 +101,7 @@ class AutoSync:
         now = time.perf_counter()
         if self._last_end is not None:
             self._intervals.append(now - self._last_end - self._averaging_s)
+            self._averages.append(self._averaging_s)
         self._last_end, self._averaging_s = now, 0.0
         if self.plan is not None or len(self._intervals) < MEASURED_STEPS:
             return None
@@ -114,16 +128,25 @@ class AutoSync:
         self._reducer.close()
 
     def _decide(self):
+        from ..planning.outer_sync import per_step_methods
+
         comm = self.comm
-        step = torch.tensor([max(statistics.median(self._intervals), 1e-6)], dtype=torch.float64)
-        comm.allreduce(step, op="max")  # every rank plans with the same (the slowest) step
         nodes = comm.placement.node_of_rank
         hosts = len(set(nodes))
         ranks_per_host = max(nodes.count(n) for n in set(nodes))
+        numel = sum(p.numel() for p in self.params)
+        # the same list on every rank (it depends on the user's compression only): the same figures, in order
+        methods = [m for m in per_step_methods(self.compression) if m != compression_methods.NONE]
+        codecs = [_codec_seconds_per_byte(m, numel) if hosts > 1 else 0.0 for m in methods]
+        figures = torch.tensor([max(statistics.median(self._intervals), 1e-6), statistics.median(self._averages),
+                                *codecs], dtype=torch.float64)
+        comm.allreduce(figures, op="max")  # every rank plans with the same (the slowest rank's) figures
+        step_s, fp32_s, *codecs = figures.tolist()
         rate, latency = self._link(hosts)
-        plan = planner()(model_bytes=sum(p.numel() * 4 for p in self.params), step_s=float(step[0]), hosts=hosts,
+        plan = planner()(model_bytes=numel * 4, step_s=step_s, hosts=hosts,
                          ranks_per_host=ranks_per_host, link_bytes_per_s=rate, link_latency_s=latency,
-                         max_sync_every=self.max_sync_every, compression=self.compression, fragments=self.fragments)
+                         max_sync_every=self.max_sync_every, compression=self.compression, fragments=self.fragments,
+                         codec_s_per_byte=dict(zip(methods, codecs)), per_step_fp32_s=fp32_s)
         if comm.rank == 0:
             print(f"ddl_triton DiLoCo(sync_every='auto'): {plan.why}", flush=True)
         return plan
@@ -144,3 +167,20 @@ class AutoSync:
         finally:
             levels.close()
         return link.bytes_per_s * max(1, levels.local_size), link.latency_us * 1e-6
+
+
+def _codec_seconds_per_byte(method: str, numel: int) -> float:
+    """Seconds per fp32 byte of one compress + decompress with ``method``'s registry ``roundtrip``
+    on this machine, at ``numel`` elements (at most ``_CODEC_MAX_ELEMENTS``): the median of
+    ``_CODEC_REPS`` calls after one untimed call (module doc)."""
+    n = max(1, min(numel, _CODEC_MAX_ELEMENTS))
+    roundtrip = compression_methods.resolve(compression_methods.get(method).roundtrip)
+    x = torch.linspace(-1, 1, n, dtype=torch.float32)
+    out = torch.empty_like(x)
+    roundtrip(x, out)  # untimed: first-call costs (allocation, kernel set-up) are not per byte
+    times = []
+    for _ in range(_CODEC_REPS):
+        t0 = time.perf_counter()
+        roundtrip(x, out)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / (4 * n)

@@ -175,3 +175,118 @@ def test_the_simulate_commands_print_the_plan_and_the_crossover(capsys):
     out = capsys.readouterr().out
     assert "per-step fp32  90 Gbit/s" in out
     assert "switches to outer sync below 22.9 Gbit/s" in out  # int8's: fp32 and int8 are the candidates
+
+
+# -- the measured terms: the codec's CPU and the per-step call's overhead (module doc) ----------------------
+def test_a_measured_codec_cost_sends_per_step_int8_outer():
+    # 1 Gbit/s, a 100 ms step: on the link alone per-step int8 exposes 7.87 ms (92.7%): per-step int8
+    # (as before, and with no codec priced). Its codec measured at 1 ns per fp32 byte adds 2 round trips
+    # x 3.875 MB = 7.75 ms: 15.6 ms (86.5%) misses 90%, so outer sync: blocking fp32 31 ms / H <= 11.1 ms
+    # from H = 4.
+    numbers = {**ISSUE, "link_bytes_per_s": 1000 * MBIT, "step_s": 0.100}
+    for unpriced in (plan_sync(**numbers), plan_sync(**numbers, codec_s_per_byte={}),
+                     plan_sync(**numbers, codec_s_per_byte=None, per_step_fp32_s=None)):
+        assert (unpriced.mode, unpriced.compression) == ("per-step", "int8") and "codec" not in unpriced.why
+    plan = plan_sync(**numbers, codec_s_per_byte={"int8": 1e-9})
+    assert _exposed(plan, "per-step int8") == pytest.approx(0.310 * 8.125 / 32 / 10 + 2 * 1e-9 * 3_875_000)
+    assert (plan.mode, plan.sync_every, plan.compression) == ("outer", 4, "none")
+    assert "; int8 15.6 ms (codec 7.75 ms); DiLoCo H=4 (fp32 pseudo-gradients) hides it" in plan.why
+    # a compressed pseudo-gradient pays its codec once per H steps, fragments or not
+    int8 = plan_sync(**numbers, compression="int8", codec_s_per_byte={"int8": 1e-9})
+    assert _exposed(int8, "outer H=8 int8") == pytest.approx((0.310 * 8.125 / 32 / 10 + 7.75e-3) / 8)
+    streaming = plan_sync(**numbers, compression="int8", fragments=4, codec_s_per_byte={"int8": 1e-9})
+    assert _exposed(streaming, "outer H=8 int8") == pytest.approx(7.75e-3 / 8)  # the transfer hides behind 4 steps
+    # one host: nothing crosses a slow link, so no codec runs
+    assert plan_sync(**{**numbers, "hosts": 1}, codec_s_per_byte={"int8": 1e-9}).exposed_s == 0.0
+
+
+def test_the_measured_per_step_fp32s_overhead_counts_for_every_candidate():
+    # an unlimited link predicts 0 exposed: per-step fp32. Measured 2 ms of a 4 ms step (67%): every
+    # per-step call pays those 2 ms, so outer sync: 2 ms / H <= 0.444 ms from H = 8.
+    fast = {**ISSUE, "link_bytes_per_s": math.inf}
+    assert plan_sync(**fast).mode == "per-step"
+    plan = plan_sync(**fast, per_step_fp32_s=0.002)
+    assert _exposed(plan, "per-step fp32") == pytest.approx(0.002)
+    assert _exposed(plan, "per-step int8") == pytest.approx(0.002)  # the per-call overhead, wire 0
+    assert (plan.mode, plan.sync_every) == ("outer", 8) and _exposed(plan, "outer H=4 fp32") == pytest.approx(0.0005)
+    assert plan.why.startswith("an unlimited link between hosts: per-step fp32 exposes 2 ms (measured) of a 4 ms step")
+    # a measurement below the link model's prediction lowers nothing: the prediction, no overhead
+    low = plan_sync(**ISSUE, per_step_fp32_s=0.2)
+    assert _exposed(low, "per-step fp32") == pytest.approx(0.310)
+    assert _exposed(low, "per-step int8") == pytest.approx(0.310 * 8.125 / 32)
+
+
+def test_the_issues_example_text_with_the_measured_terms():
+    # the issue's example, measured: per-step fp32 took 320 ms (10 ms over the link model: per call),
+    # int8's codec 1 ns per byte (2 x 3.875 ms): int8 78.7 + 7.75 + 10 = 96.5 ms
+    plan = plan_sync(**ISSUE, compression="int8", fragments=4, per_step_fp32_s=0.320,
+                     codec_s_per_byte={"int8": 1e-9})
+    assert plan.why.startswith("100 Mbit/s between hosts: per-step fp32 exposes 320 ms (measured) of a 4 ms step; "
+                               "int8 96.5 ms (codec 7.75 ms, per call 10 ms); DiLoCo H=")
+    assert plan.mode == "outer" and "per call" in plan.why.split("hides it")[1]
+    assert plan_sync(**ISSUE).why.startswith("100 Mbit/s between hosts: per-step fp32 exposes 310 ms of a 4 ms step; "
+                                             "int8 78.7 ms; ")  # no measured terms: the text as before
+
+
+def test_bad_measured_terms_are_refused_by_name():
+    with pytest.raises(ValueError, match="codec_s_per_byte names 'int3', no compression method"):
+        plan_sync(**ISSUE, codec_s_per_byte={"int3": 1e-9})
+    with pytest.raises(ValueError, match=r"codec_s_per_byte\['int8'\] must be a finite number of seconds >= 0"):
+        plan_sync(**ISSUE, codec_s_per_byte={"int8": -1.0})
+    with pytest.raises(ValueError, match="codec_s_per_byte must be a mapping"):
+        plan_sync(**ISSUE, codec_s_per_byte=1e-9)
+    with pytest.raises(ValueError, match="per_step_fp32_s must be a finite number of seconds >= 0 or None, got nan"):
+        plan_sync(**ISSUE, per_step_fp32_s=float("nan"))
+
+
+def test_diloco_auto_measures_and_passes_the_codec_and_the_per_step_average(monkeypatch):
+    # DiLoCo(sync_every="auto") on a stand-in for 2 hosts: the codec figure it times (stubbed: 1 us per
+    # byte) and its warm-up's fp32 averages reach plan_sync, agreed through one allreduce of every figure
+    from types import SimpleNamespace
+
+    import torch
+
+    from ddl_triton.torch import diloco_auto
+
+    class TwoHosts:
+        rank, size = 0, 1
+        placement = SimpleNamespace(node_of_rank=(0, 1))
+        planner = SimpleNamespace(link=SimpleNamespace(bytes_per_s=1e12, alpha=0.0))
+        reduced: list = []
+
+        def allreduce(self, t, op="sum", async_op=False):
+            self.reduced.append((t.numel(), op))
+            return t
+
+        def broadcast(self, t, root=0, async_op=False):
+            return t
+
+    timed = []
+    monkeypatch.setattr(diloco_auto, "_codec_seconds_per_byte", lambda m, n: timed.append((m, n)) or 1e-6)
+    comm = TwoHosts()
+    params = [torch.nn.Parameter(torch.ones(250))]
+    auto = diloco_auto.AutoSync(comm, params, max_sync_every=8, compression="int8", fragments=1, block=256,
+                                error_feedback=True)
+    plan = None
+    for _ in range(diloco_auto.MEASURED_STEPS + 1):
+        params[0].grad = torch.ones(250)
+        auto.before_inner_step()
+        plan = auto.after_inner_step() or plan
+    assert timed == [("int8", 250)]
+    assert (3, "max") in comm.reduced  # the step, the fp32 average, int8's codec: the slowest rank's
+    assert dict(plan.candidates)["per-step int8"] >= 2 * 1e-6 * 1000
+    assert "(measured)" in plan.why
+    auto.close()
+
+
+def test_the_simulate_command_takes_the_measured_terms(capsys):
+    from ddl_triton.simulation.cli import main
+
+    assert main(["outer-sync", "--model-bytes", "3875000", "--step-ms", "4", "--hosts", "2", "--rate", "100mbit",
+                 "--compression", "int8", "--fragments", "4", "--codec", "int8=1", "--per-step-fp32-ms", "320"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("100 Mbit/s between hosts: per-step fp32 exposes 320 ms (measured) of a 4 ms step; "
+                          "int8 96.5 ms (codec 7.75 ms, per call 10 ms);")
+    with pytest.raises(SystemExit):
+        main(["outer-sync", "--params", "1M", "--step-ms", "4", "--rate", "100mbit", "--codec", "int8"])
+    assert "--codec wants METHOD=NS_PER_BYTE (e.g. int8=1.5), got 'int8'" in capsys.readouterr().err
