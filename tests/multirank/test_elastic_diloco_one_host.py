@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from support.elastic_drill import free_port, lose_one_then_join, record_lines
+from support.elastic_drill import end_all, free_port, lose_one_then_join, record_lines
 from support.launch import TESTS, TORCHRUN, ddl_segments, torch_launcher_env
 
 EXAMPLE = TESTS.parent / "examples" / "diloco_train.py"
@@ -46,15 +46,7 @@ def test_a_rank_lost_mid_outer_step_world_3_2(tmp_path):
         deadline = time.monotonic() + 180
         codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()  # ours: started here
-                p.wait(10)
-    out = ""
-    for r, log in logs.items():
-        log.seek(0)
-        out += f"--- rank {r}\n{log.read()[-6000:]}\n"
-        log.close()
+        out = end_all(procs, logs)  # ours: started here
     assert codes == {0: 0, 1: 0, 2: 1}, out  # 2: the agent whose rank died reports the failure
     lines = record_lines(record)
     steps = [x for x in lines if "hash" in x and not x.get("reset")]

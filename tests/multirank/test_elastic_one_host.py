@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from support.elastic_drill import free_port, kill_rank_2, parent_of, record_lines
+from support.elastic_drill import end_all, free_port, kill_rank_2, parent_of, record_lines
 from support.launch import TESTS, TORCHRUN, ddl_segments, torch_launcher_env
 
 EXAMPLE = TESTS.parent / "examples" / "elastic_train.py"
@@ -55,15 +55,7 @@ def test_a_rank_lost_then_a_joiner_world_3_2_3(tmp_path):
             time.sleep(0.05)
         codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-    out = ""
-    for r, log in logs.items():
-        log.seek(0)
-        out += f"--- rank {r}\n{log.read()[-6000:]}\n"
-        log.close()
+        out = end_all(procs, logs)  # ours: started here
     assert codes == {0: 0, 1: 0, 2: 1, 3: 0}, out  # 2: the agent whose rank was killed reports the failure
     lines = record_lines(record)
     steps = [x for x in lines if "loss" in x]

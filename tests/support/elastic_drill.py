@@ -58,6 +58,21 @@ def parent_of(pid: int) -> int:
         return -1
 
 
+def end_all(procs: dict, logs: dict) -> str:
+    """Kill what is still running of ``procs`` (ours: the processes a drill started) and return the
+    tail of each one's output, from ``logs`` (files opened "w+"), which are closed."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    out = ""
+    for r, log in logs.items():
+        log.seek(0)
+        out += f"--- rank {r}\n{log.read()[-6000:]}\n"
+        log.close()
+    return out
+
+
 def lose_one_then_join(tmp_path, args: list[str], kill_when, trained, deadline_s: float, **env_vars):
     """Run the drill (module doc). ``args``: the example and its arguments; ``kill_when(line)``: the
     record line of rank 2 after which it is killed; ``trained(line)``: a line of generation 1's
@@ -77,13 +92,5 @@ def lose_one_then_join(tmp_path, args: list[str], kill_when, trained, deadline_s
                                     stdout=logs[3], stderr=subprocess.STDOUT)
         codes = {r: p.wait(timeout=max(1.0, deadline - time.monotonic())) for r, p in procs.items()}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        out = ""
-        for r, log in logs.items():
-            log.seek(0)
-            out += f"--- rank {r}\n{log.read()[-6000:]}\n"
-            log.close()
+        out = end_all(procs, logs)
     return codes, out
