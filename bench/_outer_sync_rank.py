@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import sysconfig
 import time
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "examples"))
 from _outer_sync_table import parse_config, planner_config  # noqa: E402
+from _timing import ddl_group_with_compression  # noqa: E402
 
 TESTBED_GOODPUT = 0.9564  # payload share of a tbf rate (ddl_triton/simulation/clusters/testbed.toml)
 TESTBED_ALPHA = 8.5e-6    # one-way latency between testbed hosts (the same file)
@@ -167,20 +167,6 @@ def _digest(tensors) -> bytes:
     return h.digest()
 
 
-def _ddl_group(compression: str):
-    """A "ddl" process group whose communicator has Options.compression = ``compression`` (a new group
-    reads DDL_* when it is made)."""
-    before = os.environ.get("DDL_COMPRESSION")
-    os.environ["DDL_COMPRESSION"] = compression
-    try:
-        return dist.new_group(backend="ddl")
-    finally:
-        if before is None:
-            del os.environ["DDL_COMPRESSION"]
-        else:
-            os.environ["DDL_COMPRESSION"] = before
-
-
 def _measured_terms(model_bytes: int, compression: str, ctl: _Control) -> dict:
     """What ``DiLoCo(sync_every="auto")`` measures in its warm-up (ddl_triton/torch/diloco_auto.py),
     measured here before the planner row, for ``plan_sync``'s keywords: ``per_step_fp32_s``, the
@@ -192,7 +178,7 @@ def _measured_terms(model_bytes: int, compression: str, ctl: _Control) -> dict:
     from ddl_triton.torch.diloco_auto import _codec_seconds_per_byte
 
     numel = model_bytes // 4
-    group = _ddl_group(compression_methods.NONE)
+    group = ddl_group_with_compression(compression_methods.NONE)
     flat = torch.ones(numel, dtype=torch.float32)
     times = []
     for i in range(5):
@@ -214,7 +200,8 @@ def run_config(name: str, cfg: dict, work: Workload, ctl: _Control, args) -> dic
     model, diloco, group = net, None, None
     inner = work.optimizer(net.parameters())
     if cfg["kind"] == "per-step":
-        group = dist.new_group(backend="gloo") if cfg["backend"] == "gloo" else _ddl_group(cfg["compression"])
+        group = dist.new_group(backend="gloo") if cfg["backend"] == "gloo" else \
+            ddl_group_with_compression(cfg["compression"])
         model = DDP(net, process_group=group)
     elif cfg["kind"] == "outer":
         from ddl_triton.torch import DiLoCo

@@ -105,7 +105,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from _exposure import Exposure, per_step as exposure_per_step, quartiles, wire_bytes_last  # bench/ is on the path
 from _train_scaling_table import print_result
-from _timing import unchanged_bucket_hook
+from _timing import ddl_group_with_compression, unchanged_bucket_hook
 from ddl_triton.testbed.hosts import parse_rate  # the standard library only: no testbed is needed
 
 BATCH = 32
@@ -166,20 +166,6 @@ def compression_settings() -> list[str]:
     """The settings of Options.compression other than "none" (ddl_triton/compression_methods.py)."""
     from ddl_triton import compression_methods
     return [c for c in compression_methods.choices() if c != compression_methods.NONE]
-
-
-def _compressed_group(setting: str):
-    """A "ddl" process group over every rank whose communicator has Options.compression = setting:
-    a new group reads the DDL_* variables when it is made, so set DDL_COMPRESSION for that moment."""
-    before = os.environ.get("DDL_COMPRESSION")
-    os.environ["DDL_COMPRESSION"] = setting
-    try:
-        return dist.new_group(backend="ddl")
-    finally:
-        if before is None:
-            del os.environ["DDL_COMPRESSION"]
-        else:
-            os.environ["DDL_COMPRESSION"] = before
 
 
 class _Control:
@@ -335,7 +321,7 @@ def run(model: str, steps: int, rounds: int, modes: list[str], ctl: _Control, bu
     comm = ddl.init()
     gloo = dist.new_group(backend="gloo")
     groups = {ONE_RANK: None, independent(n): None, "gloo": gloo}
-    groups.update({m: _compressed_group(m[4:-1]) for m in modes if m.startswith("ddl[")})
+    groups.update({m: ddl_group_with_compression(m[4:-1]) for m in modes if m.startswith("ddl[")})
     trainers = {m: _Trainer(m, MODELS[model], groups.get(m, dist.group.WORLD), comm, rank, bucket_cap_mb,
                             bucket_view)
                 for m in modes}
